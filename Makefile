@@ -1,0 +1,36 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: run test setup lint typecheck unit clean
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(INSTALLED)
+
+setup: $(INSTALLED)
+
+# Serve the API, dispatcher and sandbox provider on a local SQLite file.
+run: setup
+	$(BIN)/intentledger migrate
+	@echo "A key for trying it out (actor 'demo'):"
+	$(BIN)/intentledger keys create --actor demo
+	$(BIN)/intentledger serve
+
+lint: setup
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+typecheck: setup
+	$(BIN)/mypy
+
+# Lint, type-check, then the whole suite on SQLite and on a throwaway
+# PostgreSQL server that scripts/with-postgres starts and removes.
+test: lint typecheck
+	scripts/with-postgres $(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""intentledger: durable idempotent payment intents that stay honest about unknown outcomes."""

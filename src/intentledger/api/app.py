@@ -1,0 +1,222 @@
+"""The HTTP API: intake, the ledger record and its timeline, health."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.api.auth import Principal, authenticate
+from intentledger.api.documents import event_documents, operation_document
+from intentledger.api.problems import Problem, install_problem_handlers, invalid_body_response
+from intentledger.api.schemas import PaymentRequest
+from intentledger.domain.canonical import request_hash
+from intentledger.engine.clock import Clock
+from intentledger.engine.intake import IdempotencyKeyReused, PaymentIntent, accept_payment
+from intentledger.store.ledger import Ledger
+
+MAX_BODY_BYTES = 64 * 1024
+PAYMENTS_ROUTE = "POST /v1/payments"
+
+Authenticated = Annotated[Principal, Depends(authenticate)]
+
+
+def valid_idempotency_key(value: str | None) -> str:
+    """1-255 visible ASCII characters (0x21-0x7E), as DESIGN.md's contract says."""
+    if value is None:
+        raise Problem(
+            400,
+            "idempotency-key-missing",
+            "Bad Request",
+            "this request needs an Idempotency-Key header",
+        )
+    # Starlette decodes header bytes as Latin-1, so non-ASCII shows up here as > 0x7E.
+    if not 1 <= len(value) <= 255 or not all(0x21 <= ord(c) <= 0x7E for c in value):
+        raise Problem(
+            400,
+            "idempotency-key-invalid",
+            "Bad Request",
+            "Idempotency-Key must be 1-255 visible ASCII characters (no spaces)",
+        )
+    return value
+
+
+async def read_json_body(request: Request) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large()
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise _too_large()
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise Problem(
+            400, "malformed-json", "Bad Request", f"the body is not valid JSON: {exc}"
+        ) from exc
+
+
+def _too_large() -> Problem:
+    return Problem(
+        413, "body-too-large", "Content Too Large", f"the body exceeds {MAX_BODY_BYTES} bytes"
+    )
+
+
+def _replay_headers(replayed: bool) -> dict[str, str]:
+    return {"Idempotent-Replayed": "true"} if replayed else {}
+
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/payments",
+    status_code=202,
+    summary="Accept a payment intent (idempotent)",
+    responses={
+        200: {"description": "An equal retry: the original operation, replayed"},
+        202: {"description": "Accepted: durable before any provider call"},
+        409: {"description": "The key was used with a different request"},
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": PaymentRequest.model_json_schema()}},
+        }
+    },
+)
+async def create_payment(
+    request: Request,
+    principal: Authenticated,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> JSONResponse:
+    key = valid_idempotency_key(idempotency_key)
+    raw = await read_json_body(request)
+    if not isinstance(raw, dict):
+        raise Problem(
+            422, "invalid-request", "Unprocessable Content", "the body must be a JSON object"
+        )
+    try:
+        payment = PaymentRequest.model_validate(raw)
+    except ValidationError as exc:
+        return invalid_body_response(request.url.path, exc.errors())
+    if payment.mandate_id is not None:
+        # Mandates arrive with their own issue; until then none can exist.
+        raise Problem(
+            422,
+            "mandate-not-found",
+            "Unprocessable Content",
+            f"no mandate {payment.mandate_id!r} exists for this actor",
+        )
+    body = payment.model_dump(mode="json", exclude_none=True)
+    intent = PaymentIntent(
+        actor=principal.actor,
+        route=PAYMENTS_ROUTE,
+        idempotency_key=key,
+        request_hash=request_hash(principal.actor, PAYMENTS_ROUTE, body),
+        body=body,
+        provider=request.app.state.provider_name,
+    )
+    try:
+        result = await accept_payment(request.app.state.engine, request.app.state.clock, intent)
+    except IdempotencyKeyReused as exc:
+        raise Problem(
+            409,
+            "idempotency-key-reused",
+            "Conflict",
+            "this Idempotency-Key was already used with a different request",
+            operation_id=exc.operation_id,
+        ) from exc
+    if result.replayed:
+        document = await _load_document(request.app.state.engine, result.operation.operation_id)  # type: ignore[union-attr]
+    else:
+        document = operation_document(result.operation)
+    return JSONResponse(
+        document,
+        status_code=200 if result.replayed else 202,
+        headers=_replay_headers(result.replayed),
+    )
+
+
+async def _load_document(
+    engine: AsyncEngine, operation_id: str, actor: str | None = None
+) -> dict[str, Any]:
+    async with engine.connect() as conn:
+        ledger = Ledger(conn)
+        operation = await ledger.get_operation(operation_id)
+        if operation is None or (actor is not None and operation.actor != actor):
+            raise _not_found(operation_id)
+        attempts = await ledger.attempts_of(operation_id)
+        results = await ledger.submit_results_of(operation_id)
+    return operation_document(operation, attempts, results)
+
+
+def _not_found(operation_id: str) -> Problem:
+    # Another actor's operation is indistinguishable from a missing one.
+    return Problem(404, "operation-not-found", "Not Found", f"no operation {operation_id!r}")
+
+
+@router.get("/v1/operations/{operation_id}", summary="The ledger record of an operation")
+async def get_operation(
+    operation_id: str, request: Request, principal: Authenticated
+) -> JSONResponse:
+    document = await _load_document(request.app.state.engine, operation_id, principal.actor)
+    return JSONResponse(document)
+
+
+@router.get("/v1/operations/{operation_id}/events", summary="The operation's timeline")
+async def get_operation_events(
+    operation_id: str, request: Request, principal: Authenticated
+) -> JSONResponse:
+    async with request.app.state.engine.connect() as conn:
+        ledger = Ledger(conn)
+        operation = await ledger.get_operation(operation_id)
+        if operation is None or operation.actor != principal.actor:
+            raise _not_found(operation_id)
+        tagged = await ledger.events_of(operation_id)
+    return JSONResponse({"data": event_documents(tagged)})
+
+
+@router.get("/healthz", summary="200 once the database answers")
+async def healthz(request: Request) -> JSONResponse:
+    try:
+        async with request.app.state.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    except Exception as exc:
+        raise Problem(
+            503,
+            "database-unavailable",
+            "Service Unavailable",
+            f"the database does not answer: {type(exc).__name__}",
+        ) from exc
+    return JSONResponse({"status": "ok"})
+
+
+def create_app(
+    engine: AsyncEngine,
+    clock: Clock,
+    provider_name: str,
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+) -> FastAPI:
+    app = FastAPI(
+        lifespan=lifespan,
+        title="intentledger",
+        version="0.1.0",
+        description="Durable idempotent payment intents that stay honest when a "
+        "provider's outcome is unknown.",
+    )
+    app.state.engine = engine
+    app.state.clock = clock
+    app.state.provider_name = provider_name
+    install_problem_handlers(app)
+    app.include_router(router)
+    return app

@@ -1,0 +1,95 @@
+"""The JSON shapes of ledger records, as the HTTP contract shows them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Row
+
+from intentledger.store.tables import Record
+
+OPERATION_FIELDS = (
+    "operation_id",
+    "idempotency_key",
+    "state",
+    "request_context",
+    "first_attempt_at",
+    "last_observed_at",
+    "retry_after_at",
+    "reconciliation_status",
+    "key_age_at_decision",
+    "provider_retention_note",
+    "next_action",
+    "actor",
+    "route",
+    "kind",
+    "request_hash",
+    "provider",
+    "provider_reference",
+    "outcome",
+    "amount",
+    "currency",
+    "mandate_id",
+    "version",
+    "created_at",
+    "updated_at",
+)
+
+
+def json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return value
+
+
+def _mapping(row: Record | Mapping[str, Any]) -> Mapping[str, Any]:
+    if isinstance(row, Row):
+        return dict(row._mapping)
+    return row
+
+
+def operation_document(
+    operation: Record | Mapping[str, Any],
+    attempts: Sequence[Record] = (),
+    submit_results: Sequence[Record] = (),
+) -> dict[str, Any]:
+    values = _mapping(operation)
+    document = {"id": values["operation_id"]}
+    document.update({name: json_value(values.get(name)) for name in OPERATION_FIELDS})
+    results = {r.attempt_number: r for r in submit_results}
+    document["attempts"] = [attempt_document(a, results.get(a.number)) for a in attempts]
+    return document
+
+
+def attempt_document(attempt: Record, result: Record | None) -> dict[str, Any]:
+    return {
+        "number": attempt.number,
+        "provider_idempotency_key": attempt.provider_idempotency_key,
+        "submitted_at": json_value(attempt.submitted_at),
+        "relation": attempt.relation,
+        "resubmission_of": attempt.resubmission_of,
+        "decision_id": attempt.decision_id,
+        # Attempts are append-only; their result is the observation recorded for them.
+        "transport_result": None if result is None else result.transport,
+        "http_status": None if result is None else result.http_status,
+        "verdict": None if result is None else result.verdict,
+        "provider_reference": None if result is None else result.provider_reference,
+    }
+
+
+_EVENT_ORDER = {"observation": 0, "decision": 1, "transition": 2}
+
+
+def event_documents(tagged: Sequence[tuple[str, Record]]) -> list[dict[str, Any]]:
+    """Transitions, observations and decisions in time order. Within one
+    instant, what was seen comes before what was decided and what changed."""
+    ordered = sorted(tagged, key=lambda item: (item[1].at, _EVENT_ORDER[item[0]], item[1].id))
+    events = []
+    for kind, row in ordered:
+        fields = {k: json_value(v) for k, v in row._mapping.items() if k != "operation_id"}
+        events.append({"type": kind, **fields})
+    return events

@@ -1,0 +1,122 @@
+"""RFC 9457 problem details: every error the API returns has this shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+PROBLEM_JSON = "application/problem+json"
+PROBLEM_BASE = "https://intentledger.dev/problems/"
+
+
+class Problem(Exception):
+    def __init__(
+        self,
+        status: int,
+        slug: str,
+        title: str,
+        detail: str,
+        headers: dict[str, str] | None = None,
+        **extensions: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.slug = slug
+        self.title = title
+        self.detail = detail
+        self.headers = headers
+        self.extensions = extensions
+
+
+def problem_response(
+    status: int,
+    slug: str | None,
+    title: str,
+    detail: str,
+    instance: str | None = None,
+    headers: dict[str, str] | None = None,
+    **extensions: Any,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": PROBLEM_BASE + slug if slug else "about:blank",
+        "title": title,
+        "status": status,
+        "detail": detail,
+    }
+    if instance:
+        body["instance"] = instance
+    body.update(extensions)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+_TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(
+            exc.status,
+            exc.slug,
+            exc.title,
+            exc.detail,
+            instance=request.url.path,
+            headers=exc.headers,
+            **exc.extensions,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return problem_response(
+            exc.status_code,
+            None,
+            _TITLES.get(exc.status_code, "Error"),
+            str(exc.detail),
+            instance=request.url.path,
+            headers=dict(exc.headers) if exc.headers else None,
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return invalid_body_response(request.url.path, exc.errors())
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return problem_response(
+            500,
+            "internal",
+            "Internal Server Error",
+            "an unexpected error occurred",
+            instance=request.url.path,
+        )
+
+
+def invalid_body_response(instance: str, errors: Any) -> JSONResponse:
+    cleaned = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in errors
+    ]
+    return problem_response(
+        422,
+        "invalid-request",
+        "Unprocessable Content",
+        "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in cleaned),
+        instance=instance,
+        errors=cleaned,
+    )

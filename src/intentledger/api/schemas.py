@@ -1,0 +1,31 @@
+"""Request bodies the API accepts, validated strictly (a string is not an amount)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+from intentledger.domain.currencies import normalise_currency
+
+# Stripe's own ceiling on a charge amount is 99,999,999 minor units; we allow
+# far more, but not beyond what every database integer type holds exactly.
+MAX_AMOUNT = 10**15
+
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=40)]
+MetadataValue = Annotated[str, StringConstraints(max_length=500)]
+
+
+class PaymentRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    amount: int = Field(gt=0, le=MAX_AMOUNT, description="Amount in minor units (cents).")
+    currency: Annotated[str, AfterValidator(normalise_currency)] = Field(
+        description="ISO 4217 alphabetic code, e.g. EUR.", examples=["EUR"]
+    )
+    payment_method: str = Field(
+        min_length=1, max_length=255, description="Provider payment method, e.g. pm_ok."
+    )
+    description: str | None = Field(default=None, max_length=1000)
+    metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=50)
+    mandate_id: str | None = Field(default=None, min_length=1, max_length=40)

@@ -1,0 +1,238 @@
+"""`intentledger`: serve, worker, migrate, keys, sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Annotated, Any
+
+import typer
+import uvicorn
+from pydantic import ValidationError
+from rich.console import Console
+
+from intentledger.settings import Settings
+
+app = typer.Typer(
+    help="intentledger: durable idempotent payment intents, honest about unknown outcomes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+keys_app = typer.Typer(help="Manage API keys.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+err = Console(stderr=True)
+
+# Every setting is also a flag; a flag given on the command line beats the environment.
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url", help="INTENTLEDGER_DATABASE_URL: sqlite:///FILE or postgresql://..."
+    ),
+]
+Provider = Annotated[str | None, typer.Option("--provider", help="INTENTLEDGER_PROVIDER")]
+ProviderUrl = Annotated[
+    str | None, typer.Option("--provider-url", help="INTENTLEDGER_PROVIDER_URL")
+]
+SubmitTimeout = Annotated[
+    str | None, typer.Option("--submit-timeout", help="INTENTLEDGER_SUBMIT_TIMEOUT, e.g. 10s")
+]
+Lease = Annotated[str | None, typer.Option("--lease", help="INTENTLEDGER_LEASE, e.g. 5m")]
+RecheckBackoff = Annotated[
+    str | None, typer.Option("--recheck-backoff", help="INTENTLEDGER_RECHECK_BACKOFF, e.g. 30s")
+]
+StaleSubmitting = Annotated[
+    str | None, typer.Option("--stale-submitting", help="INTENTLEDGER_STALE_SUBMITTING, e.g. 2m")
+]
+KeyRetention = Annotated[
+    str | None,
+    typer.Option("--sandbox-key-retention", help="INTENTLEDGER_SANDBOX_KEY_RETENTION, e.g. 24h"),
+]
+SandboxDatabase = Annotated[
+    str | None, typer.Option("--sandbox-database", help="INTENTLEDGER_SANDBOX_DATABASE")
+]
+Concurrency = Annotated[
+    int | None, typer.Option("--concurrency", help="INTENTLEDGER_WORKER_CONCURRENCY")
+]
+
+
+def load_settings(**flags: Any) -> Settings:
+    given = {name: value for name, value in flags.items() if value is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        for error in exc.errors():
+            name = ".".join(str(part) for part in error["loc"])
+            err.print(f"[red]invalid setting {name}:[/red] {error['msg']}")
+        raise typer.Exit(2) from exc
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def _require_schema(settings: Settings) -> None:
+    from intentledger.store.schema_check import SchemaNotCurrent, require_current_schema
+
+    try:
+        require_current_schema(settings.database_url)
+    except SchemaNotCurrent as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    no_workers: Annotated[bool, typer.Option("--no-workers", help="Run the API alone.")] = False,
+    database_url: DatabaseUrl = None,
+    provider: Provider = None,
+    provider_url: ProviderUrl = None,
+    submit_timeout: SubmitTimeout = None,
+    lease: Lease = None,
+    recheck_backoff: RecheckBackoff = None,
+    stale_submitting: StaleSubmitting = None,
+    sandbox_key_retention: KeyRetention = None,
+    sandbox_database: SandboxDatabase = None,
+    concurrency: Concurrency = None,
+) -> None:
+    """Run the HTTP API, plus the dispatcher (unless --no-workers) and the sandbox provider."""
+    from intentledger.service import build_service_app
+
+    settings = load_settings(
+        database_url=database_url,
+        provider=provider,
+        provider_url=provider_url,
+        submit_timeout=submit_timeout,
+        lease=lease,
+        recheck_backoff=recheck_backoff,
+        stale_submitting=stale_submitting,
+        sandbox_key_retention=sandbox_key_retention,
+        sandbox_database=sandbox_database,
+        worker_concurrency=concurrency,
+    )
+    _configure_logging()
+    _require_schema(settings)
+    local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    service = build_service_app(
+        settings, own_url=f"http://{local_host}:{port}", with_workers=not no_workers
+    )
+    err.print(
+        f"intentledger serving on http://{host}:{port} (workers: {'off' if no_workers else 'on'})"
+    )
+    uvicorn.run(service, host=host, port=port, log_level="warning", lifespan="on")
+
+
+@app.command()
+def worker(
+    database_url: DatabaseUrl = None,
+    provider: Provider = None,
+    provider_url: ProviderUrl = None,
+    submit_timeout: SubmitTimeout = None,
+    lease: Lease = None,
+    recheck_backoff: RecheckBackoff = None,
+    stale_submitting: StaleSubmitting = None,
+    concurrency: Concurrency = None,
+) -> None:
+    """Run the dispatcher alone (point --provider-url at a running provider)."""
+    from intentledger.engine.clock import system_clock
+    from intentledger.service import build_dispatcher, run_workers
+    from intentledger.store.database import create_ledger_engine
+
+    settings = load_settings(
+        database_url=database_url,
+        provider=provider,
+        provider_url=provider_url,
+        submit_timeout=submit_timeout,
+        lease=lease,
+        recheck_backoff=recheck_backoff,
+        stale_submitting=stale_submitting,
+        worker_concurrency=concurrency,
+    )
+    _configure_logging()
+    _require_schema(settings)
+
+    async def main() -> None:
+        engine = create_ledger_engine(settings.database_url)
+        try:
+            dispatcher = build_dispatcher(settings, engine, system_clock, None)
+        except ValueError as exc:
+            err.print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from exc
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        err.print(f"intentledger worker {dispatcher.worker_id} started")
+        try:
+            await run_workers(settings, engine, dispatcher, stop)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())
+
+
+@app.command()
+def migrate(database_url: DatabaseUrl = None) -> None:
+    """Bring the database schema up to date."""
+    from intentledger.store.migrate import upgrade
+
+    settings = load_settings(database_url=database_url)
+    upgrade(settings.database_url)
+    err.print("schema is up to date")
+
+
+@keys_app.command("create")
+def keys_create(
+    actor: Annotated[str, typer.Option("--actor", help="Who the key acts for.")],
+    operator: Annotated[bool, typer.Option("--operator", help="Grant the operator role.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Create an API key; its token is printed once, as the last line."""
+    from intentledger.api.auth import create_api_key
+    from intentledger.engine.clock import system_clock
+    from intentledger.store.database import create_ledger_engine
+
+    settings = load_settings(database_url=database_url)
+    _require_schema(settings)
+
+    async def main() -> str:
+        engine = create_ledger_engine(settings.database_url)
+        try:
+            return await create_api_key(engine, system_clock, actor, operator)
+        finally:
+            await engine.dispose()
+
+    try:
+        token = asyncio.run(main())
+    except ValueError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    err.print(f"key created for actor {actor!r}{' (operator)' if operator else ''}; store it now:")
+    print(token)
+
+
+@app.command()
+def sandbox(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8100,
+    sandbox_key_retention: KeyRetention = None,
+    sandbox_database: SandboxDatabase = None,
+) -> None:
+    """Run the sandbox provider alone, at /_sandbox."""
+    from intentledger.service import build_standalone_sandbox
+
+    settings = load_settings(
+        sandbox_key_retention=sandbox_key_retention, sandbox_database=sandbox_database
+    )
+    err.print(
+        f"sandbox provider on http://{host}:{port}/_sandbox (truth in {settings.sandbox_database})"
+    )
+    uvicorn.run(build_standalone_sandbox(settings), host=host, port=port, log_level="warning")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,83 @@
+"""Operation states and the transition table: the only way a state changes.
+
+There is deliberately no edge from UNKNOWN or RECONCILIATION_DUE to SUBMITTING.
+A timer can make a check due; it cannot create evidence. A resubmission exists
+only as SAFETY_REVIEW (or MANUAL_REVIEW) -> SUBMITTING, authorised by a decision.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    ACCEPTED = "ACCEPTED"
+    SUBMITTING = "SUBMITTING"
+    UNKNOWN = "UNKNOWN"
+    RECONCILIATION_DUE = "RECONCILIATION_DUE"
+    SAFETY_REVIEW = "SAFETY_REVIEW"
+    MANUAL_REVIEW = "MANUAL_REVIEW"
+    OUTCOME_KNOWN = "OUTCOME_KNOWN"
+    CANCELLED = "CANCELLED"
+
+
+class NextAction(StrEnum):
+    SUBMIT = "submit"
+    WAIT = "wait"
+    RECONCILE = "reconcile"
+    REVIEW_SAFETY = "review_safety"
+    RESUBMIT = "resubmit"
+    OPERATOR = "operator"
+    NONE = "none"
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+# States whose provider outcome is not known and that may still move money.
+UNRESOLVED: frozenset[State] = frozenset(
+    {
+        State.UNKNOWN,
+        State.RECONCILIATION_DUE,
+        State.SAFETY_REVIEW,
+        State.MANUAL_REVIEW,
+    }
+)
+FINAL: frozenset[State] = frozenset({State.OUTCOME_KNOWN, State.CANCELLED})
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    # Claimed and locked for submission, or cancelled with its mandate.
+    State.ACCEPTED: frozenset({State.SUBMITTING, State.CANCELLED}),
+    # A definite answer, an ambiguous one, or proof that nothing was sent
+    # (connection never established, 429): the last goes back to ACCEPTED.
+    State.SUBMITTING: frozenset({State.OUTCOME_KNOWN, State.UNKNOWN, State.ACCEPTED}),
+    # Only time passing (a check falls due) or late evidence move UNKNOWN.
+    State.UNKNOWN: frozenset({State.RECONCILIATION_DUE, State.OUTCOME_KNOWN}),
+    State.RECONCILIATION_DUE: frozenset({State.OUTCOME_KNOWN, State.UNKNOWN, State.SAFETY_REVIEW}),
+    State.SAFETY_REVIEW: frozenset(
+        {State.SUBMITTING, State.UNKNOWN, State.MANUAL_REVIEW, State.OUTCOME_KNOWN}
+    ),
+    State.MANUAL_REVIEW: frozenset({State.SUBMITTING, State.OUTCOME_KNOWN}),
+    State.OUTCOME_KNOWN: frozenset(),
+    State.CANCELLED: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    def __init__(self, current: State, target: State) -> None:
+        super().__init__(f"no transition from {current} to {target}")
+        self.current = current
+        self.target = target
+
+
+def can_transition(current: State, target: State) -> bool:
+    return target in TRANSITIONS[current]
+
+
+def require_transition(current: State, target: State) -> State:
+    """Return `target` if the table allows the move, else raise IllegalTransition."""
+    if not can_transition(current, target):
+        raise IllegalTransition(current, target)
+    return target

@@ -1,0 +1,335 @@
+"""The dispatcher: ADR 0005 steps 2-5, one outbox delivery at a time.
+
+    claim (lease) -> pre-submit transaction (commit SUBMITTING + attempt)
+                  -> provider call, outside any transaction
+                  -> record transaction (observation + transition + outbox done)
+
+A delivery that finds its operation already SUBMITTING is a resumed delivery:
+the previous holder committed SUBMITTING and vanished mid-call, so nobody
+knows whether the provider executed it. It becomes UNKNOWN without a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.domain.backoff import next_check_at, recheck_delay
+from intentledger.domain.retry_after import RetryAfter, parse_retry_after
+from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
+from intentledger.domain.transport import ProviderAnswer, Verdict, classify
+from intentledger.engine.clock import Clock
+from intentledger.providers.base import ChargeRequest, Provider
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DispatchSettings:
+    lease: timedelta
+    recheck_backoff: timedelta
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What the pre-submit transaction committed to send."""
+
+    attempt_number: int
+    charge: ChargeRequest
+
+
+def provider_key(operation_id: str) -> str:
+    # The provider-facing key of the original request. A replay after evidence
+    # of non-execution reuses it, so the provider can deduplicate.
+    return f"{operation_id}:1"
+
+
+def charge_for(operation: Record, idempotency_key: str) -> ChargeRequest:
+    body = operation.request_context["body"]
+    return ChargeRequest(
+        reference=operation.operation_id,
+        idempotency_key=idempotency_key,
+        amount=body["amount"],
+        currency=body["currency"],
+        payment_method=body["payment_method"],
+        description=body.get("description"),
+        metadata=dict(body.get("metadata") or {}),
+    )
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        provider: Provider,
+        clock: Clock,
+        settings: DispatchSettings,
+        worker_id: str,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self.engine = engine
+        self.provider = provider
+        self.clock = clock
+        self.settings = settings
+        self.worker_id = worker_id
+        self.jitter = jitter
+
+    async def deliver_next(self) -> bool:
+        """Claim and deliver one due outbox row; False when nothing was due."""
+        async with self.engine.begin() as conn:
+            row = await Ledger(conn).claim_outbox_row(
+                self.clock(), self.settings.lease, self.worker_id
+            )
+        if row is None:
+            return False
+        if row.kind == "submit":
+            await self.deliver_submit(row)
+        else:
+            log.warning(
+                "outbox row %s has kind %r, which this worker does not handle", row.id, row.kind
+            )
+        return True
+
+    async def deliver_submit(self, row: Record) -> None:
+        submission = await self._pre_submit(row)
+        if submission is None:
+            return
+        answer = await self.provider.submit(submission.charge)
+        await self._record(row, submission, answer)
+
+    # -- step 3: pre-submit -------------------------------------------------
+
+    async def _pre_submit(self, row: Record) -> Submission | None:
+        async with self.engine.begin() as conn:
+            ledger = Ledger(conn)
+            now = self.clock()
+            if not await ledger.holds_lease(row.id, self.worker_id, now):
+                # The lease ran out before we got here; whoever holds it now delivers.
+                return None
+            operation = await ledger.get_operation(row.operation_id, for_update=True)
+            assert operation is not None, "outbox rows reference operations"
+            state = State(operation.state)
+            if state is State.SUBMITTING:
+                await self._mark_resumed_unknown(ledger, operation, now)
+                await ledger.finish_outbox_row(row.id, now)
+                return None
+            if state is not State.ACCEPTED:
+                # Already past submission (settled, cancelled, unresolved): nothing to send.
+                await ledger.finish_outbox_row(row.id, now)
+                return None
+            previous = await ledger.last_attempt(operation.operation_id)
+            number = 1 if previous is None else previous.number + 1
+            if number > 1 and row.decision_id is None:
+                raise RuntimeError(
+                    f"attempt {number} of {operation.operation_id} has no authorising decision"
+                )
+            key = provider_key(operation.operation_id)
+            await ledger.add_attempt(
+                operation_id=operation.operation_id,
+                number=number,
+                provider_idempotency_key=key,
+                submitted_at=now,
+                relation="original" if previous is None else "resubmission",
+                resubmission_of=None if previous is None else previous.number,
+                decision_id=row.decision_id,
+                source=self.worker_id,
+            )
+            await ledger.transition(
+                operation,
+                State.SUBMITTING,
+                now=now,
+                next_action=NextAction.WAIT,
+                reason=f"attempt {number} committed before provider I/O",
+                source=self.worker_id,
+                first_attempt_at=operation.first_attempt_at or now,
+            )
+            return Submission(number, charge_for(operation, key))
+
+    async def _mark_resumed_unknown(self, ledger: Ledger, operation: Record, now: datetime) -> None:
+        attempt = await ledger.last_attempt(operation.operation_id)
+        reason = (
+            "delivery resumed while SUBMITTING: the previous holder's provider call "
+            "may or may not have executed; not calling the provider again"
+        )
+        await ledger.add_observation(
+            operation_id=operation.operation_id,
+            at=now,
+            kind="resumed_submitting",
+            source=self.worker_id,
+            attempt_number=attempt.number if attempt is not None else None,
+            verdict=Verdict.UNKNOWN,
+            reason=reason,
+        )
+        await ledger.transition(
+            operation,
+            State.UNKNOWN,
+            now=now,
+            next_action=NextAction.RECONCILE,
+            reason=reason,
+            source=self.worker_id,
+            last_observed_at=now,
+            retry_after_at=now + self._backoff(),
+        )
+
+    # -- step 5: record -----------------------------------------------------
+
+    async def _record(self, row: Record, submission: Submission, answer: ProviderAnswer) -> None:
+        async with self.engine.begin() as conn:
+            ledger = Ledger(conn)
+            now = self.clock()
+            operation = await ledger.get_operation(row.operation_id, for_update=True)
+            assert operation is not None
+            classification = classify(answer)
+            retry_after = parse_retry_after(answer.retry_after, now)
+            observation_id = await ledger.add_observation(
+                operation_id=operation.operation_id,
+                at=now,
+                kind="submit_result",
+                source=self.worker_id,
+                attempt_number=submission.attempt_number,
+                transport=answer.transport,
+                error_class=answer.error_class,
+                http_status=answer.status,
+                verdict=classification.verdict,
+                reason=classification.reason,
+                provider_reference=answer.provider_reference,
+                retry_after_raw=retry_after.raw,
+                retry_after_at=retry_after.at,
+                retry_after_problem=retry_after.problem,
+                detail=answer.detail or None,
+            )
+            await self._apply(
+                ledger,
+                operation,
+                now,
+                classification.verdict,
+                classification.reason,
+                answer,
+                retry_after,
+                observation_id,
+            )
+            await ledger.finish_outbox_row(row.id, now)
+
+    async def _apply(
+        self,
+        ledger: Ledger,
+        operation: Record,
+        now: datetime,
+        verdict: Verdict,
+        reason: str,
+        answer: ProviderAnswer,
+        retry_after: RetryAfter,
+        observation_id: int,
+    ) -> None:
+        state = State(operation.state)
+        definite = verdict in (Verdict.SUCCEEDED, Verdict.FAILED)
+        if definite and (state is State.SUBMITTING or state in UNRESOLVED):
+            # A definite answer settles it, including late evidence for an
+            # operation that a resumed delivery already marked UNKNOWN.
+            await ledger.transition(
+                operation,
+                State.OUTCOME_KNOWN,
+                now=now,
+                next_action=NextAction.NONE,
+                reason=reason if state is State.SUBMITTING else f"late evidence: {reason}",
+                source=self.worker_id,
+                outcome=Outcome(verdict.value),
+                provider_reference=answer.provider_reference,
+                last_observed_at=now,
+                retry_after_at=None,
+            )
+        elif state is not State.SUBMITTING:
+            # Recorded as an observation only: nothing here proves an outcome.
+            return
+        elif verdict is Verdict.UNKNOWN:
+            await ledger.transition(
+                operation,
+                State.UNKNOWN,
+                now=now,
+                next_action=NextAction.RECONCILE,
+                reason=reason,
+                source=self.worker_id,
+                last_observed_at=now,
+                retry_after_at=next_check_at(now, retry_after, self._backoff()),
+            )
+        else:
+            await self._requeue_not_executed(
+                ledger, operation, now, reason, retry_after, observation_id
+            )
+
+    async def _requeue_not_executed(
+        self,
+        ledger: Ledger,
+        operation: Record,
+        now: datetime,
+        reason: str,
+        retry_after: RetryAfter,
+        observation_id: int,
+    ) -> None:
+        """Evidence that the provider did not execute: back to ACCEPTED, sent
+        again (same provider key) no earlier than the provider asked."""
+        attempt = await ledger.last_attempt(operation.operation_id)
+        attempt_number = attempt.number if attempt is not None else 1
+        due = retry_after.at or now + self._backoff(attempt_number)
+        decision_id = await ledger.add_decision(
+            operation_id=operation.operation_id,
+            at=now,
+            rule="non_execution_evidence",
+            inputs={
+                "observation_id": observation_id,
+                "evidence": reason,
+                "attempt_number": attempt_number,
+                "retry_after_raw": retry_after.raw,
+                "provider_idempotency_key": provider_key(operation.operation_id),
+            },
+            next_action=NextAction.SUBMIT,
+            reason=(
+                f"attempt {attempt_number} proved not executed ({reason}); submit again with "
+                f"the same provider key no earlier than {due.isoformat()}"
+            ),
+            source=self.worker_id,
+        )
+        await ledger.transition(
+            operation,
+            State.ACCEPTED,
+            now=now,
+            next_action=NextAction.SUBMIT,
+            reason=reason,
+            source=self.worker_id,
+            last_observed_at=now,
+            retry_after_at=due,
+        )
+        await ledger.enqueue(operation.operation_id, "submit", due, now, decision_id=decision_id)
+
+    def _backoff(self, check_number: int = 1) -> timedelta:
+        return recheck_delay(check_number, self.settings.recheck_backoff, jitter=self.jitter())
+
+
+async def run_dispatcher(
+    dispatcher: Dispatcher, stop: asyncio.Event, concurrency: int, poll_interval: timedelta
+) -> None:
+    """Run `concurrency` delivery loops until `stop` is set."""
+
+    async def loop() -> None:
+        while not stop.is_set():
+            try:
+                delivered = await dispatcher.deliver_next()
+            except Exception:
+                log.exception("delivery failed; the row's lease will make it due again")
+                delivered = False
+            if not delivered:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), poll_interval.total_seconds())
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(concurrency):
+            group.create_task(loop())

@@ -1,0 +1,77 @@
+"""Turning an httpx call into a ProviderAnswer, by the precise exception class.
+
+httpx's base classes mix safe and unsafe cases (TimeoutException covers both
+ConnectTimeout and ReadTimeout), so only the leaf classes below count as proof
+that nothing was sent. Everything else that goes wrong is "no response".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any
+
+import httpx
+
+from intentledger.domain.transport import ProviderAnswer, Transport
+
+# The connection was never established, so the provider cannot have read the
+# request (research S21, S22: raised from TCP connect, TLS start, pool wait).
+NEVER_SENT: tuple[type[Exception], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+)
+
+
+def _qualified(exc: BaseException) -> str:
+    module = type(exc).__module__.split(".")[0]
+    return f"{module}.{type(exc).__name__}"
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        code = error.get("code") or error.get("type")
+        return str(code) if code is not None else None
+    return None
+
+
+def _reference(response: httpx.Response) -> str | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return str(body["id"]) if isinstance(body, dict) and "id" in body else None
+
+
+async def observe(call: Awaitable[httpx.Response]) -> ProviderAnswer:
+    """Await one provider request and report what the wire showed."""
+    try:
+        response = await call
+        # Reading the body can itself fail mid-stream: still no (whole) answer.
+        await response.aread()
+    except NEVER_SENT as exc:
+        return ProviderAnswer(
+            Transport.NOT_SENT, error_class=_qualified(exc), detail={"error": str(exc)}
+        )
+    except Exception as exc:
+        return ProviderAnswer(
+            Transport.NO_RESPONSE, error_class=_qualified(exc), detail={"error": str(exc)}
+        )
+    detail: dict[str, Any] = {}
+    try:
+        detail["body"] = response.json()
+    except ValueError:
+        detail["body_text"] = response.text[:2000]
+    return ProviderAnswer(
+        Transport.RESPONSE,
+        status=response.status_code,
+        error_code=_error_code(response) if response.status_code >= 400 else None,
+        provider_reference=_reference(response) if response.is_success else None,
+        retry_after=tuple(response.headers.get_list("retry-after")),
+        detail=detail,
+    )

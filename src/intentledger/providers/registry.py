@@ -1,0 +1,26 @@
+"""Choosing the provider adapter named by INTENTLEDGER_PROVIDER."""
+
+from __future__ import annotations
+
+from intentledger.providers.base import Provider
+from intentledger.providers.sandbox_client import SandboxProvider
+from intentledger.settings import Settings
+
+KNOWN_PROVIDERS = ("sandbox",)
+
+
+class ProviderNotConfigured(ValueError):
+    pass
+
+
+def build_provider(settings: Settings, default_url: str | None = None) -> Provider:
+    if settings.provider != "sandbox":
+        raise ProviderNotConfigured(
+            f"unknown provider {settings.provider!r}; available: {', '.join(KNOWN_PROVIDERS)}"
+        )
+    url = settings.provider_url or default_url
+    if url is None:
+        raise ProviderNotConfigured(
+            "INTENTLEDGER_PROVIDER_URL is required when no sandbox runs in this process"
+        )
+    return SandboxProvider(url, settings.submit_timeout)

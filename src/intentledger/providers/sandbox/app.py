@@ -1,0 +1,397 @@
+"""The sandbox provider's HTTP face: Stripe-like charges whose faults are chosen, like test card
+numbers, by `payment_method`.
+
+It is a real server reached over loopback so the orchestrator meets real timeouts and real
+dropped connections. Routes are relative; the caller mounts the app (at `/_sandbox`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import Enum
+from typing import TypeVar, TypeVarTuple
+
+import anyio
+import anyio.to_thread
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from intentledger.providers.sandbox.store import (
+    ChargeRequest,
+    Effect,
+    ExecuteCharge,
+    JSONObject,
+    KeyReused,
+    LeaveUnexecuted,
+    Processed,
+    Replayed,
+    SandboxStore,
+    StoredResponse,
+    StoreRefusal,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
+
+# How often a withheld request checks whether its client has hung up.
+DISCONNECT_POLL_SECONDS = 0.05
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+# Status recorded nowhere and sent to no one: the client had already hung up (nginx's 499).
+CLIENT_CLOSED_REQUEST = 499
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+# -- scenarios --------------------------------------------------------------------------------
+
+
+class Delivery(Enum):
+    """How the answer reaches the client, independent of what happened to the money."""
+
+    ANSWER = "answer"
+    WITHHOLD_THEN_ANSWER = "withhold_then_answer"
+    WITHHOLD_THEN_TIMEOUT = "withhold_then_timeout"
+    UNAVAILABLE = "unavailable"
+    RATE_LIMITED = "rate_limited"
+    SLOW = "slow"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    effect: Effect
+    delivery: Delivery
+
+
+def _error(status: int, error_type: str, code: str, message: str) -> StoredResponse:
+    return StoredResponse(status, {"error": {"type": error_type, "code": code, "message": message}})
+
+
+DECLINED = _error(402, "card_error", "card_declined", "Your card was declined.")
+NO_SUCH_PAYMENT_METHOD = _error(
+    400, "invalid_request_error", "resource_missing", "No such payment_method"
+)
+GATEWAY_TIMEOUT = _error(504, "api_error", "timeout", "The request timed out.")
+UNAVAILABLE = _error(503, "api_error", "service_unavailable", "Try again later.")
+RATE_LIMITED = _error(429, "rate_limit_error", "rate_limit", "Too many requests.")
+KEY_REUSED = _error(
+    400,
+    "idempotency_error",
+    "idempotency_key_reused",
+    "This Idempotency-Key was already used with a different request body.",
+)
+
+_OK = Scenario(ExecuteCharge(), Delivery.ANSWER)
+
+_EVERY_ATTEMPT: dict[str, Scenario] = {
+    "pm_ok": _OK,
+    "pm_declined": Scenario(StoreRefusal(DECLINED), Delivery.ANSWER),
+    "pm_blackhole": Scenario(LeaveUnexecuted(), Delivery.WITHHOLD_THEN_TIMEOUT),
+    "pm_slow": Scenario(ExecuteCharge(), Delivery.SLOW),
+}
+
+# Faults that strike only the first submit for a reference; retries then behave like pm_ok.
+_FIRST_ATTEMPT_ONLY: dict[str, Scenario] = {
+    "pm_timeout_after_execute": Scenario(ExecuteCharge(), Delivery.WITHHOLD_THEN_ANSWER),
+    "pm_timeout_before_execute": Scenario(LeaveUnexecuted(), Delivery.WITHHOLD_THEN_TIMEOUT),
+    "pm_unavailable": Scenario(LeaveUnexecuted(), Delivery.UNAVAILABLE),
+    "pm_rate_limited": Scenario(LeaveUnexecuted(), Delivery.RATE_LIMITED),
+    "pm_lookup_lag": Scenario(ExecuteCharge(), Delivery.WITHHOLD_THEN_ANSWER),
+}
+
+# An unknown payment method is a final answer, kept against the key like a decline.
+_UNKNOWN_METHOD = Scenario(StoreRefusal(NO_SUCH_PAYMENT_METHOD), Delivery.ANSWER)
+
+LOOKUP_LAG_METHOD = "pm_lookup_lag"
+BLACKHOLE_METHOD = "pm_blackhole"
+
+
+def scenario_for(payment_method: str, first_attempt: bool) -> Scenario:
+    if payment_method in _FIRST_ATTEMPT_ONLY:
+        return _FIRST_ATTEMPT_ONLY[payment_method] if first_attempt else _OK
+    return _EVERY_ATTEMPT.get(payment_method, _UNKNOWN_METHOD)
+
+
+# -- request parsing --------------------------------------------------------------------------
+
+
+class ChargeBody(BaseModel):
+    # Strict: "1000" or 10.0 is not an amount; a payments API should refuse, not coerce.
+    model_config = ConfigDict(strict=True)
+
+    reference: str = Field(min_length=1)
+    # SQLite integers are 64-bit; a larger amount must be refused, not crash the insert.
+    amount: int = Field(gt=0, lt=2**63)
+    currency: str = Field(min_length=1)
+    payment_method: str = Field(min_length=1)
+    description: str | None = None
+    metadata: dict[str, str] | None = None
+
+
+def _parse_json_object(raw: bytes) -> JSONObject | None:
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _optional_str(payload: JSONObject | None, name: str) -> str | None:
+    value = None if payload is None else payload.get(name)
+    return value if isinstance(value, str) else None
+
+
+def fingerprint(payload: JSONObject) -> str:
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _invalid(code: str, message: str) -> StoredResponse:
+    return _error(400, "invalid_request_error", code, message)
+
+
+def _key_problem(key: str | None) -> StoredResponse | None:
+    if not key:
+        return _invalid("parameter_missing", "The Idempotency-Key header is required.")
+    if len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+        return _invalid("parameter_invalid", "Idempotency-Key is longer than 255 characters.")
+    return None
+
+
+def _charge_request(key: str, payload: JSONObject | None) -> ChargeRequest | StoredResponse:
+    if payload is None:
+        return _invalid("parameter_invalid", "The body must be a JSON object.")
+    try:
+        body = ChargeBody.model_validate(payload)
+    except ValidationError as exc:
+        return _invalid("parameter_invalid", _describe(exc))
+    return ChargeRequest(
+        reference=body.reference,
+        idempotency_key=key,
+        amount=body.amount,
+        currency=body.currency,
+        payment_method=body.payment_method,
+        fingerprint=fingerprint(payload),
+    )
+
+
+def _describe(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
+        for error in exc.errors()
+    )
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: JSONObject
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, stored: StoredResponse, headers: dict[str, str] | None = None) -> Reply:
+        return cls(stored.status, stored.body, headers or {})
+
+    def to_response(self) -> Response:
+        return JSONResponse(self.body, status_code=self.status, headers=self.headers)
+
+
+def _replayed(stored: StoredResponse) -> Reply:
+    return Reply.of(stored, {"Idempotent-Replayed": "true"})
+
+
+def _required(stored: StoredResponse | None) -> StoredResponse:
+    # Only effects that keep a response are paired with deliveries that answer with it.
+    if stored is None:
+        raise RuntimeError("scenario answers with a stored response but none was kept")
+    return stored
+
+
+# -- the sandbox ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    withhold_seconds: float
+    lookup_lag_seconds: float
+    slow_seconds: float
+
+
+class Sandbox:
+    """Route handlers over one store; everything mutable lives in the store's file."""
+
+    def __init__(self, store: SandboxStore, timing: Timing, clock: Callable[[], datetime]):
+        self._store = store
+        self._timing = timing
+        self._clock = clock
+
+    async def create_charge(self, request: Request) -> Response:
+        payload = _parse_json_object(await request.body())
+        key = request.headers.get("Idempotency-Key")
+        # Logged before anything else so tests can count every submit, even ones that hang.
+        request_id = await self._db(
+            self._store.log_request,
+            "submit",
+            _optional_str(payload, "reference"),
+            key,
+            _optional_str(payload, "payment_method"),
+            self._clock(),
+        )
+        reply = await self._answer_submit(request, key, payload, request_id)
+        return await self._finish(request_id, reply)
+
+    async def lookup_charges(self, request: Request, reference: str | None = None) -> Response:
+        request_id = await self._db(
+            self._store.log_request, "lookup", reference, None, None, self._clock()
+        )
+        reply = await self._answer_lookup(request, reference)
+        return await self._finish(request_id, reply)
+
+    async def truth(self, reference: str | None = None) -> JSONObject:
+        charges = await self._db(self._store.charges, reference)
+        return {"data": [charge.as_truth_entry() for charge in charges]}
+
+    async def received(self, reference: str | None = None) -> JSONObject:
+        records = await self._db(self._store.requests, reference)
+        return {"data": [record.as_entry() for record in records]}
+
+    async def healthz(self) -> JSONObject:
+        await self._db(self._store.ping)
+        return {"status": "ok"}
+
+    # -- submit ---------------------------------------------------------------------------
+
+    async def _answer_submit(
+        self, request: Request, key: str | None, payload: JSONObject | None, request_id: int
+    ) -> Reply | None:
+        problem = _key_problem(key)
+        if problem is not None:
+            return Reply.of(problem)
+        assert key is not None  # _key_problem rejected a missing key
+        charge_request = _charge_request(key, payload)
+        if isinstance(charge_request, StoredResponse):
+            return Reply.of(charge_request)
+        method = charge_request.payment_method
+        outcome = await self._db(
+            self._store.submit,
+            request_id,
+            charge_request,
+            self._clock(),
+            lambda first_attempt: scenario_for(method, first_attempt).effect,
+        )
+        match outcome:
+            case Replayed(response=stored):
+                return _replayed(stored)
+            case KeyReused():
+                return Reply.of(KEY_REUSED)
+            case Processed(first_attempt=first_attempt, response=stored):
+                delivery = scenario_for(method, first_attempt).delivery
+                return await self._deliver(request, delivery, stored)
+
+    async def _deliver(
+        self, request: Request, delivery: Delivery, stored: StoredResponse | None
+    ) -> Reply | None:
+        """The reply the client gets, or None when it hung up before we answered."""
+        withhold = self._timing.withhold_seconds
+        match delivery:
+            case Delivery.ANSWER:
+                return Reply.of(_required(stored))
+            case Delivery.UNAVAILABLE:
+                return Reply.of(UNAVAILABLE, {"Retry-After": "2"})
+            case Delivery.RATE_LIMITED:
+                return Reply.of(RATE_LIMITED, {"Retry-After": "1"})
+            case Delivery.WITHHOLD_THEN_TIMEOUT:
+                return await self._after(request, withhold, GATEWAY_TIMEOUT)
+            case Delivery.WITHHOLD_THEN_ANSWER:
+                return await self._after(request, withhold, _required(stored))
+            case Delivery.SLOW:
+                return await self._after(request, self._timing.slow_seconds, _required(stored))
+
+    async def _after(
+        self, request: Request, seconds: float, stored: StoredResponse
+    ) -> Reply | None:
+        if await _hold(request, seconds):
+            return Reply.of(stored)
+        return None
+
+    # -- lookup ---------------------------------------------------------------------------
+
+    async def _answer_lookup(self, request: Request, reference: str | None) -> Reply | None:
+        if not reference:
+            return Reply.of(_invalid("parameter_missing", "The reference parameter is required."))
+        if await self._db(self._store.was_submitted_with, reference, BLACKHOLE_METHOD):
+            return await self._after(request, self._timing.withhold_seconds, GATEWAY_TIMEOUT)
+        charges = await self._db(self._store.charges, reference)
+        now = self._clock()
+        lag = timedelta(seconds=self._timing.lookup_lag_seconds)
+        # A lagging provider has executed the charge but its read side does not know yet.
+        visible = [
+            charge
+            for charge in charges
+            if charge.payment_method != LOOKUP_LAG_METHOD or now - charge.executed_at >= lag
+        ]
+        return Reply(200, {"data": [charge.as_lookup_entry() for charge in visible]})
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def _finish(self, request_id: int, reply: Reply | None) -> Response:
+        if reply is None:
+            # Nobody is listening; the status stays NULL to say no answer was delivered.
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        try:
+            await self._db(self._store.record_response_status, request_id, reply.status)
+        except sqlite3.Error:
+            # Best effort: the request log is for observers; the answer matters more.
+            logger.warning("could not record response status for request %s", request_id)
+        return reply.to_response()
+
+    async def _db(self, function: Callable[[*Args], T], *args: *Args) -> T:
+        # sqlite3 blocks; keep it off the event loop so withheld requests keep ticking.
+        return await anyio.to_thread.run_sync(function, *args)
+
+
+async def _hold(request: Request, seconds: float) -> bool:
+    """Withhold the answer for `seconds` or until the client hangs up; True if still there."""
+    deadline = anyio.current_time() + seconds
+    while (remaining := deadline - anyio.current_time()) > 0:
+        if await request.is_disconnected():
+            return False
+        await anyio.sleep(min(DISCONNECT_POLL_SECONDS, remaining))
+    return not await request.is_disconnected()
+
+
+def create_sandbox_app(
+    database_path: str,
+    key_retention: timedelta,
+    withhold_seconds: float = 60.0,
+    lookup_lag_seconds: float = 3.0,
+    *,
+    slow_seconds: float = 1.0,
+    clock: Callable[[], datetime] = utc_now,
+) -> FastAPI:
+    """The sandbox provider as an ASGI app with relative routes; mount it where you like."""
+    sandbox = Sandbox(
+        SandboxStore(database_path, key_retention),
+        Timing(withhold_seconds, lookup_lag_seconds, slow_seconds),
+        clock,
+    )
+    app = FastAPI(title="intentledger sandbox provider")
+    app.add_api_route("/v1/charges", sandbox.create_charge, methods=["POST"])
+    app.add_api_route("/v1/charges", sandbox.lookup_charges, methods=["GET"])
+    app.add_api_route("/charges", sandbox.truth, methods=["GET"])
+    app.add_api_route("/requests", sandbox.received, methods=["GET"])
+    app.add_api_route("/healthz", sandbox.healthz, methods=["GET"])
+    return app

@@ -1,0 +1,39 @@
+"""Settings of DESIGN.md, read from INTENTLEDGER_* variables (each also a CLI flag)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from intentledger.domain.durations import parse_duration
+
+
+def _duration(value: Any) -> Any:
+    if isinstance(value, str):
+        return parse_duration(value)
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration)]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="INTENTLEDGER_", extra="ignore")
+
+    database_url: str = "sqlite:///intentledger.db"
+    provider: str = "sandbox"
+    # None: the serving process's own /_sandbox mount.
+    provider_url: str | None = None
+    submit_timeout: Duration = timedelta(seconds=10)
+    lease: Duration = timedelta(minutes=5)
+    recheck_backoff: Duration = timedelta(seconds=30)
+    stale_submitting: Duration = timedelta(minutes=2)
+    sandbox_key_retention: Duration = timedelta(hours=24)
+    # Not in DESIGN.md's table: where the sandbox keeps its truth.
+    sandbox_database: str = "intentledger-sandbox.db"
+    # How many outbox deliveries one worker process runs at once.
+    worker_concurrency: int = Field(default=16, ge=1, le=1024)
+    poll_interval: Duration = timedelta(milliseconds=200)

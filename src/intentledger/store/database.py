@@ -1,0 +1,77 @@
+"""Engines for the two supported databases, configured for the ledger's needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+class UnsupportedDatabase(ValueError):
+    pass
+
+
+def dialect_of(url: str) -> str:
+    name = make_url(url).get_backend_name()
+    if name not in ("sqlite", "postgresql"):
+        raise UnsupportedDatabase(
+            f"unsupported database URL {url!r}: use sqlite:///FILE or postgresql://..."
+        )
+    return name
+
+
+def async_url(url: str) -> str:
+    """`sqlite:///x.db` -> aiosqlite, `postgresql://` -> psycopg 3 (async)."""
+    parsed = make_url(url)
+    driver = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}[dialect_of(url)]
+    return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+def sync_url(url: str) -> str:
+    parsed = make_url(url)
+    driver = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg"}[dialect_of(url)]
+    return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+def _configure_sqlite(sync_engine: Engine) -> None:
+    """WAL, full fsync, a long busy timeout and BEGIN IMMEDIATE.
+
+    Every ledger transaction takes the write lock up front: SQLite's default
+    deferred BEGIN upgrades read locks late and fails with "database is locked"
+    when two processes do so at once, instead of waiting its turn.
+    """
+
+    @event.listens_for(sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(sync_engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def create_ledger_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    if dialect_of(url) == "sqlite":
+        engine = create_async_engine(async_url(url))
+        _configure_sqlite(engine.sync_engine)
+        return engine
+    return create_async_engine(
+        async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+    )
+
+
+def create_sync_engine(url: str) -> Engine:
+    engine = create_engine(sync_url(url))
+    if dialect_of(url) == "sqlite":
+        _configure_sqlite(engine)
+    return engine

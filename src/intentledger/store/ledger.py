@@ -1,0 +1,284 @@
+"""The repository: every read and write the engine makes, on one connection.
+
+A `Ledger` wraps the connection of one unit of work (`async with
+engine.begin()`); the caller's transaction boundary is the unit of work's.
+State changes go through `transition`, which consults the domain's table and
+appends the transition row in the same statement batch.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from intentledger.domain.states import NextAction, State, require_transition
+from intentledger.store.tables import (
+    Record,
+    api_keys,
+    attempts,
+    decisions,
+    idempotency_records,
+    observations,
+    operations,
+    outbox,
+    transitions,
+)
+
+
+class ConcurrentUpdate(RuntimeError):
+    """The operation changed under us: its version is not the one we read."""
+
+
+def new_operation_id() -> str:
+    return "op_" + secrets.token_hex(12)
+
+
+class Ledger:
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+        self._is_postgres = conn.dialect.name == "postgresql"
+
+    # -- auth ---------------------------------------------------------------
+
+    async def find_api_key(self, token_hash: str) -> Record | None:
+        result = await self.conn.execute(
+            select(api_keys.c.actor, api_keys.c.is_operator).where(
+                api_keys.c.token_hash == token_hash
+            )
+        )
+        return result.first()
+
+    async def add_api_key(
+        self, token_hash: str, actor: str, is_operator: bool, now: datetime
+    ) -> None:
+        await self.conn.execute(
+            insert(api_keys).values(
+                token_hash=token_hash, actor=actor, is_operator=is_operator, created_at=now
+            )
+        )
+
+    # -- intake -------------------------------------------------------------
+
+    async def find_idempotency_record(self, actor: str, route: str, key: str) -> Record | None:
+        result = await self.conn.execute(
+            select(idempotency_records.c.request_hash, idempotency_records.c.operation_id).where(
+                idempotency_records.c.actor == actor,
+                idempotency_records.c.route == route,
+                idempotency_records.c.idempotency_key == key,
+            )
+        )
+        return result.first()
+
+    async def insert_intent(
+        self, operation: Mapping[str, Any], outbox_kind: str, due_at: datetime
+    ) -> None:
+        """Idempotency record, operation and outbox row: the intake transaction's writes."""
+        # The operation row first: the idempotency record references it.
+        await self.conn.execute(insert(operations).values(**operation))
+        await self.conn.execute(
+            insert(idempotency_records).values(
+                actor=operation["actor"],
+                route=operation["route"],
+                idempotency_key=operation["idempotency_key"],
+                request_hash=operation["request_hash"],
+                operation_id=operation["operation_id"],
+                created_at=operation["created_at"],
+            )
+        )
+        await self.enqueue(operation["operation_id"], outbox_kind, due_at, operation["created_at"])
+
+    # -- operations ---------------------------------------------------------
+
+    async def get_operation(self, operation_id: str, *, for_update: bool = False) -> Record | None:
+        query = select(operations).where(operations.c.operation_id == operation_id)
+        if for_update:
+            query = query.with_for_update()
+        return (await self.conn.execute(query)).first()
+
+    async def transition(
+        self,
+        operation: Record,
+        target: State,
+        *,
+        now: datetime,
+        next_action: NextAction,
+        reason: str,
+        source: str,
+        **fields: Any,
+    ) -> None:
+        """Move `operation` to `target` if the transition table allows it, and log it."""
+        current = State(operation.state)
+        require_transition(current, target)
+        result = await self.conn.execute(
+            update(operations)
+            .where(
+                operations.c.operation_id == operation.operation_id,
+                operations.c.version == operation.version,
+            )
+            .values(
+                state=target,
+                next_action=next_action,
+                version=operation.version + 1,
+                updated_at=now,
+                **fields,
+            )
+        )
+        if result.rowcount != 1:
+            raise ConcurrentUpdate(operation.operation_id)
+        await self.conn.execute(
+            insert(transitions).values(
+                operation_id=operation.operation_id,
+                at=now,
+                from_state=current,
+                to_state=target,
+                next_action=next_action,
+                reason=reason,
+                source=source,
+            )
+        )
+
+    async def record_initial_transition(
+        self, operation_id: str, now: datetime, reason: str, source: str
+    ) -> None:
+        await self.conn.execute(
+            insert(transitions).values(
+                operation_id=operation_id,
+                at=now,
+                from_state=None,
+                to_state=State.ACCEPTED,
+                next_action=NextAction.SUBMIT,
+                reason=reason,
+                source=source,
+            )
+        )
+
+    # -- append-only companions --------------------------------------------
+
+    async def add_observation(self, **values: Any) -> int:
+        result = await self.conn.execute(insert(observations).values(**values))
+        return int(result.inserted_primary_key[0])  # type: ignore[index]
+
+    async def add_decision(self, **values: Any) -> int:
+        result = await self.conn.execute(insert(decisions).values(**values))
+        return int(result.inserted_primary_key[0])  # type: ignore[index]
+
+    async def add_attempt(self, **values: Any) -> None:
+        await self.conn.execute(insert(attempts).values(**values))
+
+    async def last_attempt(self, operation_id: str) -> Record | None:
+        result = await self.conn.execute(
+            select(attempts)
+            .where(attempts.c.operation_id == operation_id)
+            .order_by(attempts.c.number.desc())
+            .limit(1)
+        )
+        return result.first()
+
+    async def attempts_of(self, operation_id: str) -> Sequence[Record]:
+        result = await self.conn.execute(
+            select(attempts)
+            .where(attempts.c.operation_id == operation_id)
+            .order_by(attempts.c.number)
+        )
+        return result.all()
+
+    async def submit_results_of(self, operation_id: str) -> Sequence[Record]:
+        result = await self.conn.execute(
+            select(observations)
+            .where(
+                observations.c.operation_id == operation_id,
+                observations.c.kind == "submit_result",
+            )
+            .order_by(observations.c.id)
+        )
+        return result.all()
+
+    async def events_of(self, operation_id: str) -> list[tuple[str, Record]]:
+        """Transitions, observations and decisions, each tagged with its type."""
+        tagged: list[tuple[str, Record]] = []
+        for kind, table in (
+            ("transition", transitions),
+            ("observation", observations),
+            ("decision", decisions),
+        ):
+            rows = await self.conn.execute(
+                select(table).where(table.c.operation_id == operation_id).order_by(table.c.id)
+            )
+            tagged.extend((kind, row) for row in rows)
+        return tagged
+
+    # -- outbox -------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        operation_id: str,
+        kind: str,
+        due_at: datetime,
+        now: datetime,
+        decision_id: int | None = None,
+    ) -> None:
+        await self.conn.execute(
+            insert(outbox).values(
+                operation_id=operation_id,
+                kind=kind,
+                due_at=due_at,
+                deliveries=0,
+                decision_id=decision_id,
+                created_at=now,
+            )
+        )
+
+    async def claim_outbox_row(self, now: datetime, lease: timedelta, owner: str) -> Record | None:
+        """Lease one due row. Its due time moves to the lease's end, so if the
+        holder dies the row falls due again by itself (at-least-once delivery)."""
+        due = (
+            select(outbox.c.id)
+            .where(outbox.c.done_at.is_(None), outbox.c.due_at <= now)
+            .order_by(outbox.c.due_at)
+            .limit(1)
+        )
+        if self._is_postgres:
+            due = due.with_for_update(skip_locked=True)
+        result = await self.conn.execute(
+            update(outbox)
+            .where(outbox.c.id == due.scalar_subquery())
+            .values(
+                lease_owner=owner,
+                due_at=now + lease,
+                deliveries=outbox.c.deliveries + 1,
+            )
+            .returning(outbox)
+        )
+        claimed: Record | None = result.first()
+        return claimed
+
+    async def holds_lease(self, row_id: int, owner: str, now: datetime) -> bool:
+        """Lock the row and tell whether `owner` still holds an unexpired lease on it."""
+        query = select(outbox.c.lease_owner, outbox.c.due_at, outbox.c.done_at).where(
+            outbox.c.id == row_id
+        )
+        row = (await self.conn.execute(query.with_for_update())).first()
+        return (
+            row is not None
+            and row.done_at is None
+            and row.lease_owner == owner
+            and row.due_at > now
+        )
+
+    async def finish_outbox_row(self, row_id: int, now: datetime) -> None:
+        await self.conn.execute(
+            update(outbox)
+            .where(outbox.c.id == row_id, outbox.c.done_at.is_(None))
+            .values(done_at=now)
+        )
+
+    async def count_pending_outbox(self) -> int:
+        result = await self.conn.execute(
+            select(func.count()).select_from(outbox).where(outbox.c.done_at.is_(None))
+        )
+        return int(result.scalar_one())

@@ -1,0 +1,23 @@
+"""Alembic environment: one migration history for SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from alembic import context
+
+from intentledger.store.database import create_sync_engine
+from intentledger.store.tables import metadata
+
+config = context.config
+url = config.get_main_option("sqlalchemy.url")
+assert url, "intentledger.store.migrate sets sqlalchemy.url"
+
+engine = create_sync_engine(url)
+with engine.connect() as connection:
+    context.configure(
+        connection=connection,
+        target_metadata=metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+engine.dispose()

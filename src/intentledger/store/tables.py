@@ -1,0 +1,222 @@
+"""The ledger schema (SQLAlchemy Core), one definition for SQLite and PostgreSQL.
+
+`operations` is the one mutable record per business operation. `attempts`,
+`observations`, `transitions` and `decisions` are append-only: never updated,
+never deleted, so a reviewer can rebuild what was seen and why from them alone.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    Interval,
+    MetaData,
+    Row,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import TypeDecorator
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, on both databases.
+
+    SQLite has no time zones: it stores naive UTC in a fixed-width text form,
+    which also keeps `<=` comparisons on due times correct.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the ledger; every instant is UTC-aware")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+Json = JSON().with_variant(JSONB(), "postgresql")
+
+
+def _timestamp(name: str, nullable: bool = False) -> Column[Any]:
+    return Column(name, UTCDateTime(), nullable=nullable)
+
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("actor", String(255), nullable=False),
+    Column("is_operator", Boolean, nullable=False, default=False),
+    _timestamp("created_at"),
+)
+
+operations = Table(
+    "operations",
+    metadata,
+    Column("operation_id", String(40), primary_key=True),
+    Column("idempotency_key", String(255), nullable=False),
+    Column("state", String(24), nullable=False),
+    Column("request_context", Json, nullable=False),
+    _timestamp("first_attempt_at", nullable=True),
+    _timestamp("last_observed_at", nullable=True),
+    _timestamp("retry_after_at", nullable=True),
+    Column("reconciliation_status", String(32), nullable=True),
+    Column("key_age_at_decision", Interval, nullable=True),
+    Column("provider_retention_note", Text, nullable=True),
+    Column("next_action", String(16), nullable=False),
+    Column("actor", String(255), nullable=False),
+    Column("route", String(64), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("request_hash", String(64), nullable=False),
+    Column("provider", String(32), nullable=False),
+    Column("provider_reference", String(255), nullable=True),
+    Column("outcome", String(16), nullable=True),
+    Column("amount", BigInteger, nullable=True),
+    Column("currency", String(3), nullable=True),
+    Column("mandate_id", String(40), nullable=True),
+    Column("version", Integer, nullable=False),
+    _timestamp("created_at"),
+    _timestamp("updated_at"),
+    # The reconciler and the sweeper look up operations by state and due time.
+    Index(None, "state", "retry_after_at"),
+)
+
+idempotency_records = Table(
+    "idempotency_records",
+    metadata,
+    Column("actor", String(255), primary_key=True),
+    Column("route", String(64), primary_key=True),
+    Column("idempotency_key", String(255), primary_key=True),
+    Column("request_hash", String(64), nullable=False),
+    Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
+    _timestamp("created_at"),
+)
+
+decisions = Table(
+    "decisions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
+    _timestamp("at"),
+    Column("rule", String(64), nullable=False),
+    Column("inputs", Json, nullable=False),
+    Column("next_action", String(16), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("key_age_at_decision", Interval, nullable=True),
+    Column("source", String(128), nullable=False),
+    Index(None, "operation_id", "id"),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("provider_idempotency_key", String(255), nullable=False),
+    _timestamp("submitted_at"),
+    # "original", or "resubmission" of attempt `resubmission_of`.
+    Column("relation", String(16), nullable=False),
+    Column("resubmission_of", Integer, nullable=True),
+    Column("decision_id", Integer, ForeignKey("decisions.id"), nullable=True),
+    Column("source", String(128), nullable=False),
+    UniqueConstraint("operation_id", "number"),
+)
+
+observations = Table(
+    "observations",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
+    _timestamp("at"),
+    # submit_result, resumed_submitting, lookup_result, sweeper, operator, ...
+    Column("kind", String(32), nullable=False),
+    Column("source", String(128), nullable=False),
+    Column("attempt_number", Integer, nullable=True),
+    Column("transport", String(16), nullable=True),
+    Column("error_class", String(64), nullable=True),
+    Column("http_status", Integer, nullable=True),
+    Column("verdict", String(16), nullable=True),
+    Column("reason", Text, nullable=True),
+    Column("provider_reference", String(255), nullable=True),
+    Column("retry_after_raw", Text, nullable=True),
+    _timestamp("retry_after_at", nullable=True),
+    Column("retry_after_problem", String(32), nullable=True),
+    Column("detail", Json, nullable=True),
+    Index(None, "operation_id", "id"),
+)
+
+transitions = Table(
+    "transitions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
+    _timestamp("at"),
+    Column("from_state", String(24), nullable=True),
+    Column("to_state", String(24), nullable=False),
+    Column("next_action", String(16), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("source", String(128), nullable=False),
+    Index(None, "operation_id", "id"),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
+    Column("kind", String(16), nullable=False),  # submit | reconcile
+    # When the row may next be claimed. A claim moves it to the end of the
+    # lease, so an expired lease makes the row due again with no extra column.
+    _timestamp("due_at"),
+    Column("lease_owner", String(128), nullable=True),
+    Column("deliveries", Integer, nullable=False, default=0),
+    # The decision that authorised this submission, for every attempt after the first.
+    Column("decision_id", Integer, ForeignKey("decisions.id"), nullable=True),
+    _timestamp("done_at", nullable=True),
+    _timestamp("created_at"),
+    Index(
+        "ix_outbox_pending_due",
+        "due_at",
+        sqlite_where=text("done_at IS NULL"),
+        postgresql_where=text("done_at IS NULL"),
+    ),
+    Index(None, "operation_id"),
+)
+
+
+# A row of any of the tables above, as the repository returns it.
+Record = Row[*tuple[Any, ...]]

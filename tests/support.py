@@ -1,0 +1,82 @@
+"""Helpers the tests share: free ports, real subprocesses, waiting."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import httpx
+
+INTENTLEDGER = [sys.executable, "-m", "intentledger.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Process:
+    """A real `intentledger` OS process, its output kept in a log file."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str], log: Path) -> None:
+        self.args = list(args)
+        self.log = log
+        self._log_file = log.open("ab")
+        self.popen = subprocess.Popen(
+            [*INTENTLEDGER, *args],
+            env={**os.environ, **env},
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_healthy(self, url: str, timeout: float = 30.0) -> None:
+        def healthy() -> bool:
+            if self.popen.poll() is not None:
+                raise AssertionError(f"{self.args[0]} exited early:\n{self.output()}")
+            try:
+                return httpx.get(url, timeout=1.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, timeout, f"{url} to answer 200")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no graceful shutdown, like a crash."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log_file.close()
