@@ -123,7 +123,15 @@ def serve(
     err.print(
         f"intentledger serving on http://{host}:{port} (workers: {'off' if no_workers else 'on'})"
     )
-    uvicorn.run(service, host=host, port=port, log_level="warning", lifespan="on")
+    # A sandbox request may be withholding its answer on purpose: do not wait for it.
+    uvicorn.run(
+        service,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
 
 
 @app.command()

@@ -1,0 +1,59 @@
+"""Migrations on both databases, and settings from the environment and flags."""
+
+from __future__ import annotations
+
+import subprocess
+from datetime import timedelta
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import text
+
+from intentledger.settings import Settings
+from intentledger.store.database import create_sync_engine
+from intentledger.store.tables import metadata
+from tests.conftest import Databases
+from tests.support import INTENTLEDGER
+
+
+def test_migrate_builds_exactly_the_declared_schema(
+    backend: str, databases: Databases, tmp_path: object
+) -> None:
+    url = databases.create(backend)
+    engine = create_sync_engine(url)
+    with engine.begin() as conn:  # start from nothing
+        for table in reversed(metadata.sorted_tables):
+            conn.execute(text(f"DROP TABLE {table.name}"))
+        conn.execute(text("DROP TABLE alembic_version"))
+    for _ in range(2):  # and migrating twice is harmless
+        done = subprocess.run(
+            [*INTENTLEDGER, "migrate", "--database-url", url], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+    engine.dispose()
+
+
+def test_settings_read_durations_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTENTLEDGER_SUBMIT_TIMEOUT", "500ms")
+    monkeypatch.setenv("INTENTLEDGER_LEASE", "5m")
+    monkeypatch.setenv("INTENTLEDGER_SANDBOX_KEY_RETENTION", "24h")
+    settings = Settings()
+    assert settings.submit_timeout == timedelta(milliseconds=500)
+    assert settings.lease == timedelta(minutes=5)
+    assert settings.sandbox_key_retention == timedelta(hours=24)
+    assert settings.recheck_backoff == timedelta(seconds=30)  # DESIGN.md default
+    assert Settings(lease="30s").lease == timedelta(seconds=30)  # a flag beats the environment
+
+
+def test_a_bad_setting_is_a_clear_error(tmp_path: object) -> None:
+    done = subprocess.run(
+        [*INTENTLEDGER, "worker", "--lease", "five minutes", "--database-url", "sqlite:///x.db"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "lease" in done.stderr and "five minutes" in done.stderr
