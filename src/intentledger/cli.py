@@ -71,6 +71,9 @@ def _configure_logging() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # A line per provider request and per migration step would drown what matters.
+    for noisy in ("httpx", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _require_schema(settings: Settings) -> None:
@@ -189,6 +192,7 @@ def migrate(database_url: DatabaseUrl = None) -> None:
     from intentledger.store.migrate import upgrade
 
     settings = load_settings(database_url=database_url)
+    _configure_logging()
     upgrade(settings.database_url)
     err.print("schema is up to date")
 

@@ -1,0 +1,91 @@
+"""ISO 4217 codes: what is in the table, what is kept out, and how input is normalised."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from intentledger.domain import currencies
+from intentledger.domain.currencies import ISO_4217_CODES, MINOR_UNITS, normalise_currency
+
+ACTIVE = ["USD", "EUR", "GBP", "JPY", "CHF", "SEK", "XOF", "XAF", "ZWG", "SLE", "VES"]
+# Withdrawn currencies, and List One codes with no minor unit (metals, units of
+# account, the testing code, "no currency").
+ABSENT = ["DEM", "FRF", "HRK", "XTS", "XXX", "XAU", "XAG", "XPD", "XPT", "XDR", "XSU", "XUA"]
+THREE_UPPER_ASCII = re.compile(r"[A-Z]{3}")
+
+
+@pytest.mark.parametrize("code", ACTIVE)
+def test_required_active_codes_present(code: str) -> None:
+    assert code in ISO_4217_CODES
+    assert code in MINOR_UNITS
+
+
+@pytest.mark.parametrize("code", ABSENT)
+def test_withdrawn_and_non_monetary_codes_absent(code: str) -> None:
+    assert code not in ISO_4217_CODES
+    assert code not in MINOR_UNITS
+    with pytest.raises(ValueError, match=code):
+        normalise_currency(code)
+
+
+def test_every_code_is_three_uppercase_ascii_letters() -> None:
+    bad = sorted(c for c in ISO_4217_CODES if not THREE_UPPER_ASCII.fullmatch(c) or not c.isascii())
+    assert bad == []
+
+
+def test_every_code_has_a_minor_unit_and_nothing_else_does() -> None:
+    assert set(MINOR_UNITS) == ISO_4217_CODES
+    assert set(MINOR_UNITS.values()) <= {0, 2, 3, 4}
+
+
+def test_no_code_is_listed_under_two_minor_units() -> None:
+    # MINOR_UNITS is built from a dict comprehension, which would silently keep the last.
+    listed = [code for codes in currencies._CODES_BY_MINOR_UNIT.values() for code in codes.split()]
+    assert len(listed) == len(set(listed)) == len(ISO_4217_CODES)
+
+
+@pytest.mark.parametrize(
+    ("code", "exponent"),
+    [("USD", 2), ("EUR", 2), ("JPY", 0), ("KRW", 0), ("XOF", 0), ("KWD", 3), ("CLF", 4)],
+)
+def test_known_minor_units(code: str, exponent: int) -> None:
+    assert MINOR_UNITS[code] == exponent
+
+
+@pytest.mark.parametrize(("text", "expected"), [("eur", "EUR"), ("EUR", "EUR"), ("uSd", "USD")])
+def test_normalise_upper_cases_ascii(text: str, expected: str) -> None:
+    assert normalise_currency(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    # "u\u017fd" upper-cases to "USD" with str.upper; so would fullwidth letters under NFKC.
+    ["", "US", "usd ", " usd", "u\u017fd", "\uff35\uff33\uff24", "XXX", "USDX", "usd\n"],
+)
+def test_normalise_rejects_with_the_value_named(text: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        normalise_currency(text)
+    assert repr(text) in str(caught.value)
+
+
+@given(st.sampled_from(sorted(ISO_4217_CODES)), st.lists(st.booleans(), min_size=3, max_size=3))
+def test_any_casing_of_a_code_normalises_to_it(code: str, lower: list[bool]) -> None:
+    text = "".join(c.lower() if flag else c for c, flag in zip(code, lower, strict=True))
+    assert normalise_currency(text) == code
+    assert normalise_currency(normalise_currency(text)) == code
+
+
+@given(st.text(max_size=6))
+def test_normalise_returns_a_listed_code_or_raises(text: str) -> None:
+    try:
+        code = normalise_currency(text)
+    except ValueError as exc:
+        assert repr(text) in str(exc)
+    else:
+        assert code in ISO_4217_CODES
+        assert text.isascii()
+        assert code == text.upper()
