@@ -12,8 +12,13 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.canonical import request_hash
+from intentledger.domain.retention import sandbox_policy
+from intentledger.domain.safety import SafetyRules
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings
 from intentledger.engine.intake import PaymentIntent, accept_payment
+from intentledger.engine.reconciler import Reconciler
+from intentledger.engine.sweeper import Sweeper
+from intentledger.engine.worker import Worker
 from intentledger.providers.sandbox_client import SandboxProvider
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import decisions, observations, operations, outbox
@@ -35,7 +40,7 @@ class MovableClock:
         self.offset += delta
 
 
-def make_dispatcher(
+def make_worker(
     engine: AsyncEngine,
     provider_url: str,
     clock: Any,
@@ -43,15 +48,36 @@ def make_dispatcher(
     timeout: float = 1.0,
     lease: timedelta = timedelta(minutes=5),
     worker: str = "test-worker",
-) -> Dispatcher:
-    return Dispatcher(
+    backoff: timedelta = timedelta(seconds=30),
+    retention: timedelta = timedelta(hours=24),
+    rules: SafetyRules | None = None,
+) -> Worker:
+    """A worker wired as `intentledger worker` wires it, with a test clock."""
+    provider = SandboxProvider(provider_url, timedelta(seconds=timeout))
+    return Worker(
         engine,
-        SandboxProvider(provider_url, timedelta(seconds=timeout)),
         clock,
-        # A short backoff so that a provider's Retry-After is the later time.
-        DispatchSettings(lease=lease, recheck_backoff=timedelta(milliseconds=100)),
+        lease,
         worker,
-        jitter=lambda: 0.0,
+        Dispatcher(
+            engine,
+            provider,
+            clock,
+            DispatchSettings(lease=lease, recheck_backoff=backoff),
+            worker,
+            jitter=lambda: 0.0,
+        ),
+        Reconciler(
+            engine,
+            provider,
+            clock,
+            backoff,
+            lambda _p: sandbox_policy(retention),
+            lambda _p: rules or SafetyRules(),
+            worker,
+            jitter=lambda: 0.0,
+        ),
+        Sweeper(engine, clock, timedelta(minutes=2), backoff, worker, jitter=lambda: 0.0),
     )
 
 
@@ -100,17 +126,14 @@ def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-async def drain(dispatcher: Dispatcher) -> int:
-    delivered = 0
-    while await dispatcher.deliver_next():
-        delivered += 1
-    return delivered
+async def drain(worker: Worker) -> int:
+    return await worker.drain()
 
 
 async def test_ok_payment_is_submitted_once_and_succeeds(engine: AsyncEngine, sandbox: str) -> None:
     clock = MovableClock()
     op_id = await accept(engine, clock, "pm_ok")
-    assert await drain(make_dispatcher(engine, sandbox, clock)) == 1
+    assert await drain(make_worker(engine, sandbox, clock)) == 1
     op = await operation(engine, op_id)
     assert (op.state, op.outcome, op.next_action) == ("OUTCOME_KNOWN", "succeeded", "none")
     assert op.provider_reference and op.provider_reference.startswith("ch_")
@@ -123,7 +146,7 @@ async def test_ok_payment_is_submitted_once_and_succeeds(engine: AsyncEngine, sa
 async def test_decline_is_a_known_failure_with_no_charge(engine: AsyncEngine, sandbox: str) -> None:
     clock = MovableClock()
     op_id = await accept(engine, clock, "pm_declined")
-    await drain(make_dispatcher(engine, sandbox, clock))
+    await drain(make_worker(engine, sandbox, clock))
     op = await operation(engine, op_id)
     assert (op.state, op.outcome) == ("OUTCOME_KNOWN", "failed")
     assert sandbox_charges(sandbox, op_id) == []
@@ -136,8 +159,8 @@ async def test_lost_answer_is_unknown_never_failed_never_resent(
 ) -> None:
     clock = MovableClock()
     op_id = await accept(engine, clock, "pm_timeout_after_execute")
-    dispatcher = make_dispatcher(engine, sandbox, clock, timeout=0.5)
-    await drain(dispatcher)
+    worker = make_worker(engine, sandbox, clock, timeout=0.5)
+    await drain(worker)
     op = await operation(engine, op_id)
     assert (op.state, op.outcome, op.next_action) == ("UNKNOWN", None, "reconcile")
     assert op.retry_after_at is not None and op.retry_after_at > op.last_observed_at
@@ -148,11 +171,17 @@ async def test_lost_answer_is_unknown_never_failed_never_resent(
         "unknown",
     )
     assert len(sandbox_charges(sandbox, op_id)) == 1
-    # A day later nothing is due: UNKNOWN rests until evidence arrives.
-    clock.advance(timedelta(days=1))
-    assert await drain(dispatcher) == 0
+    # Before its check is due nothing happens; then a lookup, not a resend, settles it.
+    assert await drain(worker) == 0
+    clock.advance(timedelta(seconds=31))
+    assert await drain(worker) == 1
     assert len(sandbox_submits(sandbox, op_id)) == 1
-    assert (await operation(engine, op_id)).state == "UNKNOWN"
+    op = await operation(engine, op_id)
+    assert (op.state, op.outcome, op.reconciliation_status) == (
+        "OUTCOME_KNOWN",
+        "succeeded",
+        "found_succeeded",
+    )
 
 
 async def test_withheld_answer_before_execution_is_unknown(
@@ -160,7 +189,7 @@ async def test_withheld_answer_before_execution_is_unknown(
 ) -> None:
     clock = MovableClock()
     op_id = await accept(engine, clock, "pm_timeout_before_execute")
-    await drain(make_dispatcher(engine, sandbox, clock, timeout=0.5))
+    await drain(make_worker(engine, sandbox, clock, timeout=0.5))
     assert (await operation(engine, op_id)).state == "UNKNOWN"
     assert sandbox_charges(sandbox, op_id) == []
 
@@ -170,7 +199,8 @@ async def test_unavailable_is_unknown_until_its_retry_after(
 ) -> None:
     clock = MovableClock()
     op_id = await accept(engine, clock, "pm_unavailable")
-    await drain(make_dispatcher(engine, sandbox, clock))
+    # A backoff shorter than the provider's Retry-After, so the header decides.
+    await drain(make_worker(engine, sandbox, clock, backoff=timedelta(milliseconds=100)))
     op = await operation(engine, op_id)
     [result] = [o for o in await rows(engine, observations, op_id) if o.kind == "submit_result"]
     assert (op.state, op.next_action, result.http_status) == ("UNKNOWN", "reconcile", 503)
@@ -185,17 +215,17 @@ async def test_rate_limited_is_sent_again_no_earlier_than_retry_after(
 ) -> None:
     clock = MovableClock()
     op_id = await accept(engine, clock, "pm_rate_limited")
-    dispatcher = make_dispatcher(engine, sandbox, clock)
-    assert await drain(dispatcher) == 1
+    worker = make_worker(engine, sandbox, clock)
+    assert await drain(worker) == 1
     op = await operation(engine, op_id)
     [refused] = [o for o in await rows(engine, observations, op_id) if o.kind == "submit_result"]
     assert (op.state, op.next_action, refused.http_status) == ("ACCEPTED", "submit", 429)
     assert op.retry_after_at == refused.at + timedelta(seconds=1)
-    assert await drain(dispatcher) == 0  # not yet due
+    assert await drain(worker) == 0  # not yet due
     deadline = time.monotonic() + 10
     while (await operation(engine, op_id)).state != "OUTCOME_KNOWN":
         assert time.monotonic() < deadline, "the rate-limited payment was never sent again"
-        await drain(dispatcher)
+        await drain(worker)
     assert len(sandbox_charges(sandbox, op_id)) == 1
     _first, second = sandbox_submits(sandbox, op_id)
     assert parse_time(second["received_at"]) >= refused.at + timedelta(seconds=1)
@@ -215,7 +245,7 @@ async def test_connection_refused_is_recorded_as_not_sent(engine: AsyncEngine) -
     clock = MovableClock()
     op_id = await accept(engine, clock, "pm_ok")
     stopped_provider = f"http://127.0.0.1:{free_port()}/_sandbox"
-    await drain(make_dispatcher(engine, stopped_provider, clock))
+    await drain(make_worker(engine, stopped_provider, clock))
     op = await operation(engine, op_id)
     [result] = [o for o in await rows(engine, observations, op_id) if o.kind == "submit_result"]
     assert (result.transport, result.error_class, result.verdict) == (
@@ -235,16 +265,16 @@ async def test_resumed_delivery_marks_unknown_without_calling_the_provider(
 ) -> None:
     clock = MovableClock()
     op_id = await accept(engine, clock, "pm_ok")
-    first = make_dispatcher(engine, sandbox, clock, lease=timedelta(seconds=30), worker="first")
+    first = make_worker(engine, sandbox, clock, lease=timedelta(seconds=30), worker="first")
     async with engine.begin() as conn:
         row = await Ledger(conn).claim_outbox_row(clock(), timedelta(seconds=30), "first")
     assert row is not None
-    submission = await first._pre_submit(row)  # committed SUBMITTING, then "dies"
+    submission = await first.dispatcher._pre_submit(row)  # committed SUBMITTING, then "dies"
     assert submission is not None
     assert (await operation(engine, op_id)).state == "SUBMITTING"
 
     clock.advance(timedelta(seconds=31))
-    second = make_dispatcher(engine, sandbox, clock, worker="second")
+    second = make_worker(engine, sandbox, clock, worker="second")
     assert await drain(second) == 1
     op = await operation(engine, op_id)
     assert (op.state, op.next_action) == ("UNKNOWN", "reconcile")
@@ -253,8 +283,8 @@ async def test_resumed_delivery_marks_unknown_without_calling_the_provider(
     assert kinds == ["resumed_submitting"]
 
     # The first worker's answer arrives late: recorded, and it settles the operation.
-    answer = await first.provider.submit(submission.charge)
-    await first._record(row, submission, answer)
+    answer = await first.dispatcher.provider.submit(submission.charge)
+    await first.dispatcher._record(row, submission, answer)
     op = await operation(engine, op_id)
     assert (op.state, op.outcome) == ("OUTCOME_KNOWN", "succeeded")
     assert len(sandbox_charges(sandbox, op_id)) == 1
@@ -265,12 +295,12 @@ async def test_a_lost_lease_stops_the_old_holder_before_it_submits(
 ) -> None:
     clock = MovableClock()
     op_id = await accept(engine, clock, "pm_ok")
-    slow = make_dispatcher(engine, sandbox, clock, lease=timedelta(seconds=5), worker="slow")
+    slow = make_worker(engine, sandbox, clock, lease=timedelta(seconds=5), worker="slow")
     async with engine.begin() as conn:
         row = await Ledger(conn).claim_outbox_row(clock(), timedelta(seconds=5), "slow")
     clock.advance(timedelta(seconds=6))
-    assert await drain(make_dispatcher(engine, sandbox, clock, worker="fast")) == 1
-    assert await slow._pre_submit(row) is None
+    assert await drain(make_worker(engine, sandbox, clock, worker="fast")) == 1
+    assert await slow.dispatcher._pre_submit(row) is None
     assert len(sandbox_submits(sandbox, op_id)) == 1
     assert (await operation(engine, op_id)).outcome == "succeeded"
 
@@ -278,7 +308,7 @@ async def test_a_lost_lease_stops_the_old_holder_before_it_submits(
 async def test_slow_answer_within_the_timeout_succeeds(engine: AsyncEngine, sandbox: str) -> None:
     clock = MovableClock()
     op_id = await accept(engine, clock, "pm_slow")
-    await drain(make_dispatcher(engine, sandbox, clock, timeout=5))
+    await drain(make_worker(engine, sandbox, clock, timeout=5))
     assert (await operation(engine, op_id)).outcome == "succeeded"
 
 
@@ -288,7 +318,7 @@ async def test_every_result_is_one_transaction_with_its_transition(
 ) -> None:
     clock = MovableClock()
     op_id = await accept(engine, clock, payment_method)
-    await drain(make_dispatcher(engine, sandbox, clock, timeout=0.5))
+    await drain(make_worker(engine, sandbox, clock, timeout=0.5))
     async with engine.connect() as conn:
         events = await Ledger(conn).events_of(op_id)
         op = (

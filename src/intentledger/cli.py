@@ -150,7 +150,7 @@ def worker(
 ) -> None:
     """Run the dispatcher alone (point --provider-url at a running provider)."""
     from intentledger.engine.clock import system_clock
-    from intentledger.service import build_dispatcher, run_workers
+    from intentledger.service import build_worker, run_workers
     from intentledger.store.database import create_ledger_engine
 
     settings = load_settings(
@@ -169,7 +169,7 @@ def worker(
     async def main() -> None:
         engine = create_ledger_engine(settings.database_url)
         try:
-            dispatcher = build_dispatcher(settings, engine, system_clock, None)
+            worker = build_worker(settings, engine, system_clock, None)
         except ValueError as exc:
             err.print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from exc
@@ -177,9 +177,9 @@ def worker(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        err.print(f"intentledger worker {dispatcher.worker_id} started")
+        err.print(f"intentledger worker {worker.worker_id} started")
         try:
-            await run_workers(settings, engine, dispatcher, stop)
+            await run_workers(worker, settings, stop)
         finally:
             await engine.dispose()
 

@@ -6,46 +6,84 @@ import asyncio
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.api.app import create_app
+from intentledger.domain.retention import REGISTRY, RetentionPolicy, sandbox_policy
 from intentledger.engine.clock import Clock, system_clock
-from intentledger.engine.dispatcher import Dispatcher, DispatchSettings, run_dispatcher
+from intentledger.engine.dispatcher import Dispatcher, DispatchSettings
+from intentledger.engine.reconciler import Reconciler
+from intentledger.engine.sweeper import Sweeper
+from intentledger.engine.worker import Worker, run_worker
 from intentledger.providers.registry import build_provider
 from intentledger.providers.sandbox import create_sandbox_app
+from intentledger.safety_config import load_safety_rules
 from intentledger.settings import Settings
 from intentledger.store.database import create_ledger_engine
 
 SANDBOX_MOUNT = "/_sandbox"
+# Which provider API (and so which documented key retention) each adapter speaks.
+PROVIDER_APIS = {"stripe": "stripe-v1"}
 
 
 def worker_id(role: str) -> str:
     return f"{role}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-def build_dispatcher(
+def retention_policy_for(settings: Settings) -> Callable[[str], RetentionPolicy]:
+    def policy_for(provider: str) -> RetentionPolicy:
+        if provider == "sandbox":
+            return sandbox_policy(settings.sandbox_key_retention)
+        return REGISTRY[PROVIDER_APIS[provider]]
+
+    return policy_for
+
+
+def build_worker(
     settings: Settings, engine: AsyncEngine, clock: Clock, default_provider_url: str | None
-) -> Dispatcher:
-    return Dispatcher(
+) -> Worker:
+    provider = build_provider(settings, default_provider_url)
+    identity = worker_id("worker")
+    return Worker(
         engine,
-        build_provider(settings, default_provider_url),
         clock,
-        DispatchSettings(lease=settings.lease, recheck_backoff=settings.recheck_backoff),
-        worker_id("worker"),
+        settings.lease,
+        identity,
+        Dispatcher(
+            engine,
+            provider,
+            clock,
+            DispatchSettings(lease=settings.lease, recheck_backoff=settings.recheck_backoff),
+            identity,
+        ),
+        Reconciler(
+            engine,
+            provider,
+            clock,
+            settings.recheck_backoff,
+            retention_policy_for(settings),
+            load_safety_rules(settings.safety_rules),
+            identity,
+        ),
+        Sweeper(engine, clock, settings.stale_submitting, settings.recheck_backoff, identity),
     )
 
 
-async def run_workers(
-    settings: Settings, engine: AsyncEngine, dispatcher: Dispatcher, stop: asyncio.Event
-) -> None:
+async def run_workers(worker: Worker, settings: Settings, stop: asyncio.Event) -> None:
     try:
-        await run_dispatcher(dispatcher, stop, settings.worker_concurrency, settings.poll_interval)
+        await run_worker(
+            worker,
+            stop,
+            settings.worker_concurrency,
+            settings.poll_interval,
+            settings.sweep_interval,
+        )
     finally:
-        await dispatcher.provider.aclose()
+        await worker.close()
 
 
 def build_service_app(
@@ -64,8 +102,8 @@ def build_service_app(
         stop = asyncio.Event()
         task = None
         if with_workers:
-            dispatcher = build_dispatcher(settings, engine, clock, sandbox_url)
-            task = asyncio.create_task(run_workers(settings, engine, dispatcher, stop))
+            worker = build_worker(settings, engine, clock, sandbox_url)
+            task = asyncio.create_task(run_workers(worker, settings, stop))
         try:
             yield
         finally:

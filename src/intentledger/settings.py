@@ -37,3 +37,7 @@ class Settings(BaseSettings):
     # How many outbox deliveries one worker process runs at once.
     worker_concurrency: int = Field(default=16, ge=1, le=1024)
     poll_interval: Duration = timedelta(milliseconds=200)
+    # How often a worker looks for stale SUBMITTING operations.
+    sweep_interval: Duration = timedelta(seconds=15)
+    # Optional TOML file of per-provider safety rules (see safety_config.py).
+    safety_rules: str | None = None

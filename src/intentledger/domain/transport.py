@@ -84,3 +84,76 @@ def classify(answer: ProviderAnswer) -> Classification:
     # Anything else (401, 403, 404, 3xx, ...) is not documented as final for a
     # charge: treat it as unknown rather than guess a failure.
     return Classification(Verdict.UNKNOWN, f"undocumented status {status}")
+
+
+class LookupVerdict(StrEnum):
+    """What one provider lookup by our reference showed. None of these means
+    "safe to resubmit": that is the safety review's question, not the lookup's."""
+
+    SUCCEEDED = "found_succeeded"
+    FAILED = "found_failed"
+    PROCESSING = "processing"
+    NOT_FOUND = "not_found"
+    LOOKUP_FAILED = "lookup_failed"
+
+
+@dataclass(frozen=True)
+class ChargeSeen:
+    provider_reference: str
+    status: str  # the provider's own word: succeeded, failed, processing, ...
+
+
+@dataclass(frozen=True)
+class LookupAnswer:
+    answer: ProviderAnswer
+    charges: tuple[ChargeSeen, ...] = ()
+    # False when a 2xx body could not be read: that is no evidence of absence.
+    readable: bool = True
+
+
+@dataclass(frozen=True)
+class LookupJudgement:
+    verdict: LookupVerdict
+    reason: str
+    provider_reference: str | None = None
+
+
+# Only these words are final failures; anything unrecognised is not an outcome.
+_FAILED_WORDS = frozenset({"failed", "canceled", "cancelled", "declined"})
+
+
+def judge_lookup(lookup: LookupAnswer) -> LookupJudgement:
+    answer = lookup.answer
+    if answer.transport is not Transport.RESPONSE:
+        return LookupJudgement(
+            LookupVerdict.LOOKUP_FAILED, f"lookup got no answer ({answer.error_class})"
+        )
+    status = answer.status
+    if status is None or not 200 <= status < 300:
+        return LookupJudgement(LookupVerdict.LOOKUP_FAILED, f"lookup answered {status}")
+    if not lookup.readable:
+        return LookupJudgement(LookupVerdict.LOOKUP_FAILED, f"lookup answer {status} unreadable")
+    if not lookup.charges:
+        return LookupJudgement(LookupVerdict.NOT_FOUND, "no charge carries our reference")
+    succeeded = [c for c in lookup.charges if c.status == "succeeded"]
+    if succeeded:
+        extra = f" ({len(succeeded)} executed charges: a duplicate)" if len(succeeded) > 1 else ""
+        return LookupJudgement(
+            LookupVerdict.SUCCEEDED,
+            f"charge {succeeded[0].provider_reference} succeeded{extra}",
+            succeeded[0].provider_reference,
+        )
+    failed = [c for c in lookup.charges if c.status in _FAILED_WORDS]
+    if failed and len(failed) == len(lookup.charges):
+        return LookupJudgement(
+            LookupVerdict.FAILED,
+            f"charge {failed[0].provider_reference} is {failed[0].status}",
+            failed[0].provider_reference,
+        )
+    # Still processing, or a status we do not know: neither is an outcome.
+    other = next(c for c in lookup.charges if c.status not in _FAILED_WORDS)
+    return LookupJudgement(
+        LookupVerdict.PROCESSING,
+        f"charge {other.provider_reference} is {other.status!r}: not final",
+        other.provider_reference,
+    )

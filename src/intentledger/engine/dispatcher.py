@@ -11,8 +11,6 @@ knows whether the provider executed it. It becomes UNKNOWN without a call.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -26,6 +24,7 @@ from intentledger.domain.retry_after import RetryAfter, parse_retry_after
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
 from intentledger.domain.transport import ProviderAnswer, Verdict, classify
 from intentledger.engine.clock import Clock
+from intentledger.engine.unknown import mark_unknown
 from intentledger.providers.base import ChargeRequest, Provider
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
@@ -37,6 +36,13 @@ log = logging.getLogger(__name__)
 class DispatchSettings:
     lease: timedelta
     recheck_backoff: timedelta
+
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    number: int
+    key: str  # the provider-facing idempotency key this attempt uses
+    resubmission_of: int | None
 
 
 @dataclass(frozen=True)
@@ -83,22 +89,6 @@ class Dispatcher:
         self.worker_id = worker_id
         self.jitter = jitter
 
-    async def deliver_next(self) -> bool:
-        """Claim and deliver one due outbox row; False when nothing was due."""
-        async with self.engine.begin() as conn:
-            row = await Ledger(conn).claim_outbox_row(
-                self.clock(), self.settings.lease, self.worker_id
-            )
-        if row is None:
-            return False
-        if row.kind == "submit":
-            await self.deliver_submit(row)
-        else:
-            log.warning(
-                "outbox row %s has kind %r, which this worker does not handle", row.id, row.kind
-            )
-        return True
-
     async def deliver_submit(self, row: Record) -> None:
         submission = await self._pre_submit(row)
         if submission is None:
@@ -122,24 +112,19 @@ class Dispatcher:
                 await self._mark_resumed_unknown(ledger, operation, now)
                 await ledger.finish_outbox_row(row.id, now)
                 return None
-            if state is not State.ACCEPTED:
-                # Already past submission (settled, cancelled, unresolved): nothing to send.
+            plan = await self._plan_attempt(ledger, operation, row, now)
+            if plan is None:
+                # Nothing (more) to send: settled, cancelled, unresolved without an
+                # authorising decision, or a replay whose window has closed.
                 await ledger.finish_outbox_row(row.id, now)
                 return None
-            previous = await ledger.last_attempt(operation.operation_id)
-            number = 1 if previous is None else previous.number + 1
-            if number > 1 and row.decision_id is None:
-                raise RuntimeError(
-                    f"attempt {number} of {operation.operation_id} has no authorising decision"
-                )
-            key = provider_key(operation.operation_id)
             await ledger.add_attempt(
                 operation_id=operation.operation_id,
-                number=number,
-                provider_idempotency_key=key,
+                number=plan.number,
+                provider_idempotency_key=plan.key,
                 submitted_at=now,
-                relation="original" if previous is None else "resubmission",
-                resubmission_of=None if previous is None else previous.number,
+                relation="original" if plan.resubmission_of is None else "resubmission",
+                resubmission_of=plan.resubmission_of,
                 decision_id=row.decision_id,
                 source=self.worker_id,
             )
@@ -148,11 +133,74 @@ class Dispatcher:
                 State.SUBMITTING,
                 now=now,
                 next_action=NextAction.WAIT,
-                reason=f"attempt {number} committed before provider I/O",
+                reason=f"attempt {plan.number} committed before provider I/O",
                 source=self.worker_id,
                 first_attempt_at=operation.first_attempt_at or now,
             )
-            return Submission(number, charge_for(operation, key))
+            return Submission(plan.number, charge_for(operation, plan.key))
+
+    async def _plan_attempt(
+        self, ledger: Ledger, operation: Record, row: Record, now: datetime
+    ) -> AttemptPlan | None:
+        """Which attempt this delivery may send, or None. Every attempt after the
+        first needs the decision that authorised it, and it must be the latest."""
+        state = State(operation.state)
+        previous = await ledger.last_attempt(operation.operation_id)
+        if state is State.ACCEPTED and previous is None:
+            return AttemptPlan(1, provider_key(operation.operation_id), None)
+        if state not in (State.ACCEPTED, State.SAFETY_REVIEW, State.MANUAL_REVIEW):
+            return None
+        assert previous is not None, "only an attempted operation reaches review"
+        decision = await ledger.latest_decision(operation.operation_id)
+        # After evidence of non-execution the decision says "submit"; after a
+        # safety review or an operator's approval it says "resubmit".
+        authorising = NextAction.SUBMIT if state is State.ACCEPTED else NextAction.RESUBMIT
+        if (
+            decision is None
+            or decision.id != row.decision_id
+            or decision.next_action != authorising
+        ):
+            return None
+        key = decision.inputs["provider_idempotency_key"]
+        replay = bool(decision.inputs.get("same_key")) and state is State.SAFETY_REVIEW
+        if replay and not await self._replay_still_deduplicated(ledger, operation, decision, now):
+            return None
+        return AttemptPlan(previous.number + 1, key, previous.number)
+
+    async def _replay_still_deduplicated(
+        self, ledger: Ledger, operation: Record, decision: Record, now: datetime
+    ) -> bool:
+        """Re-validate a same-key replay at the moment it would be sent: a backlog
+        may have pushed the key's age past the rule's bound since the decision."""
+        key = decision.inputs["provider_idempotency_key"]
+        first_use = await ledger.first_use_of_key(operation.operation_id, key)
+        bound = timedelta(seconds=decision.inputs["replay_bound_seconds"])
+        key_age = now - first_use
+        if key_age < bound:
+            return True
+        reason = (
+            f"replay not sent: key age {key_age} reached the bound {bound} between the "
+            f"decision at {decision.at.isoformat()} and the send; back to checking"
+        )
+        await ledger.add_decision(
+            operation_id=operation.operation_id,
+            at=now,
+            rule="replay_window_closed",
+            inputs={
+                "superseded_decision_id": decision.id,
+                "provider_idempotency_key": key,
+                "key_first_used_at": first_use.isoformat(),
+                "replay_bound_seconds": bound.total_seconds(),
+            },
+            next_action=NextAction.RECONCILE,
+            reason=reason,
+            key_age_at_decision=key_age,
+            source=self.worker_id,
+        )
+        await mark_unknown(
+            ledger, operation, now=now, check_at=now, reason=reason, source=self.worker_id
+        )
+        return False
 
     async def _mark_resumed_unknown(self, ledger: Ledger, operation: Record, now: datetime) -> None:
         attempt = await ledger.last_attempt(operation.operation_id)
@@ -169,15 +217,13 @@ class Dispatcher:
             verdict=Verdict.UNKNOWN,
             reason=reason,
         )
-        await ledger.transition(
+        await mark_unknown(
+            ledger,
             operation,
-            State.UNKNOWN,
             now=now,
-            next_action=NextAction.RECONCILE,
+            check_at=now + self._backoff(),
             reason=reason,
             source=self.worker_id,
-            last_observed_at=now,
-            retry_after_at=now + self._backoff(),
         )
 
     # -- step 5: record -----------------------------------------------------
@@ -251,15 +297,13 @@ class Dispatcher:
             # Recorded as an observation only: nothing here proves an outcome.
             return
         elif verdict is Verdict.UNKNOWN:
-            await ledger.transition(
+            await mark_unknown(
+                ledger,
                 operation,
-                State.UNKNOWN,
                 now=now,
-                next_action=NextAction.RECONCILE,
+                check_at=next_check_at(now, retry_after, self._backoff()),
                 reason=reason,
                 source=self.worker_id,
-                last_observed_at=now,
-                retry_after_at=next_check_at(now, retry_after, self._backoff()),
             )
         else:
             await self._requeue_not_executed(
@@ -289,7 +333,9 @@ class Dispatcher:
                 "evidence": reason,
                 "attempt_number": attempt_number,
                 "retry_after_raw": retry_after.raw,
-                "provider_idempotency_key": provider_key(operation.operation_id),
+                "provider_idempotency_key": attempt.provider_idempotency_key
+                if attempt is not None
+                else provider_key(operation.operation_id),
             },
             next_action=NextAction.SUBMIT,
             reason=(
@@ -312,24 +358,3 @@ class Dispatcher:
 
     def _backoff(self, check_number: int = 1) -> timedelta:
         return recheck_delay(check_number, self.settings.recheck_backoff, jitter=self.jitter())
-
-
-async def run_dispatcher(
-    dispatcher: Dispatcher, stop: asyncio.Event, concurrency: int, poll_interval: timedelta
-) -> None:
-    """Run `concurrency` delivery loops until `stop` is set."""
-
-    async def loop() -> None:
-        while not stop.is_set():
-            try:
-                delivered = await dispatcher.deliver_next()
-            except Exception:
-                log.exception("delivery failed; the row's lease will make it due again")
-                delivered = False
-            if not delivered:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), poll_interval.total_seconds())
-
-    async with asyncio.TaskGroup() as group:
-        for _ in range(concurrency):
-            group.create_task(loop())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from intentledger.domain.transport import ProviderAnswer
+from intentledger.domain.transport import LookupAnswer, ProviderAnswer
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,10 @@ class Provider(Protocol):
 
     async def submit(self, request: ChargeRequest) -> ProviderAnswer:
         """Send one charge. Never raises for transport trouble: the answer says what happened."""
+        ...
+
+    async def lookup(self, reference: str) -> LookupAnswer:
+        """Find what the provider holds under our reference. Never raises for transport trouble."""
         ...
 
     async def aclose(self) -> None: ...

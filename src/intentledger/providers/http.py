@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from intentledger.domain.transport import ProviderAnswer, Transport
+from intentledger.domain.transport import KEY_CONFLICT_CODES, ProviderAnswer, Transport
 
 # The connection was never established, so the provider cannot have read the
 # request (research S21, S22: raised from TCP connect, TLS start, pool wait).
@@ -29,15 +29,22 @@ def _qualified(exc: BaseException) -> str:
 
 
 def _error_code(response: httpx.Response) -> str | None:
+    """The provider's error code, or its error type when it gives no code.
+
+    A key-conflict marker may sit in either field (Stripe: type
+    `idempotency_error`), so when one of them names a key conflict, that wins.
+    """
     try:
         body = response.json()
     except ValueError:
         return None
     error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict):
-        code = error.get("code") or error.get("type")
-        return str(code) if code is not None else None
-    return None
+    if not isinstance(error, dict):
+        error = body if isinstance(body, dict) else {}
+    fields = [str(error[name]) for name in ("code", "type") if error.get(name) is not None]
+    conflict = [value for value in fields if value in KEY_CONFLICT_CODES]
+    chosen = conflict or fields
+    return chosen[0] if chosen else None
 
 
 def _reference(response: httpx.Response) -> str | None:

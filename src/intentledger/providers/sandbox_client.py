@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import httpx
 
-from intentledger.domain.transport import ProviderAnswer
+from intentledger.domain.transport import ChargeSeen, LookupAnswer, ProviderAnswer, Transport
 from intentledger.providers.base import ChargeRequest
 from intentledger.providers.http import observe
 
@@ -37,6 +37,21 @@ class SandboxProvider:
                 "/v1/charges", json=body, headers={"Idempotency-Key": request.idempotency_key}
             )
         )
+
+    async def lookup(self, reference: str) -> LookupAnswer:
+        answer = await observe(self._client.get("/v1/charges", params={"reference": reference}))
+        if answer.transport is not Transport.RESPONSE or answer.status != 200:
+            return LookupAnswer(answer)
+        body = answer.detail.get("body")
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list):
+            return LookupAnswer(answer, readable=False)
+        charges = tuple(
+            ChargeSeen(str(item.get("id")), str(item.get("status")))
+            for item in data
+            if isinstance(item, dict)
+        )
+        return LookupAnswer(answer, charges)
 
     async def aclose(self) -> None:
         await self._client.aclose()

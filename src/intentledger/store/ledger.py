@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
@@ -179,6 +179,29 @@ class Ledger:
         )
         return result.first()
 
+    async def first_use_of_key(self, operation_id: str, key: str) -> datetime:
+        """When `key` was first sent: a key's age never restarts on a replay."""
+        result = await self.conn.execute(
+            select(func.min(attempts.c.submitted_at)).where(
+                attempts.c.operation_id == operation_id,
+                attempts.c.provider_idempotency_key == key,
+            )
+        )
+        first: datetime | None = result.scalar_one()
+        if first is None:
+            raise LookupError(f"{operation_id} never sent key {key!r}")
+        return first if first.tzinfo else first.replace(tzinfo=UTC)
+
+    async def latest_decision(self, operation_id: str) -> Record | None:
+        result = await self.conn.execute(
+            select(decisions)
+            .where(decisions.c.operation_id == operation_id)
+            .order_by(decisions.c.id.desc())
+            .limit(1)
+        )
+        latest: Record | None = result.first()
+        return latest
+
     async def attempts_of(self, operation_id: str) -> Sequence[Record]:
         result = await self.conn.execute(
             select(attempts)
@@ -282,3 +305,36 @@ class Ledger:
             select(func.count()).select_from(outbox).where(outbox.c.done_at.is_(None))
         )
         return int(result.scalar_one())
+
+    async def lookups_of(self, operation_id: str) -> Sequence[Record]:
+        result = await self.conn.execute(
+            select(observations)
+            .where(
+                observations.c.operation_id == operation_id,
+                observations.c.kind == "lookup_result",
+            )
+            .order_by(observations.c.id)
+        )
+        return result.all()
+
+    async def update_operation(self, operation: Record, *, now: datetime, **fields: Any) -> None:
+        """Change fields other than the state (those go through `transition`)."""
+        assert "state" not in fields, "state changes go through transition()"
+        result = await self.conn.execute(
+            update(operations)
+            .where(
+                operations.c.operation_id == operation.operation_id,
+                operations.c.version == operation.version,
+            )
+            .values(version=operation.version + 1, updated_at=now, **fields)
+        )
+        if result.rowcount != 1:
+            raise ConcurrentUpdate(operation.operation_id)
+
+    async def stale_submitting(self, cutoff: datetime, limit: int) -> list[str]:
+        result = await self.conn.execute(
+            select(operations.c.operation_id)
+            .where(operations.c.state == State.SUBMITTING, operations.c.updated_at <= cutoff)
+            .limit(limit)
+        )
+        return [row.operation_id for row in result]

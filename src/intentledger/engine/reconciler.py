@@ -1,0 +1,171 @@
+"""Outcome reconciliation: evidence from the provider, never from the clock.
+
+    UNKNOWN --retry_after_at reached--> RECONCILIATION_DUE   (a transition, recorded)
+            --lookup by our reference, outside any transaction-->
+    found succeeded / failed  -> OUTCOME_KNOWN, with the evidence
+    still processing          -> UNKNOWN, the next look scheduled
+    not found, lookup failed  -> SAFETY_REVIEW (which may order a resubmission)
+
+`reconciliation_status` records what each check produced; it never means
+"safe to resubmit". A lookup that arrives for an operation waiting anywhere
+unresolved is still recorded, and a definite one settles it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.domain.backoff import next_check_at, recheck_delay
+from intentledger.domain.retry_after import RetryAfter, parse_retry_after
+from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
+from intentledger.domain.transport import LookupAnswer, LookupVerdict, judge_lookup
+from intentledger.engine.clock import Clock
+from intentledger.engine.safety_review import PolicyFor, RulesFor, run_safety_review
+from intentledger.engine.unknown import mark_unknown
+from intentledger.providers.base import Provider
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record
+
+_SETTLING = {LookupVerdict.SUCCEEDED: Outcome.SUCCEEDED, LookupVerdict.FAILED: Outcome.FAILED}
+
+
+class Reconciler:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        provider: Provider,
+        clock: Clock,
+        recheck_backoff: timedelta,
+        policy_for: PolicyFor,
+        rules_for: RulesFor,
+        worker_id: str,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self.engine = engine
+        self.provider = provider
+        self.clock = clock
+        self.recheck_backoff = recheck_backoff
+        self.policy_for = policy_for
+        self.rules_for = rules_for
+        self.worker_id = worker_id
+        self.jitter = jitter
+
+    async def deliver_reconcile(self, row: Record) -> None:
+        operation_id = await self._begin_check(row)
+        if operation_id is None:
+            return
+        lookup = await self.provider.lookup(operation_id)
+        await self._record_check(row, lookup)
+
+    async def _begin_check(self, row: Record) -> str | None:
+        async with self.engine.begin() as conn:
+            ledger = Ledger(conn)
+            now = self.clock()
+            if not await ledger.holds_lease(row.id, self.worker_id, now):
+                return None
+            operation = await ledger.get_operation(row.operation_id, for_update=True)
+            assert operation is not None
+            state = State(operation.state)
+            if state is State.UNKNOWN:
+                await ledger.transition(
+                    operation,
+                    State.RECONCILIATION_DUE,
+                    now=now,
+                    next_action=NextAction.RECONCILE,
+                    reason=f"check due at {_iso(operation.retry_after_at)}: asking the provider",
+                    source=self.worker_id,
+                )
+            elif state is not State.RECONCILIATION_DUE:
+                # Settled or moved on since this check was scheduled. (A resumed
+                # RECONCILIATION_DUE simply looks again: lookups are reads.)
+                await ledger.finish_outbox_row(row.id, now)
+                return None
+            return str(operation.operation_id)
+
+    async def _record_check(self, row: Record, lookup: LookupAnswer) -> None:
+        async with self.engine.begin() as conn:
+            ledger = Ledger(conn)
+            now = self.clock()
+            operation = await ledger.get_operation(row.operation_id, for_update=True)
+            assert operation is not None
+            judgement = judge_lookup(lookup)
+            answer = lookup.answer
+            retry_after = parse_retry_after(answer.retry_after, now)
+            await ledger.add_observation(
+                operation_id=operation.operation_id,
+                at=now,
+                kind="lookup_result",
+                source=self.worker_id,
+                transport=answer.transport,
+                error_class=answer.error_class,
+                http_status=answer.status,
+                verdict=judgement.verdict,
+                reason=judgement.reason,
+                provider_reference=judgement.provider_reference,
+                retry_after_raw=retry_after.raw,
+                retry_after_at=retry_after.at,
+                retry_after_problem=retry_after.problem,
+                detail={"charges": [c.provider_reference for c in lookup.charges]},
+            )
+            state = State(operation.state)
+            outcome = _SETTLING.get(judgement.verdict)
+            if outcome is not None and (state in UNRESOLVED):
+                await ledger.transition(
+                    operation,
+                    State.OUTCOME_KNOWN,
+                    now=now,
+                    next_action=NextAction.NONE,
+                    reason=f"lookup evidence: {judgement.reason}",
+                    source=self.worker_id,
+                    outcome=outcome,
+                    provider_reference=judgement.provider_reference,
+                    reconciliation_status=judgement.verdict,
+                    last_observed_at=now,
+                    retry_after_at=None,
+                )
+            elif state is State.RECONCILIATION_DUE:
+                await self._unresolved(
+                    ledger, operation, now, judgement.verdict, judgement.reason, retry_after
+                )
+            await ledger.finish_outbox_row(row.id, now)
+
+    async def _unresolved(
+        self,
+        ledger: Ledger,
+        operation: Record,
+        now: datetime,
+        verdict: LookupVerdict,
+        reason: str,
+        retry_after: RetryAfter,
+    ) -> None:
+        if verdict is LookupVerdict.PROCESSING:
+            checks = len(await ledger.lookups_of(operation.operation_id))
+            delay = recheck_delay(checks, self.recheck_backoff, jitter=self.jitter())
+            await mark_unknown(
+                ledger,
+                operation,
+                now=now,
+                check_at=next_check_at(now, retry_after, delay),
+                reason=f"still processing: {reason}",
+                source=self.worker_id,
+                reconciliation_status=verdict,
+            )
+            return
+        await run_safety_review(
+            ledger,
+            operation,
+            now=now,
+            policy=self.policy_for(operation.provider),
+            rules=self.rules_for(operation.provider),
+            source=self.worker_id,
+            reason=f"no evidence: {reason}",
+            reconciliation_status=verdict,
+        )
+
+
+def _iso(value: datetime | None) -> str:
+    return value.isoformat() if value is not None else "now"

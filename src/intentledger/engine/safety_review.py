@@ -1,0 +1,140 @@
+"""Safety review: gather the inputs, apply the domain's rules, record the decision.
+
+Runs inside the reconciler's record transaction when a check produced no
+evidence. The decision row holds everything the rule saw, so a reviewer can
+tell later why the operation was (or was not) sent again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import datetime
+
+from intentledger.domain.retention import RetentionPolicy
+from intentledger.domain.safety import (
+    Evidence,
+    Resolution,
+    ReviewInputs,
+    SafetyDecision,
+    SafetyRules,
+    review,
+)
+from intentledger.domain.states import NextAction, State
+from intentledger.domain.transport import LookupVerdict
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record
+
+PolicyFor = Callable[[str], RetentionPolicy]
+RulesFor = Callable[[str], SafetyRules]
+
+
+async def gather_evidence(ledger: Ledger, operation_id: str) -> Evidence:
+    lookups = await ledger.lookups_of(operation_id)
+    not_found = [o for o in lookups if o.verdict == LookupVerdict.NOT_FOUND]
+    return Evidence(
+        lookups=len(lookups),
+        not_found=len(not_found),
+        lookup_failures=sum(o.verdict == LookupVerdict.LOOKUP_FAILED for o in lookups),
+        first_not_found_at=not_found[0].at if not_found else None,
+        last_not_found_at=not_found[-1].at if not_found else None,
+        last_result=lookups[-1].reason if lookups else "no lookup yet",
+    )
+
+
+def _inputs_document(
+    inputs: ReviewInputs, rules: SafetyRules, decision: SafetyDecision, key: str
+) -> dict[str, object]:
+    evidence = asdict(inputs.evidence)
+    for name in ("first_not_found_at", "last_not_found_at"):
+        value = evidence[name]
+        evidence[name] = value.isoformat() if isinstance(value, datetime) else None
+    return {
+        "evidence": evidence,
+        "provider_idempotency_key": key,
+        "key_first_used_at": inputs.key_first_used_at.isoformat(),
+        "key_age_seconds": decision.key_age.total_seconds(),
+        "replay_bound_seconds": decision.replay_bound.total_seconds(),
+        "unresolved_since": inputs.unresolved_since.isoformat(),
+        "policy": {
+            "provider_api": inputs.policy.provider_api,
+            "minimum_seconds": inputs.policy.minimum.total_seconds(),
+            "deduplicates_by_key": inputs.policy.deduplicates_by_key,
+            "source": inputs.policy.source,
+            "note": inputs.policy.note,
+        },
+        "rules": {
+            "margin": rules.margin,
+            "max_checks": rules.max_checks,
+            "max_age_seconds": rules.max_age.total_seconds(),
+            "allow_new_request": rules.allow_new_request,
+            "new_request_min_not_found": rules.new_request_min_not_found,
+            "new_request_min_spread_seconds": rules.new_request_min_spread.total_seconds(),
+        },
+    }
+
+
+async def run_safety_review(
+    ledger: Ledger,
+    operation: Record,
+    *,
+    now: datetime,
+    policy: RetentionPolicy,
+    rules: SafetyRules,
+    source: str,
+    reason: str,
+    reconciliation_status: str,
+) -> None:
+    """RECONCILIATION_DUE -> SAFETY_REVIEW, a decision row, and what it orders:
+    a resubmission (an outbox row citing the decision) or MANUAL_REVIEW."""
+    last = await ledger.last_attempt(operation.operation_id)
+    assert last is not None, "only an attempted operation can be under review"
+    key = last.provider_idempotency_key
+    inputs = ReviewInputs(
+        now=now,
+        key_first_used_at=await ledger.first_use_of_key(operation.operation_id, key),
+        unresolved_since=operation.first_attempt_at or now,
+        evidence=await gather_evidence(ledger, operation.operation_id),
+        policy=policy,
+    )
+    decision = review(inputs, rules)
+    new_key = decision.resolution is Resolution.NEW_REQUEST
+    chosen_key = f"{operation.operation_id}:{last.number + 1}" if new_key else key
+    document = _inputs_document(inputs, rules, decision, chosen_key)
+    document["same_key"] = decision.resolution is Resolution.REPLAY_SAME_KEY
+    document["unresolved_attempt"] = last.number
+    decision_id = await ledger.add_decision(
+        operation_id=operation.operation_id,
+        at=now,
+        rule=decision.rule,
+        inputs=document,
+        next_action=decision.next_action,
+        reason=decision.reason,
+        key_age_at_decision=decision.key_age,
+        source=source,
+    )
+    await ledger.transition(
+        operation,
+        State.SAFETY_REVIEW,
+        now=now,
+        next_action=decision.next_action,
+        reason=f"{reason}; safety review: {decision.rule}",
+        source=source,
+        key_age_at_decision=decision.key_age,
+        provider_retention_note=policy.note,
+        reconciliation_status=reconciliation_status,
+        last_observed_at=now,
+    )
+    if decision.next_action is NextAction.RESUBMIT:
+        await ledger.enqueue(operation.operation_id, "submit", now, now, decision_id=decision_id)
+        return
+    reviewed = await ledger.get_operation(operation.operation_id, for_update=True)
+    assert reviewed is not None
+    await ledger.transition(
+        reviewed,
+        State.MANUAL_REVIEW,
+        now=now,
+        next_action=NextAction.OPERATOR,
+        reason=decision.reason,
+        source=source,
+    )

@@ -1,0 +1,40 @@
+"""Entering UNKNOWN: the one way an operation starts waiting for evidence.
+
+Whoever finds an outcome unknown (a lost answer, a resumed delivery, the
+sweeper, a lookup that says "still processing") records the transition and
+schedules the next look in the same transaction, so no UNKNOWN operation is
+ever left without a due check.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from intentledger.domain.states import NextAction, State
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record
+
+
+async def mark_unknown(
+    ledger: Ledger,
+    operation: Record,
+    *,
+    now: datetime,
+    check_at: datetime,
+    reason: str,
+    source: str,
+    **fields: Any,
+) -> None:
+    await ledger.transition(
+        operation,
+        State.UNKNOWN,
+        now=now,
+        next_action=NextAction.RECONCILE,
+        reason=reason,
+        source=source,
+        last_observed_at=now,
+        retry_after_at=check_at,
+        **fields,
+    )
+    await ledger.enqueue(operation.operation_id, "reconcile", check_at, now)
