@@ -27,6 +27,7 @@ BACKENDS = [
     b for b in os.environ.get("INTENTLEDGER_TEST_BACKENDS", "sqlite,postgresql").split(",") if b
 ]
 PG_ENV = "INTENTLEDGER_TEST_POSTGRES_URL"
+pytest_plugins = ["tests.served"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -60,9 +60,10 @@ class Service:
             engine.dispose()
 
 
-def create_key(database_url: str, actor: str) -> str:
+def create_key(database_url: str, actor: str, operator: bool = False) -> str:
+    flags = ["--operator"] if operator else []
     done = subprocess.run(
-        [*INTENTLEDGER, "keys", "create", "--actor", actor, "--database-url", database_url],
+        [*INTENTLEDGER, "keys", "create", "--actor", actor, *flags, "--database-url", database_url],
         capture_output=True,
         text=True,
         check=True,

@@ -12,6 +12,7 @@ import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
 
+from intentledger.ops_cli import ops_app
 from intentledger.settings import Settings
 
 app = typer.Typer(
@@ -21,6 +22,7 @@ app = typer.Typer(
 )
 keys_app = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+app.add_typer(ops_app, name="ops")
 err = Console(stderr=True)
 
 # Every setting is also a flag; a flag given on the command line beats the environment.
@@ -244,6 +246,17 @@ def sandbox(
         f"sandbox provider on http://{host}:{port}/_sandbox (truth in {settings.sandbox_database})"
     )
     uvicorn.run(build_standalone_sandbox(settings), host=host, port=port, log_level="warning")
+
+
+@app.command()
+def demo(
+    timeout: Annotated[float, typer.Option(help="Give up watching after this many seconds.")] = 90,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the temporary ledger.")] = False,
+) -> None:
+    """Send one payment per sandbox scenario to a throwaway service and watch each path."""
+    from intentledger.demo import run_demo
+
+    raise typer.Exit(run_demo(Console(), timeout, keep))
 
 
 if __name__ == "__main__":  # pragma: no cover

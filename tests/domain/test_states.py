@@ -42,6 +42,8 @@ EXPECTED_EDGES: frozenset[tuple[State, State]] = frozenset(
         (S.SUBMITTING, S.ACCEPTED),  # proof of non-execution (not connected, 429)
         (S.UNKNOWN, S.RECONCILIATION_DUE),  # retry_after_at reached
         (S.UNKNOWN, S.OUTCOME_KNOWN),  # late evidence
+        (S.UNKNOWN, S.MANUAL_REVIEW),  # an operator escalates
+        (S.RECONCILIATION_DUE, S.MANUAL_REVIEW),  # an operator escalates
         (S.RECONCILIATION_DUE, S.OUTCOME_KNOWN),  # lookup found evidence
         (S.RECONCILIATION_DUE, S.SAFETY_REVIEW),  # lookup found no evidence
         (S.RECONCILIATION_DUE, S.UNKNOWN),  # check again later (not drawn in the diagram)

@@ -15,8 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.api.auth import Principal, authenticate
 from intentledger.api.documents import event_documents, operation_document
+from intentledger.api.operator_routes import router as operator_router
 from intentledger.api.problems import Problem, install_problem_handlers, invalid_body_response
 from intentledger.api.schemas import PaymentRequest
+from intentledger.api.validation import valid_idempotency_key
 from intentledger.domain.canonical import request_hash
 from intentledger.engine.clock import Clock
 from intentledger.engine.intake import IdempotencyKeyReused, PaymentIntent, accept_payment
@@ -26,26 +28,6 @@ MAX_BODY_BYTES = 64 * 1024
 PAYMENTS_ROUTE = "POST /v1/payments"
 
 Authenticated = Annotated[Principal, Depends(authenticate)]
-
-
-def valid_idempotency_key(value: str | None) -> str:
-    """1-255 visible ASCII characters (0x21-0x7E), as DESIGN.md's contract says."""
-    if value is None:
-        raise Problem(
-            400,
-            "idempotency-key-missing",
-            "Bad Request",
-            "this request needs an Idempotency-Key header",
-        )
-    # Starlette decodes header bytes as Latin-1, so non-ASCII shows up here as > 0x7E.
-    if not 1 <= len(value) <= 255 or not all(0x21 <= ord(c) <= 0x7E for c in value):
-        raise Problem(
-            400,
-            "idempotency-key-invalid",
-            "Bad Request",
-            "Idempotency-Key must be 1-255 visible ASCII characters (no spaces)",
-        )
-    return value
 
 
 async def read_json_body(request: Request) -> Any:
@@ -219,4 +201,5 @@ def create_app(
     app.state.provider_name = provider_name
     install_problem_handlers(app)
     app.include_router(router)
+    app.include_router(operator_router)
     return app

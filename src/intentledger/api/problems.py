@@ -94,6 +94,14 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if any(error.get("type") == "json_invalid" for error in exc.errors()):
+            return problem_response(
+                400,
+                "malformed-json",
+                "Bad Request",
+                "the body is not valid JSON",
+                instance=request.url.path,
+            )
         return invalid_body_response(request.url.path, exc.errors())
 
     @app.exception_handler(Exception)

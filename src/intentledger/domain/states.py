@@ -53,9 +53,12 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # A definite answer, an ambiguous one, or proof that nothing was sent
     # (connection never established, 429): the last goes back to ACCEPTED.
     State.SUBMITTING: frozenset({State.OUTCOME_KNOWN, State.UNKNOWN, State.ACCEPTED}),
-    # Only time passing (a check falls due) or late evidence move UNKNOWN.
-    State.UNKNOWN: frozenset({State.RECONCILIATION_DUE, State.OUTCOME_KNOWN}),
-    State.RECONCILIATION_DUE: frozenset({State.OUTCOME_KNOWN, State.UNKNOWN, State.SAFETY_REVIEW}),
+    # Only time passing (a check falls due), late evidence, or a person
+    # escalating move UNKNOWN. None of these sends anything.
+    State.UNKNOWN: frozenset({State.RECONCILIATION_DUE, State.OUTCOME_KNOWN, State.MANUAL_REVIEW}),
+    State.RECONCILIATION_DUE: frozenset(
+        {State.OUTCOME_KNOWN, State.UNKNOWN, State.SAFETY_REVIEW, State.MANUAL_REVIEW}
+    ),
     State.SAFETY_REVIEW: frozenset(
         {State.SUBMITTING, State.UNKNOWN, State.MANUAL_REVIEW, State.OUTCOME_KNOWN}
     ),

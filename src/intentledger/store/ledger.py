@@ -80,17 +80,29 @@ class Ledger:
         """Idempotency record, operation and outbox row: the intake transaction's writes."""
         # The operation row first: the idempotency record references it.
         await self.conn.execute(insert(operations).values(**operation))
-        await self.conn.execute(
-            insert(idempotency_records).values(
-                actor=operation["actor"],
-                route=operation["route"],
-                idempotency_key=operation["idempotency_key"],
-                request_hash=operation["request_hash"],
-                operation_id=operation["operation_id"],
-                created_at=operation["created_at"],
-            )
+        await self.add_idempotency_record(
+            operation["actor"],
+            operation["route"],
+            operation["idempotency_key"],
+            operation["request_hash"],
+            operation["operation_id"],
+            operation["created_at"],
         )
         await self.enqueue(operation["operation_id"], outbox_kind, due_at, operation["created_at"])
+
+    async def add_idempotency_record(
+        self, actor: str, route: str, key: str, request_hash: str, operation_id: str, now: datetime
+    ) -> None:
+        await self.conn.execute(
+            insert(idempotency_records).values(
+                actor=actor,
+                route=route,
+                idempotency_key=key,
+                request_hash=request_hash,
+                operation_id=operation_id,
+                created_at=now,
+            )
+        )
 
     # -- operations ---------------------------------------------------------
 

@@ -1,0 +1,208 @@
+"""Operator endpoints: list, inspect and act on any actor's operations.
+
+Every action needs the operator role and an Idempotency-Key, and is recorded
+with who did it and why.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from intentledger.api.auth import Principal, authenticate
+from intentledger.api.documents import event_documents, json_value, operation_document
+from intentledger.api.problems import Problem
+from intentledger.api.validation import valid_idempotency_key
+from intentledger.domain.canonical import request_hash
+from intentledger.domain.states import Outcome, State
+from intentledger.engine import operator
+from intentledger.engine.intake import IdempotencyKeyReused
+
+router = APIRouter(prefix="/v1/ops", tags=["operator"])
+
+
+async def require_operator(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+    if not principal.is_operator:
+        raise Problem(
+            403,
+            "operator-role-required",
+            "Forbidden",
+            "this endpoint needs a key with the operator role",
+        )
+    return principal
+
+
+Operator = Annotated[Principal, Depends(require_operator)]
+Reason = Annotated[str, Field(min_length=1, max_length=2000)]
+
+
+class ResolveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    outcome: Literal["succeeded", "failed"]
+    evidence: Reason
+
+
+class ReasonRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: Reason
+
+
+def _age_seconds(created_at: datetime, now: datetime) -> float:
+    return round((now - created_at).total_seconds(), 3)
+
+
+@router.get("/operations", summary="Operations of every actor, newest first")
+async def list_operations(
+    request: Request,
+    _principal: Operator,
+    state: Annotated[State | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> JSONResponse:
+    rows = await operator.list_operations(request.app.state.engine, state, limit)
+    now = request.app.state.clock()
+    return JSONResponse(
+        {
+            "data": [
+                {
+                    "id": row.operation_id,
+                    "actor": row.actor,
+                    "state": row.state,
+                    "next_action": row.next_action,
+                    "age_seconds": _age_seconds(row.created_at, now),
+                    "amount": row.amount,
+                    "currency": row.currency,
+                    "retry_after_at": json_value(row.retry_after_at),
+                    "reconciliation_status": row.reconciliation_status,
+                    "outcome": row.outcome,
+                }
+                for row in rows
+            ]
+        }
+    )
+
+
+@router.get("/operations/{operation_id}", summary="The record and its whole timeline")
+async def show_operation(operation_id: str, request: Request, _principal: Operator) -> JSONResponse:
+    try:
+        shown = await operator.show(request.app.state.engine, operation_id)
+    except operator.OperationNotFound as exc:
+        raise Problem(
+            404, "operation-not-found", "Not Found", f"no operation {operation_id!r}"
+        ) from exc
+    document = operation_document(shown["operation"], shown["attempts"], shown["submit_results"])
+    document["events"] = event_documents(shown["events"])
+    return JSONResponse(document)
+
+
+async def _act(
+    request: Request,
+    principal: Principal,
+    operation_id: str,
+    verb: str,
+    body: dict[str, Any],
+    idempotency_key: str | None,
+    action: operator.Action,
+) -> JSONResponse:
+    key = valid_idempotency_key(idempotency_key)
+    route = f"POST /v1/ops/operations/{{id}}/{verb}"
+    keyed = operator.KeyedRequest(
+        actor=principal.actor,
+        route=route,
+        idempotency_key=key,
+        request_hash=request_hash(principal.actor, route, {"id": operation_id, **body}),
+        operation_id=operation_id,
+    )
+    engine = request.app.state.engine
+    try:
+        done, replayed = await operator.perform(engine, request.app.state.clock, action, keyed)
+    except operator.OperationNotFound as exc:
+        raise Problem(
+            404, "operation-not-found", "Not Found", f"no operation {operation_id!r}"
+        ) from exc
+    except operator.ActionNotAllowed as exc:
+        raise Problem(409, "action-not-allowed", "Conflict", str(exc)) from exc
+    except ValueError as exc:
+        raise Problem(422, "invalid-request", "Unprocessable Content", str(exc)) from exc
+    except IdempotencyKeyReused as exc:
+        raise Problem(
+            409,
+            "idempotency-key-reused",
+            "Conflict",
+            "this Idempotency-Key was already used with a different request",
+        ) from exc
+    shown = await operator.show(engine, operation_id)
+    document = operation_document(shown["operation"], shown["attempts"], shown["submit_results"])
+    document["action"] = done
+    headers = {"Idempotent-Replayed": "true"} if replayed else {}
+    return JSONResponse(document, headers=headers)
+
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+
+
+@router.post("/operations/{operation_id}/resolve", summary="Settle on evidence a person found")
+async def resolve(
+    operation_id: str,
+    body: ResolveRequest,
+    request: Request,
+    principal: Operator,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    action = operator.OperatorAction(operation_id, principal.actor, body.evidence)
+    outcome = Outcome(body.outcome)
+    return await _act(
+        request,
+        principal,
+        operation_id,
+        "resolve",
+        body.model_dump(),
+        idempotency_key,
+        lambda ledger, now: operator.resolve(ledger, now, action, outcome),
+    )
+
+
+@router.post(
+    "/operations/{operation_id}/approve-resubmission",
+    summary="Approve a deliberate new request with a new provider key",
+)
+async def approve_resubmission(
+    operation_id: str,
+    body: ReasonRequest,
+    request: Request,
+    principal: Operator,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    action = operator.OperatorAction(operation_id, principal.actor, body.reason)
+    return await _act(
+        request,
+        principal,
+        operation_id,
+        "approve-resubmission",
+        body.model_dump(),
+        idempotency_key,
+        lambda ledger, now: operator.approve_resubmission(ledger, now, action),
+    )
+
+
+@router.post("/operations/{operation_id}/escalate", summary="Hand it to a person now")
+async def escalate(
+    operation_id: str,
+    body: ReasonRequest,
+    request: Request,
+    principal: Operator,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    action = operator.OperatorAction(operation_id, principal.actor, body.reason)
+    return await _act(
+        request,
+        principal,
+        operation_id,
+        "escalate",
+        body.model_dump(),
+        idempotency_key,
+        lambda ledger, now: operator.escalate(ledger, now, action),
+    )

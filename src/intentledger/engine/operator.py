@@ -1,0 +1,229 @@
+"""Operator actions: a person resolves, approves a new request, or escalates.
+
+Each action is one transaction that records who did it and why (an
+observation for what they saw, a decision for what they decided) before the
+state changes, so the timeline shows a person's word like any other evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
+from intentledger.engine.clock import Clock
+from intentledger.engine.intake import IdempotencyKeyReused
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record, operations
+
+ESCALATABLE = frozenset({State.UNKNOWN, State.RECONCILIATION_DUE, State.SAFETY_REVIEW})
+
+
+class OperationNotFound(LookupError):
+    pass
+
+
+class ActionNotAllowed(RuntimeError):
+    """The operation's state does not allow this action (HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class OperatorAction:
+    operation_id: str
+    by: str
+    reason: str
+
+
+async def _locked(
+    ledger: Ledger, operation_id: str, allowed: frozenset[State], verb: str
+) -> Record:
+    operation = await ledger.get_operation(operation_id, for_update=True)
+    if operation is None:
+        raise OperationNotFound(operation_id)
+    if State(operation.state) not in allowed:
+        raise ActionNotAllowed(
+            f"cannot {verb} {operation_id}: it is {operation.state} "
+            f"(allowed from {', '.join(sorted(allowed))})"
+        )
+    return operation
+
+
+def _require_text(value: str, what: str) -> str:
+    if not value or not value.strip():
+        raise ValueError(f"{what} must not be empty: it is the record of why")
+    return value.strip()
+
+
+async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome: Outcome) -> str:
+    """Settle an unresolved operation on evidence a person found (OUTCOME_KNOWN)."""
+    evidence = _require_text(action.reason, "the evidence")
+    operation = await _locked(ledger, action.operation_id, UNRESOLVED, "resolve")
+    observation_id = await ledger.add_observation(
+        operation_id=action.operation_id,
+        at=now,
+        kind="operator",
+        source=f"operator:{action.by}",
+        verdict=outcome.value,
+        reason=evidence,
+    )
+    await ledger.add_decision(
+        operation_id=action.operation_id,
+        at=now,
+        rule="operator_resolution",
+        inputs={
+            "observation_id": observation_id,
+            "evidence": evidence,
+            "by": action.by,
+            "outcome": outcome.value,
+            "state_before": operation.state,
+        },
+        next_action=NextAction.NONE,
+        reason=f"{action.by} resolved it as {outcome.value}: {evidence}",
+        source=f"operator:{action.by}",
+    )
+    await ledger.transition(
+        operation,
+        State.OUTCOME_KNOWN,
+        now=now,
+        next_action=NextAction.NONE,
+        reason=f"resolved by {action.by}: {evidence}",
+        source=f"operator:{action.by}",
+        outcome=outcome,
+        last_observed_at=now,
+        retry_after_at=None,
+    )
+    return f"resolved as {outcome.value}"
+
+
+async def approve_resubmission(ledger: Ledger, now: datetime, action: OperatorAction) -> str:
+    """A deliberate new request with a new provider key, linked to the unresolved
+    attempt."""
+    reason = _require_text(action.reason, "the reason")
+    operation = await _locked(
+        ledger,
+        action.operation_id,
+        frozenset({State.MANUAL_REVIEW}),
+        "approve a resubmission of",
+    )
+    last = await ledger.last_attempt(action.operation_id)
+    assert last is not None, "only an attempted operation reaches MANUAL_REVIEW"
+    key = f"{action.operation_id}:{last.number + 1}"
+    decision_id = await ledger.add_decision(
+        operation_id=action.operation_id,
+        at=now,
+        rule="operator_approved_new_request",
+        inputs={
+            "by": action.by,
+            "reason": reason,
+            "provider_idempotency_key": key,
+            "same_key": False,
+            "unresolved_attempt": last.number,
+            "previous_key": last.provider_idempotency_key,
+        },
+        next_action=NextAction.RESUBMIT,
+        reason=f"{action.by} approved a new request with key {key}: {reason}",
+        source=f"operator:{action.by}",
+    )
+    await ledger.update_operation(operation, now=now, next_action=NextAction.RESUBMIT)
+    await ledger.enqueue(action.operation_id, "submit", now, now, decision_id=decision_id)
+    return f"new request approved with key {key}"
+
+
+async def escalate(ledger: Ledger, now: datetime, action: OperatorAction) -> str:
+    """Hand an unresolved operation to a person now, whatever its rules would do."""
+    reason = _require_text(action.reason, "the reason")
+    operation = await _locked(ledger, action.operation_id, ESCALATABLE, "escalate")
+    await ledger.add_decision(
+        operation_id=action.operation_id,
+        at=now,
+        rule="operator_escalation",
+        inputs={"by": action.by, "reason": reason, "state_before": operation.state},
+        next_action=NextAction.OPERATOR,
+        reason=f"{action.by} escalated it: {reason}",
+        source=f"operator:{action.by}",
+    )
+    await ledger.transition(
+        operation,
+        State.MANUAL_REVIEW,
+        now=now,
+        next_action=NextAction.OPERATOR,
+        reason=f"escalated by {action.by}: {reason}",
+        source=f"operator:{action.by}",
+    )
+    return "escalated to MANUAL_REVIEW"
+
+
+Action = Callable[[Ledger, datetime], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class KeyedRequest:
+    """An HTTP request's idempotency claim: (actor, route, key) and its hash."""
+
+    actor: str
+    route: str
+    idempotency_key: str
+    request_hash: str
+    operation_id: str
+
+
+async def perform(
+    engine: AsyncEngine, clock: Clock, action: Action, keyed: KeyedRequest | None = None
+) -> tuple[str, bool]:
+    """Run one operator action in its own transaction; returns (what it did, replayed).
+
+    With `keyed`, an equal retry is a replay (nothing is done again) and the
+    same key for a different request is refused, as for every mutation.
+    """
+    async with engine.begin() as conn:
+        ledger = Ledger(conn)
+        if keyed is not None:
+            existing = await ledger.find_idempotency_record(
+                keyed.actor, keyed.route, keyed.idempotency_key
+            )
+            if existing is not None:
+                if existing.request_hash != keyed.request_hash:
+                    raise IdempotencyKeyReused(existing.operation_id)
+                return "replayed", True
+        now = clock()
+        done = await action(ledger, now)
+        if keyed is not None:
+            await ledger.add_idempotency_record(
+                keyed.actor,
+                keyed.route,
+                keyed.idempotency_key,
+                keyed.request_hash,
+                keyed.operation_id,
+                now,
+            )
+        return done, False
+
+
+async def list_operations(
+    engine: AsyncEngine, state: State | None = None, limit: int = 100
+) -> list[Record]:
+    query = select(operations).order_by(operations.c.created_at.desc()).limit(limit)
+    if state is not None:
+        query = query.where(operations.c.state == state)
+    async with engine.connect() as conn:
+        return list((await conn.execute(query)).all())
+
+
+async def show(engine: AsyncEngine, operation_id: str) -> dict[str, Any]:
+    """The record, its attempts with their results, and its whole timeline."""
+    async with engine.connect() as conn:
+        ledger = Ledger(conn)
+        operation = await ledger.get_operation(operation_id)
+        if operation is None:
+            raise OperationNotFound(operation_id)
+        return {
+            "operation": operation,
+            "attempts": await ledger.attempts_of(operation_id),
+            "submit_results": await ledger.submit_results_of(operation_id),
+            "events": await ledger.events_of(operation_id),
+        }

@@ -1,0 +1,191 @@
+"""`intentledger ops`: operators list, inspect and resolve stuck operations."""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from intentledger.api.documents import event_documents, json_value
+from intentledger.domain.states import Outcome, State
+from intentledger.engine import operator
+from intentledger.engine.clock import system_clock
+from intentledger.settings import Settings
+from intentledger.store.database import create_ledger_engine
+
+ops_app = typer.Typer(
+    help="Investigate and resolve operations (operator actions).", no_args_is_help=True
+)
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+DatabaseUrl = Annotated[
+    str | None, typer.Option("--database-url", help="INTENTLEDGER_DATABASE_URL")
+]
+By = Annotated[str | None, typer.Option("--by", help="Who is acting (default: your login name).")]
+
+
+def _settings(database_url: str | None) -> Settings:
+    given: dict[str, Any] = {"database_url": database_url} if database_url else {}
+    return Settings(**given)
+
+
+def _run(database_url: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
+    async def main() -> T:
+        engine = create_ledger_engine(_settings(database_url).database_url)
+        try:
+            return await work(engine)
+        finally:
+            await engine.dispose()
+
+    try:
+        return asyncio.run(main())
+    except operator.OperationNotFound as exc:
+        err.print(f"[red]no operation {exc}[/red]")
+        raise typer.Exit(1) from exc
+    except (operator.ActionNotAllowed, ValueError) as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+
+
+def _who(by: str | None) -> str:
+    return by or f"cli:{getpass.getuser()}"
+
+
+def _age(created_at: datetime) -> str:
+    seconds = int((datetime.now(UTC) - created_at).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+@ops_app.command("list")
+def list_(
+    state: Annotated[State | None, typer.Option("--state", help="Only this state.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 100,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """A table of operations with their age, state and next action."""
+    rows = _run(database_url, lambda engine: operator.list_operations(engine, state, limit))
+    table = Table(title=f"operations{f' in {state}' if state else ''}")
+    # Ids and states are what people copy and grep for: never cut them.
+    table.add_column("id", no_wrap=True)
+    table.add_column("actor", overflow="fold")
+    table.add_column("age", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("next_action", no_wrap=True)
+    for column in ("amount", "check due", "last check"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            row.operation_id,
+            row.actor,
+            _age(row.created_at),
+            row.state,
+            row.next_action,
+            f"{row.amount} {row.currency}",
+            json_value(row.retry_after_at) or "",
+            row.reconciliation_status or "",
+        )
+    out.print(table)
+
+
+@ops_app.command()
+def show(operation_id: str, database_url: DatabaseUrl = None) -> None:
+    """The record and its whole timeline."""
+    shown = _run(database_url, lambda engine: operator.show(engine, operation_id))
+    op = shown["operation"]
+    record = Table(show_header=False, title=operation_id)
+    for name in (
+        "state",
+        "outcome",
+        "next_action",
+        "actor",
+        "amount",
+        "currency",
+        "first_attempt_at",
+        "last_observed_at",
+        "retry_after_at",
+        "reconciliation_status",
+        "key_age_at_decision",
+        "provider_retention_note",
+        "provider_reference",
+        "created_at",
+    ):
+        value = json_value(getattr(op, name))
+        record.add_row(name, "" if value is None else str(value))
+    out.print(record)
+    timeline = Table(title="timeline")
+    for column in ("at", "type", "what", "why"):
+        timeline.add_column(column, overflow="fold")
+    for event in event_documents(shown["events"]):
+        timeline.add_row(event["at"], event["type"], _what(event), event.get("reason") or "")
+    out.print(timeline)
+
+
+def _what(event: dict[str, Any]) -> str:
+    if event["type"] == "transition":
+        return f"{event['from_state'] or '-'} -> {event['to_state']} (next: {event['next_action']})"
+    if event["type"] == "decision":
+        age = event.get("key_age_at_decision")
+        return f"rule {event['rule']} -> {event['next_action']}" + (
+            f", key age {age:.0f}s" if age is not None else ""
+        )
+    parts = [event["kind"], event.get("verdict") or ""]
+    if event.get("http_status"):
+        parts.append(str(event["http_status"]))
+    if event.get("error_class"):
+        parts.append(event["error_class"])
+    if event.get("retry_after_raw"):
+        parts.append(f"Retry-After {event['retry_after_raw']!r} -> {event.get('retry_after_at')}")
+    return " ".join(p for p in parts if p)
+
+
+def _act(database_url: str | None, action: operator.Action) -> None:
+    done, _ = _run(database_url, lambda engine: operator.perform(engine, system_clock, action))
+    out.print(done)
+
+
+@ops_app.command()
+def resolve(
+    operation_id: str,
+    outcome: Annotated[Outcome, typer.Option("--outcome", help="What the evidence shows.")],
+    evidence: Annotated[str, typer.Option("--evidence", help="What you found, and where.")],
+    by: By = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Settle an unresolved operation on evidence you found."""
+    action = operator.OperatorAction(operation_id, _who(by), evidence)
+    _act(database_url, lambda ledger, now: operator.resolve(ledger, now, action, outcome))
+
+
+@ops_app.command("approve-resubmission")
+def approve_resubmission(
+    operation_id: str,
+    reason: Annotated[str, typer.Option("--reason", help="Why a new request is safe.")],
+    by: By = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Approve a deliberate new request (a new provider key) for an operation in MANUAL_REVIEW."""
+    action = operator.OperatorAction(operation_id, _who(by), reason)
+    _act(database_url, lambda ledger, now: operator.approve_resubmission(ledger, now, action))
+
+
+@ops_app.command()
+def escalate(
+    operation_id: str,
+    reason: Annotated[str, typer.Option("--reason", help="Why.")] = "escalated from the CLI",
+    by: By = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Hand an unresolved operation to a person now (MANUAL_REVIEW)."""
+    action = operator.OperatorAction(operation_id, _who(by), reason)
+    _act(database_url, lambda ledger, now: operator.escalate(ledger, now, action))
