@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.retention import REGISTRY
 from intentledger.domain.safety import SafetyRules
+from intentledger.engine.operator import OperatorAction, approve_resubmission, perform
 from intentledger.engine.worker import Worker
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import decisions, observations
@@ -80,18 +83,22 @@ async def test_not_found_inside_retention_is_a_recorded_same_key_replay(
     assert op.key_age_at_decision == decision.key_age_at_decision
 
 
-async def test_stripe_v1_boundary_replays_at_21h30_and_stops_at_21h36(
-    engine: AsyncEngine, sandbox: str
+@pytest.mark.parametrize(
+    ("api", "replays_at", "stops_at"),
+    [
+        ("stripe-v1", timedelta(hours=21, minutes=30), timedelta(hours=21, minutes=36)),
+        ("mollie", timedelta(minutes=53, seconds=50), timedelta(minutes=54)),
+    ],
+)
+async def test_retention_boundary_replays_below_and_stops_at_the_bound(
+    engine: AsyncEngine, sandbox: str, api: str, replays_at: timedelta, stops_at: timedelta
 ) -> None:
-    stripe_v1 = REGISTRY["stripe-v1"]
-    for age, expected in (
-        (timedelta(hours=21, minutes=30), "OUTCOME_KNOWN"),
-        (timedelta(hours=21, minutes=36), "MANUAL_REVIEW"),
-    ):
+    policy = REGISTRY[api]
+    for age, expected in ((replays_at, "OUTCOME_KNOWN"), (stops_at, "MANUAL_REVIEW")):
         clock = MovableClock()
         op_id = await accept(engine, clock, "pm_timeout_before_execute")
         worker = make_worker(engine, sandbox, clock, timeout=0.5)
-        worker.reconciler.policy_for = lambda _p: stripe_v1
+        worker.reconciler.policy_for = lambda _p: policy
         await worker.drain()  # first attempt: lost
         clock.advance(age)  # the first check happens this long after the key's first use
         await worker.drain()
@@ -105,7 +112,7 @@ async def test_stripe_v1_boundary_replays_at_21h30_and_stops_at_21h36(
             assert len(sandbox_submits(sandbox, op_id)) == 1  # never sent again
         else:
             assert len(sandbox_submits(sandbox, op_id)) == 2
-        assert "stripe-v1" in op.provider_retention_note
+        assert api in op.provider_retention_note
 
 
 async def test_a_replay_whose_window_closes_before_sending_is_not_sent(
@@ -192,3 +199,28 @@ async def test_sweeper_turns_stale_submitting_into_unknown_without_a_call(
     await worker.drain()
     assert (await operation(engine, op_id)).outcome == "succeeded"
     assert len(sandbox_charges(sandbox, op_id)) == 1
+
+
+async def test_two_executed_attempts_are_flagged_as_a_duplicate(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    clock = MovableClock()
+    op_id = await accept(engine, clock, "pm_lookup_lag")
+    worker = make_worker(engine, sandbox, clock, timeout=0.5, retention=timedelta(minutes=1))
+    await worker.drain()  # executed; the answer is lost
+    clock.advance(timedelta(seconds=60))
+    await worker.drain()  # the lookup lags: not found, and the key is too old to replay
+    assert (await operation(engine, op_id)).state == "MANUAL_REVIEW"
+    action = OperatorAction(op_id, "olive", "dashboard search showed nothing")
+    await perform(engine, clock, lambda ledger, now: approve_resubmission(ledger, now, action))
+    await worker.drain()  # the new-key request executes a second time
+    op = await operation(engine, op_id)
+    assert (op.state, op.outcome, op.duplicate_detected) == ("OUTCOME_KNOWN", "succeeded", False)
+    assert len(sandbox_charges(sandbox, op_id)) == 2
+    await asyncio.sleep(3.1)  # the sandbox's lookup lag passes
+    clock.advance(timedelta(seconds=31))
+    await worker.drain()  # the audit lookup counts both charges
+    op = await operation(engine, op_id)
+    assert op.duplicate_detected is True
+    [audit] = [o for o in await rows(engine, observations, op_id) if o.kind == "audit_lookup"]
+    assert len(audit.detail["charges"]) == 2

@@ -67,7 +67,7 @@ def test_every_scenario_ends_right_with_the_right_charge_count(served: Served) -
     [decision] = [e for e in unavailable if e["type"] == "decision"]
     assert decision["rule"] == "replay_within_retention"
     assert decision["key_age_at_decision"] is not None
-    assert "sandbox" in decision["inputs"]["policy"]["note"]
+    assert "sandbox" in decision["inputs"]["provider_retention_note"]
 
     rate_limited = served.events(created["pm_rate_limited"])
     [refusal] = [e for e in rate_limited if e["type"] == "observation" and e["http_status"] == 429]

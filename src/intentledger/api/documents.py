@@ -35,6 +35,7 @@ OPERATION_FIELDS = (
     "version",
     "created_at",
     "updated_at",
+    "duplicate_detected",
 )
 
 

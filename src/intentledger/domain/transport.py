@@ -116,6 +116,8 @@ class LookupJudgement:
     verdict: LookupVerdict
     reason: str
     provider_reference: str | None = None
+    # More than one executed charge under one reference is a duplicate to refund.
+    executed_charges: int = 0
 
 
 # Only these words are final failures; anything unrecognised is not an outcome.
@@ -142,6 +144,7 @@ def judge_lookup(lookup: LookupAnswer) -> LookupJudgement:
             LookupVerdict.SUCCEEDED,
             f"charge {succeeded[0].provider_reference} succeeded{extra}",
             succeeded[0].provider_reference,
+            executed_charges=len(succeeded),
         )
     failed = [c for c in lookup.charges if c.status in _FAILED_WORDS]
     if failed and len(failed) == len(lookup.charges):

@@ -23,6 +23,7 @@ from intentledger.domain.backoff import next_check_at, recheck_delay
 from intentledger.domain.retry_after import RetryAfter, parse_retry_after
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
 from intentledger.domain.transport import ProviderAnswer, Verdict, classify
+from intentledger.engine.audit import schedule_duplicate_audit
 from intentledger.engine.clock import Clock
 from intentledger.engine.unknown import mark_unknown
 from intentledger.providers.base import ChargeRequest, Provider
@@ -69,6 +70,17 @@ def charge_for(operation: Record, idempotency_key: str) -> ChargeRequest:
         payment_method=body["payment_method"],
         description=body.get("description"),
         metadata=dict(body.get("metadata") or {}),
+    )
+
+
+def _second_execution(operation: Record, verdict: Verdict, answer: ProviderAnswer) -> bool:
+    """A late success for a settled-as-succeeded operation under another charge
+    id means two attempts executed: a duplicate to flag for a refund."""
+    return (
+        operation.outcome == Outcome.SUCCEEDED
+        and verdict is Verdict.SUCCEEDED
+        and answer.provider_reference is not None
+        and answer.provider_reference != operation.provider_reference
     )
 
 
@@ -293,8 +305,13 @@ class Dispatcher:
                 last_observed_at=now,
                 retry_after_at=None,
             )
+            await schedule_duplicate_audit(
+                ledger, operation.operation_id, now, self.settings.recheck_backoff
+            )
         elif state is not State.SUBMITTING:
-            # Recorded as an observation only: nothing here proves an outcome.
+            if _second_execution(operation, verdict, answer):
+                await ledger.update_operation(operation, now=now, duplicate_detected=True)
+            # Otherwise recorded as an observation only: nothing here changes the outcome.
             return
         elif verdict is Verdict.UNKNOWN:
             await mark_unknown(

@@ -63,6 +63,7 @@ def _operation_values(intent: PaymentIntent, now: Any) -> dict[str, Any]:
         "currency": intent.body["currency"],
         "mandate_id": intent.body.get("mandate_id"),
         "version": 1,
+        "duplicate_detected": False,
         "created_at": now,
         "updated_at": now,
     }

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
+from intentledger.engine.audit import schedule_duplicate_audit
 from intentledger.engine.clock import Clock
 from intentledger.engine.intake import IdempotencyKeyReused
 from intentledger.store.ledger import Ledger
@@ -97,6 +98,7 @@ async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome
         last_observed_at=now,
         retry_after_at=None,
     )
+    await schedule_duplicate_audit(ledger, action.operation_id, now, timedelta(0))
     return f"resolved as {outcome.value}"
 
 

@@ -23,6 +23,7 @@ from intentledger.domain.backoff import next_check_at, recheck_delay
 from intentledger.domain.retry_after import RetryAfter, parse_retry_after
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
 from intentledger.domain.transport import LookupAnswer, LookupVerdict, judge_lookup
+from intentledger.engine.audit import AUDIT_ATTEMPTS, schedule_duplicate_audit
 from intentledger.engine.clock import Clock
 from intentledger.engine.safety_review import PolicyFor, RulesFor, run_safety_review
 from intentledger.engine.unknown import mark_unknown
@@ -60,6 +61,39 @@ class Reconciler:
             return
         lookup = await self.provider.lookup(operation_id)
         await self._record_check(row, lookup)
+
+    async def deliver_audit(self, row: Record) -> None:
+        """Count executed charges under a settled operation's reference."""
+        async with self.engine.begin() as conn:
+            if not await Ledger(conn).holds_lease(row.id, self.worker_id, self.clock()):
+                return
+        lookup = await self.provider.lookup(row.operation_id)
+        async with self.engine.begin() as conn:
+            ledger = Ledger(conn)
+            now = self.clock()
+            operation = await ledger.get_operation(row.operation_id, for_update=True)
+            assert operation is not None
+            judgement = judge_lookup(lookup)
+            await ledger.add_observation(
+                operation_id=operation.operation_id,
+                at=now,
+                kind="audit_lookup",
+                source=self.worker_id,
+                transport=lookup.answer.transport,
+                error_class=lookup.answer.error_class,
+                http_status=lookup.answer.status,
+                verdict=judgement.verdict,
+                reason=judgement.reason,
+                detail={"charges": [c.provider_reference for c in lookup.charges]},
+            )
+            if judgement.executed_charges > 1 and not operation.duplicate_detected:
+                await ledger.update_operation(operation, now=now, duplicate_detected=True)
+            elif judgement.verdict is LookupVerdict.LOOKUP_FAILED:
+                audits = len(await ledger.observations_of_kind(row.operation_id, "audit_lookup"))
+                if audits < AUDIT_ATTEMPTS:
+                    delay = recheck_delay(audits, self.recheck_backoff, jitter=self.jitter())
+                    await ledger.enqueue(row.operation_id, "audit", now + delay, now)
+            await ledger.finish_outbox_row(row.id, now)
 
     async def _begin_check(self, row: Record) -> str | None:
         async with self.engine.begin() as conn:
@@ -126,6 +160,10 @@ class Reconciler:
                     reconciliation_status=judgement.verdict,
                     last_observed_at=now,
                     retry_after_at=None,
+                    duplicate_detected=judgement.executed_charges > 1,
+                )
+                await schedule_duplicate_audit(
+                    ledger, operation.operation_id, now, self.recheck_backoff
                 )
             elif state is State.RECONCILIATION_DUE:
                 await self._unresolved(

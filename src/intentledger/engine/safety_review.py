@@ -56,6 +56,7 @@ def _inputs_document(
         "key_age_seconds": decision.key_age.total_seconds(),
         "replay_bound_seconds": decision.replay_bound.total_seconds(),
         "unresolved_since": inputs.unresolved_since.isoformat(),
+        "provider_retention_note": inputs.policy.note,
         "policy": {
             "provider_api": inputs.policy.provider_api,
             "minimum_seconds": inputs.policy.minimum.total_seconds(),

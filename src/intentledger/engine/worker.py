@@ -52,6 +52,8 @@ class Worker:
             await self.dispatcher.deliver_submit(row)
         elif row.kind == "reconcile":
             await self.reconciler.deliver_reconcile(row)
+        elif row.kind == "audit":
+            await self.reconciler.deliver_audit(row)
         else:
             log.error("outbox row %s has unknown kind %r; leaving it leased", row.id, row.kind)
         return True

@@ -204,6 +204,22 @@ class Ledger:
             raise LookupError(f"{operation_id} never sent key {key!r}")
         return first if first.tzinfo else first.replace(tzinfo=UTC)
 
+    async def distinct_keys(self, operation_id: str) -> list[str]:
+        result = await self.conn.execute(
+            select(attempts.c.provider_idempotency_key)
+            .where(attempts.c.operation_id == operation_id)
+            .distinct()
+        )
+        return [row.provider_idempotency_key for row in result]
+
+    async def observations_of_kind(self, operation_id: str, kind: str) -> Sequence[Record]:
+        result = await self.conn.execute(
+            select(observations)
+            .where(observations.c.operation_id == operation_id, observations.c.kind == kind)
+            .order_by(observations.c.id)
+        )
+        return result.all()
+
     async def latest_decision(self, operation_id: str) -> Record | None:
         result = await self.conn.execute(
             select(decisions)
@@ -223,15 +239,7 @@ class Ledger:
         return result.all()
 
     async def submit_results_of(self, operation_id: str) -> Sequence[Record]:
-        result = await self.conn.execute(
-            select(observations)
-            .where(
-                observations.c.operation_id == operation_id,
-                observations.c.kind == "submit_result",
-            )
-            .order_by(observations.c.id)
-        )
-        return result.all()
+        return await self.observations_of_kind(operation_id, "submit_result")
 
     async def events_of(self, operation_id: str) -> list[tuple[str, Record]]:
         """Transitions, observations and decisions, each tagged with its type."""
@@ -319,15 +327,7 @@ class Ledger:
         return int(result.scalar_one())
 
     async def lookups_of(self, operation_id: str) -> Sequence[Record]:
-        result = await self.conn.execute(
-            select(observations)
-            .where(
-                observations.c.operation_id == operation_id,
-                observations.c.kind == "lookup_result",
-            )
-            .order_by(observations.c.id)
-        )
-        return result.all()
+        return await self.observations_of_kind(operation_id, "lookup_result")
 
     async def update_operation(self, operation: Record, *, now: datetime, **fields: Any) -> None:
         """Change fields other than the state (those go through `transition`)."""

@@ -110,8 +110,13 @@ operations = Table(
     Column("version", Integer, nullable=False),
     _timestamp("created_at"),
     _timestamp("updated_at"),
-    # The reconciler and the sweeper look up operations by state and due time.
-    Index(None, "state", "retry_after_at"),
+    # Two attempts that both executed (only possible after an approved new-key
+    # request): flagged for a refund, never hidden.
+    Column(
+        "duplicate_detected", Boolean, nullable=False, default=False, server_default=text("false")
+    ),
+    # The operator list filters by state; the sweeper by state and age.
+    Index(None, "state", "updated_at"),
 )
 
 idempotency_records = Table(
