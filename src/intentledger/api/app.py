@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any
@@ -14,43 +13,27 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.api.auth import Principal, authenticate
+from intentledger.api.bodies import read_json_object
 from intentledger.api.documents import event_documents, operation_document
+from intentledger.api.mandate_routes import router as mandate_router
 from intentledger.api.operator_routes import router as operator_router
-from intentledger.api.problems import Problem, install_problem_handlers, invalid_body_response
+from intentledger.api.problems import (
+    TITLES,
+    Problem,
+    install_problem_handlers,
+    invalid_body_response,
+)
 from intentledger.api.schemas import PaymentRequest
 from intentledger.api.validation import valid_idempotency_key
 from intentledger.domain.canonical import request_hash
 from intentledger.engine.clock import Clock
 from intentledger.engine.intake import IdempotencyKeyReused, PaymentIntent, accept_payment
+from intentledger.engine.mandates import MandateRefusal
 from intentledger.store.ledger import Ledger
 
-MAX_BODY_BYTES = 64 * 1024
 PAYMENTS_ROUTE = "POST /v1/payments"
 
 Authenticated = Annotated[Principal, Depends(authenticate)]
-
-
-async def read_json_body(request: Request) -> Any:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _too_large()
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise _too_large()
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise Problem(
-            400, "malformed-json", "Bad Request", f"the body is not valid JSON: {exc}"
-        ) from exc
-
-
-def _too_large() -> Problem:
-    return Problem(
-        413, "body-too-large", "Content Too Large", f"the body exceeds {MAX_BODY_BYTES} bytes"
-    )
 
 
 def _replay_headers(replayed: bool) -> dict[str, str]:
@@ -82,23 +65,11 @@ async def create_payment(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> JSONResponse:
     key = valid_idempotency_key(idempotency_key)
-    raw = await read_json_body(request)
-    if not isinstance(raw, dict):
-        raise Problem(
-            422, "invalid-request", "Unprocessable Content", "the body must be a JSON object"
-        )
+    raw = await read_json_object(request)
     try:
         payment = PaymentRequest.model_validate(raw)
     except ValidationError as exc:
         return invalid_body_response(request.url.path, exc.errors())
-    if payment.mandate_id is not None:
-        # Mandates arrive with their own issue; until then none can exist.
-        raise Problem(
-            422,
-            "mandate-not-found",
-            "Unprocessable Content",
-            f"no mandate {payment.mandate_id!r} exists for this actor",
-        )
     body = payment.model_dump(mode="json", exclude_none=True)
     intent = PaymentIntent(
         actor=principal.actor,
@@ -110,6 +81,8 @@ async def create_payment(
     )
     try:
         result = await accept_payment(request.app.state.engine, request.app.state.clock, intent)
+    except MandateRefusal as exc:
+        raise Problem(exc.status, exc.slug, TITLES[exc.status], exc.detail) from exc
     except IdempotencyKeyReused as exc:
         raise Problem(
             409,
@@ -202,4 +175,5 @@ def create_app(
     install_problem_handlers(app)
     app.include_router(router)
     app.include_router(operator_router)
+    app.include_router(mandate_router)
     return app

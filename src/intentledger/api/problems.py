@@ -53,7 +53,7 @@ def problem_response(
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
-_TITLES = {
+TITLES = {
     400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
@@ -86,7 +86,7 @@ def install_problem_handlers(app: FastAPI) -> None:
         return problem_response(
             exc.status_code,
             None,
-            _TITLES.get(exc.status_code, "Error"),
+            TITLES.get(exc.status_code, "Error"),
             str(exc.detail),
             instance=request.url.path,
             headers=dict(exc.headers) if exc.headers else None,

@@ -114,14 +114,18 @@ class Dispatcher:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()
+            # Locks in the one order every writer uses: mandate, operation, outbox row.
+            operation = await ledger.lock_operation(row.operation_id)
+            assert operation is not None, "outbox rows reference operations"
             if not await ledger.holds_lease(row.id, self.worker_id, now):
                 # The lease ran out before we got here; whoever holds it now delivers.
                 return None
-            operation = await ledger.get_operation(row.operation_id, for_update=True)
-            assert operation is not None, "outbox rows reference operations"
             state = State(operation.state)
             if state is State.SUBMITTING:
                 await self._mark_resumed_unknown(ledger, operation, now)
+                await ledger.finish_outbox_row(row.id, now)
+                return None
+            if state is State.ACCEPTED and not await self._mandate_allows(ledger, operation, now):
                 await ledger.finish_outbox_row(row.id, now)
                 return None
             plan = await self._plan_attempt(ledger, operation, row, now)
@@ -150,6 +154,26 @@ class Dispatcher:
                 first_attempt_at=operation.first_attempt_at or now,
             )
             return Submission(plan.number, charge_for(operation, plan.key))
+
+    async def _mandate_allows(self, ledger: Ledger, operation: Record, now: datetime) -> bool:
+        """Re-check the (already locked) mandate before SUBMITTING; a payment whose
+        mandate is no longer active is cancelled instead of sent."""
+        if operation.mandate_id is None:
+            return True
+        mandate = await ledger.get_mandate(operation.mandate_id)
+        if mandate is not None and mandate.status == "active":
+            return True
+        status = mandate.status if mandate is not None else "missing"
+        await ledger.transition(
+            operation,
+            State.CANCELLED,
+            now=now,
+            next_action=NextAction.NONE,
+            reason=f"mandate {operation.mandate_id} is {status}: not submitted",
+            source=self.worker_id,
+            retry_after_at=None,
+        )
+        return False
 
     async def _plan_attempt(
         self, ledger: Ledger, operation: Record, row: Record, now: datetime
@@ -244,7 +268,7 @@ class Dispatcher:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()
-            operation = await ledger.get_operation(row.operation_id, for_update=True)
+            operation = await ledger.lock_operation(row.operation_id)
             assert operation is not None
             classification = classify(answer)
             retry_after = parse_retry_after(answer.retry_after, now)

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
+from intentledger.engine.mandates import reserve_for_payment
 from intentledger.store.ledger import Ledger, new_operation_id
 from intentledger.store.tables import Record
 
@@ -79,11 +80,22 @@ async def accept_payment(engine: AsyncEngine, clock: Clock, intent: PaymentInten
                 )
                 if existing is not None:
                     if existing.request_hash != intent.request_hash:
-                        raise IdempotencyKeyReused(existing.operation_id)
-                    operation = await ledger.get_operation(existing.operation_id)
+                        raise IdempotencyKeyReused(existing.resource_id)
+                    operation = await ledger.get_operation(existing.resource_id)
                     assert operation is not None, "an idempotency record names its operation"
                     return IntakeResult(operation, replayed=True)
                 now = clock()
+                mandate_id = intent.body.get("mandate_id")
+                if mandate_id is not None:
+                    # Refused here, nothing is written and the key stays unused.
+                    await reserve_for_payment(
+                        ledger,
+                        intent.actor,
+                        mandate_id,
+                        intent.body["amount"],
+                        intent.body["currency"],
+                        now,
+                    )
                 values = _operation_values(intent, now)
                 await ledger.insert_intent(values, outbox_kind="submit", due_at=now)
                 await ledger.record_initial_transition(

@@ -43,7 +43,7 @@ class OperatorAction:
 async def _locked(
     ledger: Ledger, operation_id: str, allowed: frozenset[State], verb: str
 ) -> Record:
-    operation = await ledger.get_operation(operation_id, for_update=True)
+    operation = await ledger.lock_operation(operation_id)
     if operation is None:
         raise OperationNotFound(operation_id)
     if State(operation.state) not in allowed:
@@ -190,7 +190,7 @@ async def perform(
             )
             if existing is not None:
                 if existing.request_hash != keyed.request_hash:
-                    raise IdempotencyKeyReused(existing.operation_id)
+                    raise IdempotencyKeyReused(existing.resource_id)
                 return "replayed", True
         now = clock()
         done = await action(ledger, now)

@@ -71,7 +71,7 @@ class Reconciler:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()
-            operation = await ledger.get_operation(row.operation_id, for_update=True)
+            operation = await ledger.lock_operation(row.operation_id)
             assert operation is not None
             judgement = judge_lookup(lookup)
             await ledger.add_observation(
@@ -99,10 +99,11 @@ class Reconciler:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()
+            # Locks in the one order every writer uses: mandate, operation, outbox row.
+            operation = await ledger.lock_operation(row.operation_id)
+            assert operation is not None
             if not await ledger.holds_lease(row.id, self.worker_id, now):
                 return None
-            operation = await ledger.get_operation(row.operation_id, for_update=True)
-            assert operation is not None
             state = State(operation.state)
             if state is State.UNKNOWN:
                 await ledger.transition(
@@ -124,7 +125,7 @@ class Reconciler:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()
-            operation = await ledger.get_operation(row.operation_id, for_update=True)
+            operation = await ledger.lock_operation(row.operation_id)
             assert operation is not None
             judgement = judge_lookup(lookup)
             answer = lookup.answer

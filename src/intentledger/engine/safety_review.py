@@ -129,7 +129,7 @@ async def run_safety_review(
     if decision.next_action is NextAction.RESUBMIT:
         await ledger.enqueue(operation.operation_id, "submit", now, now, decision_id=decision_id)
         return
-    reviewed = await ledger.get_operation(operation.operation_id, for_update=True)
+    reviewed = await ledger.lock_operation(operation.operation_id)
     assert reviewed is not None
     await ledger.transition(
         reviewed,

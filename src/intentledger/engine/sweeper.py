@@ -50,7 +50,7 @@ class Sweeper:
             async with self.engine.begin() as conn:
                 ledger = Ledger(conn)
                 now = self.clock()
-                operation = await ledger.get_operation(operation_id, for_update=True)
+                operation = await ledger.lock_operation(operation_id)
                 cutoff = now - self.stale_after
                 if operation is None or operation.state != State.SUBMITTING:
                     continue

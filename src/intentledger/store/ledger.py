@@ -16,13 +16,14 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from intentledger.domain.states import NextAction, State, require_transition
+from intentledger.domain.states import FINAL, NextAction, Outcome, State, require_transition
 from intentledger.store.tables import (
     Record,
     api_keys,
     attempts,
     decisions,
     idempotency_records,
+    mandates,
     observations,
     operations,
     outbox,
@@ -66,7 +67,7 @@ class Ledger:
 
     async def find_idempotency_record(self, actor: str, route: str, key: str) -> Record | None:
         result = await self.conn.execute(
-            select(idempotency_records.c.request_hash, idempotency_records.c.operation_id).where(
+            select(idempotency_records.c.request_hash, idempotency_records.c.resource_id).where(
                 idempotency_records.c.actor == actor,
                 idempotency_records.c.route == route,
                 idempotency_records.c.idempotency_key == key,
@@ -91,7 +92,7 @@ class Ledger:
         await self.enqueue(operation["operation_id"], outbox_kind, due_at, operation["created_at"])
 
     async def add_idempotency_record(
-        self, actor: str, route: str, key: str, request_hash: str, operation_id: str, now: datetime
+        self, actor: str, route: str, key: str, request_hash: str, resource_id: str, now: datetime
     ) -> None:
         await self.conn.execute(
             insert(idempotency_records).values(
@@ -99,7 +100,7 @@ class Ledger:
                 route=route,
                 idempotency_key=key,
                 request_hash=request_hash,
-                operation_id=operation_id,
+                resource_id=resource_id,
                 created_at=now,
             )
         )
@@ -111,6 +112,23 @@ class Ledger:
         if for_update:
             query = query.with_for_update()
         return (await self.conn.execute(query)).first()
+
+    async def lock_operation(self, operation_id: str) -> Record | None:
+        """Lock an operation for a state change: its mandate first, then the row.
+
+        Every writer takes row locks in one order, mandate -> operation -> outbox
+        row (suspension, intake, dispatcher, reconciler, sweeper, operators), so
+        they can never deadlock each other. Claiming an outbox row is a
+        transaction of its own and holds nothing else.
+        """
+        mandate_id = (
+            await self.conn.execute(
+                select(operations.c.mandate_id).where(operations.c.operation_id == operation_id)
+            )
+        ).scalar_one_or_none()
+        if mandate_id is not None:
+            await self.lock_mandate(mandate_id)
+        return await self.get_operation(operation_id, for_update=True)
 
     async def transition(
         self,
@@ -142,6 +160,8 @@ class Ledger:
         )
         if result.rowcount != 1:
             raise ConcurrentUpdate(operation.operation_id)
+        if operation.mandate_id is not None and target in FINAL:
+            await self._settle_reservation(operation, fields.get("outcome"), now)
         await self.conn.execute(
             insert(transitions).values(
                 operation_id=operation.operation_id,
@@ -350,3 +370,55 @@ class Ledger:
             .limit(limit)
         )
         return [row.operation_id for row in result]
+
+    # -- mandates -------------------------------------------------------------
+
+    async def lock_mandate(self, mandate_id: str) -> Record | None:
+        query = select(mandates).where(mandates.c.mandate_id == mandate_id).with_for_update()
+        locked: Record | None = (await self.conn.execute(query)).first()
+        return locked
+
+    async def get_mandate(self, mandate_id: str) -> Record | None:
+        query = select(mandates).where(mandates.c.mandate_id == mandate_id)
+        found: Record | None = (await self.conn.execute(query)).first()
+        return found
+
+    async def insert_mandate(self, **values: Any) -> None:
+        await self.conn.execute(insert(mandates).values(**values))
+
+    async def update_mandate(self, mandate_id: str, now: datetime, **values: Any) -> None:
+        await self.conn.execute(
+            update(mandates)
+            .where(mandates.c.mandate_id == mandate_id)
+            .values(version=mandates.c.version + 1, updated_at=now, **values)
+        )
+
+    async def _settle_reservation(
+        self, operation: Record, outcome: Outcome | str | None, now: datetime
+    ) -> None:
+        """Money held stays held until the outcome is final: then a success is
+        spent and a failure or cancellation gives the reservation back."""
+        spent = operation.amount if outcome == Outcome.SUCCEEDED else 0
+        await self.update_mandate(
+            operation.mandate_id,
+            now,
+            reserved=mandates.c.reserved - operation.amount,
+            spent=mandates.c.spent + spent,
+        )
+
+    async def accepted_under_mandate(self, mandate_id: str) -> Sequence[Record]:
+        """The mandate's operations not yet submitted, locked (after the mandate)."""
+        result = await self.conn.execute(
+            select(operations)
+            .where(operations.c.mandate_id == mandate_id, operations.c.state == State.ACCEPTED)
+            .order_by(operations.c.created_at)
+            .with_for_update()
+        )
+        return result.all()
+
+    async def finish_pending_outbox(self, operation_id: str, now: datetime) -> None:
+        await self.conn.execute(
+            update(outbox)
+            .where(outbox.c.operation_id == operation_id, outbox.c.done_at.is_(None))
+            .values(done_at=now)
+        )

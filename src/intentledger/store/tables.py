@@ -126,7 +126,8 @@ idempotency_records = Table(
     Column("route", String(64), primary_key=True),
     Column("idempotency_key", String(255), primary_key=True),
     Column("request_hash", String(64), nullable=False),
-    Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
+    # What the first request made or changed: an operation or a mandate id.
+    Column("resource_id", String(40), nullable=False),
     _timestamp("created_at"),
 )
 
@@ -196,6 +197,42 @@ transitions = Table(
     Column("reason", Text, nullable=False),
     Column("source", String(128), nullable=False),
     Index(None, "operation_id", "id"),
+)
+
+mandates = Table(
+    "mandates",
+    metadata,
+    Column("mandate_id", String(40), primary_key=True),
+    Column("actor", String(255), nullable=False),
+    Column("currency", String(3), nullable=False),
+    Column("max_amount", BigInteger, nullable=False),
+    Column("total_limit", BigInteger, nullable=False),
+    # Held by operations whose outcome is not (yet) a known failure or cancellation.
+    Column("reserved", BigInteger, nullable=False),
+    Column("spent", BigInteger, nullable=False),
+    Column("status", String(16), nullable=False),  # active | suspended | revoked
+    Column("version", Integer, nullable=False),
+    _timestamp("created_at"),
+    _timestamp("updated_at"),
+    Index(None, "actor"),
+)
+
+cards = Table(
+    "cards",
+    metadata,
+    Column("card_id", String(40), primary_key=True),
+    Column("actor", String(255), nullable=False),
+    Column("label", String(100), nullable=True),
+    Column("provider_card_id", String(64), nullable=True),
+    # pending (issue in flight) | active | frozen | not_issued
+    Column("status", String(16), nullable=False),
+    # True while an operation on the card has no known outcome.
+    Column("indeterminate", Boolean, nullable=False),
+    Column("pending_operation_id", String(40), nullable=True),
+    Column("version", Integer, nullable=False),
+    _timestamp("created_at"),
+    _timestamp("updated_at"),
+    Index(None, "actor"),
 )
 
 outbox = Table(

@@ -1,0 +1,194 @@
+"""Mandates: standing authorisations whose payments reserve money at intake.
+
+The mandate's row lock orders everything that touches its money: intake
+reserves under it, the dispatcher takes it before the operation lock and before
+SUBMITTING, and suspension or revocation takes it to cancel every payment not
+yet submitted. A committed SUBMITTING is the linearisation point: a suspension
+that commits after it does not touch that payment.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.domain.states import NextAction, State
+from intentledger.engine.clock import Clock
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record
+
+MandateAction = Literal["suspend", "resume", "revoke"]
+# Which statuses each action may start from, and where it leads.
+ACTIONS: dict[str, tuple[frozenset[str], str]] = {
+    "suspend": (frozenset({"active"}), "suspended"),
+    "resume": (frozenset({"suspended"}), "active"),
+    "revoke": (frozenset({"active", "suspended"}), "revoked"),
+}
+CREATE_ROUTE = "POST /v1/mandates"
+
+
+class MandateRefusal(Exception):
+    """A request the mandate does not allow; nothing is written for it."""
+
+    def __init__(self, status: int, slug: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.slug = slug
+        self.detail = detail
+
+
+class KeyReused(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Keyed:
+    actor: str
+    route: str
+    idempotency_key: str
+    request_hash: str
+
+
+def new_mandate_id() -> str:
+    return "md_" + secrets.token_hex(12)
+
+
+async def _replay(ledger: Ledger, keyed: Keyed) -> str | None:
+    existing = await ledger.find_idempotency_record(keyed.actor, keyed.route, keyed.idempotency_key)
+    if existing is None:
+        return None
+    if existing.request_hash != keyed.request_hash:
+        raise KeyReused(existing.resource_id)
+    return str(existing.resource_id)
+
+
+async def create_mandate(
+    engine: AsyncEngine, clock: Clock, keyed: Keyed, body: dict[str, Any]
+) -> tuple[Record, bool]:
+    async with engine.begin() as conn:
+        ledger = Ledger(conn)
+        replayed = await _replay(ledger, keyed)
+        if replayed is not None:
+            mandate = await ledger.get_mandate(replayed)
+            assert mandate is not None
+            return mandate, True
+        now = clock()
+        mandate_id = new_mandate_id()
+        await ledger.insert_mandate(
+            mandate_id=mandate_id,
+            actor=keyed.actor,
+            currency=body["currency"],
+            max_amount=body["max_amount"],
+            total_limit=body["total_limit"],
+            reserved=0,
+            spent=0,
+            status="active",
+            version=1,
+            created_at=now,
+            updated_at=now,
+        )
+        await ledger.add_idempotency_record(
+            keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash, mandate_id, now
+        )
+        mandate = await ledger.get_mandate(mandate_id)
+        assert mandate is not None
+        return mandate, False
+
+
+async def reserve_for_payment(
+    ledger: Ledger, actor: str, mandate_id: str, amount: int, currency: str, now: datetime
+) -> None:
+    """Inside the intake transaction: lock the mandate, check, and hold the amount."""
+    mandate = await ledger.lock_mandate(mandate_id)
+    if mandate is None or mandate.actor != actor:
+        raise MandateRefusal(422, "mandate-not-found", f"no mandate {mandate_id!r} for this actor")
+    if mandate.status != "active":
+        raise MandateRefusal(409, "mandate-not-active", f"mandate {mandate_id} is {mandate.status}")
+    if currency != mandate.currency:
+        raise MandateRefusal(
+            422,
+            "mandate-currency",
+            f"mandate {mandate_id} is in {mandate.currency}, not {currency}",
+        )
+    if amount > mandate.max_amount:
+        raise MandateRefusal(
+            422,
+            "mandate-max-amount",
+            f"{amount} exceeds the mandate's max_amount of {mandate.max_amount} per payment",
+        )
+    remaining = mandate.total_limit - mandate.reserved - mandate.spent
+    if amount > remaining:
+        raise MandateRefusal(
+            422,
+            "mandate-limit",
+            f"{amount} exceeds what remains of the mandate's total_limit ({remaining})",
+        )
+    await ledger.update_mandate(mandate_id, now, reserved=mandate.reserved + amount)
+
+
+async def cancel_unsubmitted(
+    ledger: Ledger, mandate_id: str, now: datetime, reason: str, source: str
+) -> int:
+    """Cancel every ACCEPTED payment under a locked mandate (reservations released)."""
+    cancelled = 0
+    for operation in await ledger.accepted_under_mandate(mandate_id):
+        await ledger.transition(
+            operation,
+            State.CANCELLED,
+            now=now,
+            next_action=NextAction.NONE,
+            reason=reason,
+            source=source,
+            retry_after_at=None,
+        )
+        await ledger.finish_pending_outbox(operation.operation_id, now)
+        cancelled += 1
+    return cancelled
+
+
+async def change_status(
+    engine: AsyncEngine, clock: Clock, keyed: Keyed, mandate_id: str, action: MandateAction
+) -> tuple[Record, bool]:
+    allowed_from, target = ACTIONS[action]
+    async with engine.begin() as conn:
+        ledger = Ledger(conn)
+        replayed = await _replay(ledger, keyed)
+        if replayed is not None:
+            mandate = await ledger.get_mandate(replayed)
+            assert mandate is not None
+            return mandate, True
+        mandate = await ledger.lock_mandate(mandate_id)
+        if mandate is None or mandate.actor != keyed.actor:
+            raise MandateRefusal(404, "mandate-not-found", f"no mandate {mandate_id!r}")
+        if mandate.status not in allowed_from:
+            raise MandateRefusal(
+                409,
+                "mandate-state",
+                f"cannot {action} mandate {mandate_id}: it is {mandate.status}",
+            )
+        now = clock()
+        if target != "active":
+            await cancel_unsubmitted(
+                ledger,
+                mandate_id,
+                now,
+                f"mandate {mandate_id} {target} before submission",
+                f"api:{keyed.actor}",
+            )
+        await ledger.update_mandate(mandate_id, now, status=target)
+        await ledger.add_idempotency_record(
+            keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash, mandate_id, now
+        )
+        changed = await ledger.get_mandate(mandate_id)
+        assert changed is not None
+        return changed, False
+
+
+async def read_mandate(engine: AsyncEngine, actor: str, mandate_id: str) -> Record | None:
+    async with engine.connect() as conn:
+        mandate = await Ledger(conn).get_mandate(mandate_id)
+    return mandate if mandate is not None and mandate.actor == actor else None
