@@ -283,7 +283,7 @@ async def test_resumed_delivery_marks_unknown_without_calling_the_provider(
     assert kinds == ["resumed_submitting"]
 
     # The first worker's answer arrives late: recorded, and it settles the operation.
-    answer = await first.dispatcher.provider.submit(submission.charge)
+    answer = await first.dispatcher.provider.submit(submission.request)
     await first.dispatcher._record(row, submission, answer)
     op = await operation(engine, op_id)
     assert (op.state, op.outcome) == ("OUTCOME_KNOWN", "succeeded")

@@ -18,7 +18,9 @@ from intentledger.engine.clock import Clock, system_clock
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
+from intentledger.engine.sync_writes import SyncWriter
 from intentledger.engine.worker import Worker, run_worker
+from intentledger.providers.base import Provider
 from intentledger.providers.registry import build_provider
 from intentledger.providers.sandbox import create_sandbox_app
 from intentledger.safety_config import load_safety_rules
@@ -43,6 +45,23 @@ def retention_policy_for(settings: Settings) -> Callable[[str], RetentionPolicy]
     return policy_for
 
 
+def build_dispatcher(
+    settings: Settings,
+    engine: AsyncEngine,
+    clock: Clock,
+    default_provider_url: str | None,
+    identity: str,
+    provider: Provider | None = None,
+) -> Dispatcher:
+    return Dispatcher(
+        engine,
+        provider or build_provider(settings, default_provider_url),
+        clock,
+        DispatchSettings(lease=settings.lease, recheck_backoff=settings.recheck_backoff),
+        identity,
+    )
+
+
 def build_worker(
     settings: Settings, engine: AsyncEngine, clock: Clock, default_provider_url: str | None
 ) -> Worker:
@@ -53,13 +72,7 @@ def build_worker(
         clock,
         settings.lease,
         identity,
-        Dispatcher(
-            engine,
-            provider,
-            clock,
-            DispatchSettings(lease=settings.lease, recheck_backoff=settings.recheck_backoff),
-            identity,
-        ),
+        build_dispatcher(settings, engine, clock, default_provider_url, identity, provider),
         Reconciler(
             engine,
             provider,
@@ -97,6 +110,9 @@ def build_service_app(
     engine = create_ledger_engine(settings.database_url)
     sandbox_url = own_url.rstrip("/") + SANDBOX_MOUNT if settings.provider == "sandbox" else None
 
+    sync_dispatcher = build_dispatcher(settings, engine, clock, sandbox_url, worker_id("api"))
+    sync_writer = SyncWriter(engine, clock, sync_dispatcher, settings.lease)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         stop = asyncio.Event()
@@ -110,9 +126,10 @@ def build_service_app(
             stop.set()
             if task is not None:
                 await task
+            await sync_dispatcher.provider.aclose()
             await engine.dispose()
 
-    app = create_app(engine, clock, settings.provider, lifespan=lifespan)
+    app = create_app(engine, clock, settings.provider, lifespan=lifespan, sync_writer=sync_writer)
     if settings.provider == "sandbox":
         app.mount(SANDBOX_MOUNT, build_sandbox_app(settings))
     return app

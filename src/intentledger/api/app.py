@@ -23,12 +23,14 @@ from intentledger.api.problems import (
     install_problem_handlers,
     invalid_body_response,
 )
+from intentledger.api.resource_routes import router as resource_router
 from intentledger.api.schemas import PaymentRequest
 from intentledger.api.validation import valid_idempotency_key
 from intentledger.domain.canonical import request_hash
 from intentledger.engine.clock import Clock
 from intentledger.engine.intake import IdempotencyKeyReused, PaymentIntent, accept_payment
 from intentledger.engine.mandates import MandateRefusal
+from intentledger.engine.sync_writes import SyncWriter
 from intentledger.store.ledger import Ledger
 
 PAYMENTS_ROUTE = "POST /v1/payments"
@@ -161,6 +163,7 @@ def create_app(
     clock: Clock,
     provider_name: str,
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+    sync_writer: SyncWriter | None = None,
 ) -> FastAPI:
     app = FastAPI(
         lifespan=lifespan,
@@ -172,8 +175,11 @@ def create_app(
     app.state.engine = engine
     app.state.clock = clock
     app.state.provider_name = provider_name
+    # Beneficiary and card writes call the provider in the request path.
+    app.state.sync_writer = sync_writer
     install_problem_handlers(app)
     app.include_router(router)
     app.include_router(operator_router)
     app.include_router(mandate_router)
+    app.include_router(resource_router)
     return app

@@ -26,7 +26,7 @@ from intentledger.domain.transport import ProviderAnswer, Verdict, classify
 from intentledger.engine.audit import schedule_duplicate_audit
 from intentledger.engine.clock import Clock
 from intentledger.engine.unknown import mark_unknown
-from intentledger.providers.base import ChargeRequest, Provider
+from intentledger.providers.base import Provider, ProviderRequest
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -51,7 +51,7 @@ class Submission:
     """What the pre-submit transaction committed to send."""
 
     attempt_number: int
-    charge: ChargeRequest
+    request: ProviderRequest
 
 
 def provider_key(operation_id: str) -> str:
@@ -60,16 +60,20 @@ def provider_key(operation_id: str) -> str:
     return f"{operation_id}:1"
 
 
-def charge_for(operation: Record, idempotency_key: str) -> ChargeRequest:
-    body = operation.request_context["body"]
-    return ChargeRequest(
+# Fields of our own API that the provider never sees.
+OUR_FIELDS = frozenset({"mandate_id"})
+
+
+def request_for(operation: Record, idempotency_key: str) -> ProviderRequest:
+    """What to send for this operation's kind: its validated body, minus our own fields."""
+    context = operation.request_context
+    body = {k: v for k, v in context["body"].items() if k not in OUR_FIELDS}
+    return ProviderRequest(
+        kind=operation.kind,
         reference=operation.operation_id,
         idempotency_key=idempotency_key,
-        amount=body["amount"],
-        currency=body["currency"],
-        payment_method=body["payment_method"],
-        description=body.get("description"),
-        metadata=dict(body.get("metadata") or {}),
+        body=body,
+        target=context.get("provider_card_id"),
     )
 
 
@@ -105,7 +109,7 @@ class Dispatcher:
         submission = await self._pre_submit(row)
         if submission is None:
             return
-        answer = await self.provider.submit(submission.charge)
+        answer = await self.provider.submit(submission.request)
         await self._record(row, submission, answer)
 
     # -- step 3: pre-submit -------------------------------------------------
@@ -153,7 +157,7 @@ class Dispatcher:
                 source=self.worker_id,
                 first_attempt_at=operation.first_attempt_at or now,
             )
-            return Submission(plan.number, charge_for(operation, plan.key))
+            return Submission(plan.number, request_for(operation, plan.key))
 
     async def _mandate_allows(self, ledger: Ledger, operation: Record, now: datetime) -> bool:
         """Re-check the (already locked) mandate before SUBMITTING; a payment whose

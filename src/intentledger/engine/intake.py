@@ -8,7 +8,9 @@ it becomes a replay or a conflict like any other retry.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -33,22 +35,35 @@ class IdempotencyKeyReused(Exception):
 
 
 @dataclass(frozen=True)
-class PaymentIntent:
+class Intent:
     actor: str
     route: str
     idempotency_key: str
     request_hash: str
     body: dict[str, Any]  # validated and normalised request body
     provider: str
+    # payment | beneficiary | card_issue | card_freeze | card_unfreeze
+    kind: str = "payment"
+
+
+# Payments were the first kind of intent; the name stays for readability at call sites.
+PaymentIntent = Intent
+
+# Kind-specific checks and writes inside the intake transaction (a mandate's
+# reservation, a card's projection). Raising refuses the request: nothing is
+# written and the key stays unused.
+Prepare = Callable[[Ledger, datetime, dict[str, Any]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
 class IntakeResult:
     operation: Record | dict[str, Any]
     replayed: bool
+    # The operation's submit row, when the caller holds its lease (synchronous writes).
+    held_row_id: int | None = None
 
 
-def _operation_values(intent: PaymentIntent, now: Any) -> dict[str, Any]:
+def _operation_values(intent: Intent, now: datetime) -> dict[str, Any]:
     return {
         "operation_id": new_operation_id(),
         "idempotency_key": intent.idempotency_key,
@@ -57,11 +72,11 @@ def _operation_values(intent: PaymentIntent, now: Any) -> dict[str, Any]:
         "next_action": NextAction.SUBMIT,
         "actor": intent.actor,
         "route": intent.route,
-        "kind": "payment",
+        "kind": intent.kind,
         "request_hash": intent.request_hash,
         "provider": intent.provider,
-        "amount": intent.body["amount"],
-        "currency": intent.body["currency"],
+        "amount": intent.body.get("amount"),
+        "currency": intent.body.get("currency"),
         "mandate_id": intent.body.get("mandate_id"),
         "version": 1,
         "duplicate_detected": False,
@@ -70,7 +85,25 @@ def _operation_values(intent: PaymentIntent, now: Any) -> dict[str, Any]:
     }
 
 
-async def accept_payment(engine: AsyncEngine, clock: Clock, intent: PaymentIntent) -> IntakeResult:
+async def reserve_under_mandate(ledger: Ledger, now: datetime, values: dict[str, Any]) -> None:
+    if values["mandate_id"] is not None:
+        await reserve_for_payment(
+            ledger, values["actor"], values["mandate_id"], values["amount"], values["currency"], now
+        )
+
+
+async def accept(
+    engine: AsyncEngine,
+    clock: Clock,
+    intent: Intent,
+    *,
+    prepare: Prepare = reserve_under_mandate,
+    hold: tuple[str, timedelta] | None = None,
+) -> IntakeResult:
+    """Make `intent` durable (or find the original). With `hold=(owner, lease)`
+    the submit row is created already leased to `owner`, which delivers it in
+    the request path; if that process dies, the lease runs out and a worker's
+    resumed delivery (or the sweeper) makes the outcome UNKNOWN."""
     for _ in range(_MAX_KEY_RACES):
         try:
             async with engine.begin() as conn:
@@ -85,24 +118,20 @@ async def accept_payment(engine: AsyncEngine, clock: Clock, intent: PaymentInten
                     assert operation is not None, "an idempotency record names its operation"
                     return IntakeResult(operation, replayed=True)
                 now = clock()
-                mandate_id = intent.body.get("mandate_id")
-                if mandate_id is not None:
-                    # Refused here, nothing is written and the key stays unused.
-                    await reserve_for_payment(
-                        ledger,
-                        intent.actor,
-                        mandate_id,
-                        intent.body["amount"],
-                        intent.body["currency"],
-                        now,
-                    )
                 values = _operation_values(intent, now)
-                await ledger.insert_intent(values, outbox_kind="submit", due_at=now)
+                await prepare(ledger, now, values)
+                row_id = await ledger.insert_intent(
+                    values, outbox_kind="submit", due_at=now, hold=hold
+                )
                 await ledger.record_initial_transition(
                     values["operation_id"], now, "intent accepted", source=f"api:{intent.actor}"
                 )
-                return IntakeResult(values, replayed=False)
+                return IntakeResult(values, replayed=False, held_row_id=row_id if hold else None)
         except IntegrityError:
             # Another request with this key committed first: read it next time round.
             continue
     raise RuntimeError("idempotency key race did not settle")
+
+
+async def accept_payment(engine: AsyncEngine, clock: Clock, intent: Intent) -> IntakeResult:
+    return await accept(engine, clock, intent)

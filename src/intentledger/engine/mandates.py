@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
+from intentledger.engine.refusal import Refusal
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -31,14 +32,8 @@ ACTIONS: dict[str, tuple[frozenset[str], str]] = {
 CREATE_ROUTE = "POST /v1/mandates"
 
 
-class MandateRefusal(Exception):
+class MandateRefusal(Refusal):
     """A request the mandate does not allow; nothing is written for it."""
-
-    def __init__(self, status: int, slug: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.slug = slug
-        self.detail = detail
 
 
 class KeyReused(Exception):

@@ -27,11 +27,20 @@ from intentledger.engine.audit import AUDIT_ATTEMPTS, schedule_duplicate_audit
 from intentledger.engine.clock import Clock
 from intentledger.engine.safety_review import PolicyFor, RulesFor, run_safety_review
 from intentledger.engine.unknown import mark_unknown
-from intentledger.providers.base import Provider
+from intentledger.providers.base import Provider, ProviderLookup
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
 _SETTLING = {LookupVerdict.SUCCEEDED: Outcome.SUCCEEDED, LookupVerdict.FAILED: Outcome.FAILED}
+
+
+def operation_lookup(operation: Record) -> ProviderLookup:
+    """The provider read that would show this operation's write."""
+    return ProviderLookup(
+        kind=operation.kind,
+        reference=operation.operation_id,
+        target=operation.request_context.get("provider_card_id"),
+    )
 
 
 class Reconciler:
@@ -56,10 +65,10 @@ class Reconciler:
         self.jitter = jitter
 
     async def deliver_reconcile(self, row: Record) -> None:
-        operation_id = await self._begin_check(row)
-        if operation_id is None:
+        operation = await self._begin_check(row)
+        if operation is None:
             return
-        lookup = await self.provider.lookup(operation_id)
+        lookup = await self.provider.lookup(operation_lookup(operation))
         await self._record_check(row, lookup)
 
     async def deliver_audit(self, row: Record) -> None:
@@ -67,7 +76,10 @@ class Reconciler:
         async with self.engine.begin() as conn:
             if not await Ledger(conn).holds_lease(row.id, self.worker_id, self.clock()):
                 return
-        lookup = await self.provider.lookup(row.operation_id)
+        async with self.engine.connect() as conn:
+            settled = await Ledger(conn).get_operation(row.operation_id)
+        assert settled is not None
+        lookup = await self.provider.lookup(operation_lookup(settled))
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()
@@ -95,7 +107,7 @@ class Reconciler:
                     await ledger.enqueue(row.operation_id, "audit", now + delay, now)
             await ledger.finish_outbox_row(row.id, now)
 
-    async def _begin_check(self, row: Record) -> str | None:
+    async def _begin_check(self, row: Record) -> Record | None:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()
@@ -119,7 +131,7 @@ class Reconciler:
                 # RECONCILIATION_DUE simply looks again: lookups are reads.)
                 await ledger.finish_outbox_row(row.id, now)
                 return None
-            return str(operation.operation_id)
+            return operation
 
     async def _record_check(self, row: Record, lookup: LookupAnswer) -> None:
         async with self.engine.begin() as conn:

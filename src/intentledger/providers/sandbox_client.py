@@ -1,57 +1,100 @@
-"""The adapter for the built-in sandbox provider (Stripe-v1-like charges API)."""
+"""The adapter for the built-in sandbox provider (a Stripe-v1-like API)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import httpx
 
 from intentledger.domain.transport import ChargeSeen, LookupAnswer, ProviderAnswer, Transport
-from intentledger.providers.base import ChargeRequest
+from intentledger.providers.base import ProviderLookup, ProviderRequest
 from intentledger.providers.http import observe
+
+# What a card must show for each card action to have taken effect.
+CARD_STATUS_AFTER = {"card_freeze": "frozen", "card_unfreeze": "active"}
+
+
+class UnknownKind(ValueError):
+    pass
 
 
 class SandboxProvider:
     name = "sandbox"
 
     def __init__(self, base_url: str, timeout: timedelta, max_connections: int = 200) -> None:
-        seconds = timeout.total_seconds()
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
-            timeout=httpx.Timeout(seconds),
+            timeout=httpx.Timeout(timeout.total_seconds()),
             limits=httpx.Limits(max_connections=max_connections),
         )
 
-    async def submit(self, request: ChargeRequest) -> ProviderAnswer:
-        body: dict[str, object] = {
-            "reference": request.reference,
-            "amount": request.amount,
-            "currency": request.currency,
-            "payment_method": request.payment_method,
-            "metadata": request.metadata,
-        }
-        if request.description is not None:
-            body["description"] = request.description
-        return await observe(
-            self._client.post(
-                "/v1/charges", json=body, headers={"Idempotency-Key": request.idempotency_key}
-            )
-        )
+    async def submit(self, request: ProviderRequest) -> ProviderAnswer:
+        path = self._write_path(request)
+        body = {"reference": request.reference, **request.body}
+        headers = {"Idempotency-Key": request.idempotency_key}
+        return await observe(self._client.post(path, json=body, headers=headers))
 
-    async def lookup(self, reference: str) -> LookupAnswer:
-        answer = await observe(self._client.get("/v1/charges", params={"reference": reference}))
+    @staticmethod
+    def _write_path(request: ProviderRequest) -> str:
+        if request.kind == "payment":
+            return "/v1/charges"
+        if request.kind == "beneficiary":
+            return "/v1/beneficiaries"
+        if request.kind == "card_issue":
+            return "/v1/cards"
+        if request.kind in CARD_STATUS_AFTER and request.target:
+            action = request.kind.removeprefix("card_")
+            return f"/v1/cards/{request.target}/{action}"
+        raise UnknownKind(f"the sandbox has no write for {request.kind!r}")
+
+    async def lookup(self, query: ProviderLookup) -> LookupAnswer:
+        if query.kind in CARD_STATUS_AFTER:
+            return await self._card_action_lookup(query)
+        path = {
+            "payment": "/v1/charges",
+            "beneficiary": "/v1/beneficiaries",
+            "card_issue": "/v1/cards",
+        }.get(query.kind)
+        if path is None:
+            raise UnknownKind(f"the sandbox has no lookup for {query.kind!r}")
+        answer = await observe(self._client.get(path, params={"reference": query.reference}))
+        items = _listed(answer)
+        if items is None:
+            # A 200 without a readable list is no evidence of absence.
+            unreadable_200 = answer.transport is Transport.RESPONSE and answer.status == 200
+            return LookupAnswer(answer, readable=not unreadable_200)
+        return LookupAnswer(answer, tuple(_seen(item, query.kind) for item in items))
+
+    async def _card_action_lookup(self, query: ProviderLookup) -> LookupAnswer:
+        """A card action is evidenced by the card's state: frozen after a freeze."""
+        answer = await observe(self._client.get(f"/v1/cards/{query.target}"))
+        body = answer.detail.get("body")
         if answer.transport is not Transport.RESPONSE or answer.status != 200:
             return LookupAnswer(answer)
-        body = answer.detail.get("body")
-        data = body.get("data") if isinstance(body, dict) else None
-        if not isinstance(data, list):
+        if not isinstance(body, dict) or "status" not in body:
             return LookupAnswer(answer, readable=False)
-        charges = tuple(
-            ChargeSeen(str(item.get("id")), str(item.get("status")))
-            for item in data
-            if isinstance(item, dict)
-        )
-        return LookupAnswer(answer, charges)
+        took_effect = body["status"] == CARD_STATUS_AFTER[query.kind]
+        seen = (ChargeSeen(str(body.get("id")), "succeeded"),) if took_effect else ()
+        return LookupAnswer(answer, seen)
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _listed(answer: ProviderAnswer) -> list[Any] | None:
+    """The `data` list of a 200 lookup, or None when there is none to read."""
+    if answer.transport is not Transport.RESPONSE or answer.status != 200:
+        return None
+    body = answer.detail.get("body")
+    data = body.get("data") if isinstance(body, dict) else None
+    return data if isinstance(data, list) else None
+
+
+def _seen(item: Any, kind: str) -> ChargeSeen:
+    if not isinstance(item, dict):
+        return ChargeSeen("?", "unreadable")
+    if kind == "payment":
+        return ChargeSeen(str(item.get("id")), str(item.get("status")))
+    # A beneficiary or card that exists under our reference is the write's success.
+    return ChargeSeen(str(item.get("id")), "succeeded")

@@ -16,11 +16,13 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from intentledger.domain.cards import CARD_KINDS, status_after
 from intentledger.domain.states import FINAL, NextAction, Outcome, State, require_transition
 from intentledger.store.tables import (
     Record,
     api_keys,
     attempts,
+    cards,
     decisions,
     idempotency_records,
     mandates,
@@ -76,8 +78,12 @@ class Ledger:
         return result.first()
 
     async def insert_intent(
-        self, operation: Mapping[str, Any], outbox_kind: str, due_at: datetime
-    ) -> None:
+        self,
+        operation: Mapping[str, Any],
+        outbox_kind: str,
+        due_at: datetime,
+        hold: tuple[str, timedelta] | None = None,
+    ) -> int:
         """Idempotency record, operation and outbox row: the intake transaction's writes."""
         # The operation row first: the idempotency record references it.
         await self.conn.execute(insert(operations).values(**operation))
@@ -89,7 +95,9 @@ class Ledger:
             operation["operation_id"],
             operation["created_at"],
         )
-        await self.enqueue(operation["operation_id"], outbox_kind, due_at, operation["created_at"])
+        return await self.enqueue(
+            operation["operation_id"], outbox_kind, due_at, operation["created_at"], hold=hold
+        )
 
     async def add_idempotency_record(
         self, actor: str, route: str, key: str, request_hash: str, resource_id: str, now: datetime
@@ -162,6 +170,8 @@ class Ledger:
             raise ConcurrentUpdate(operation.operation_id)
         if operation.mandate_id is not None and target in FINAL:
             await self._settle_reservation(operation, fields.get("outcome"), now)
+        if operation.kind in CARD_KINDS and target in FINAL:
+            await self._settle_card(operation, fields, now)
         await self.conn.execute(
             insert(transitions).values(
                 operation_id=operation.operation_id,
@@ -284,17 +294,28 @@ class Ledger:
         due_at: datetime,
         now: datetime,
         decision_id: int | None = None,
-    ) -> None:
-        await self.conn.execute(
+        hold: tuple[str, timedelta] | None = None,
+    ) -> int:
+        """Add a delivery row; with `hold=(owner, lease)` it starts leased to `owner`."""
+        owner, lease = hold if hold is not None else (None, timedelta(0))
+        result = await self.conn.execute(
             insert(outbox).values(
                 operation_id=operation_id,
                 kind=kind,
-                due_at=due_at,
-                deliveries=0,
+                due_at=due_at + lease,
+                lease_owner=owner,
+                deliveries=0 if hold is None else 1,
                 decision_id=decision_id,
                 created_at=now,
             )
         )
+        return int(result.inserted_primary_key[0])  # type: ignore[index]
+
+    async def get_outbox_row(self, row_id: int) -> Record | None:
+        found: Record | None = (
+            await self.conn.execute(select(outbox).where(outbox.c.id == row_id))
+        ).first()
+        return found
 
     async def claim_outbox_row(self, now: datetime, lease: timedelta, owner: str) -> Record | None:
         """Lease one due row. Its due time moves to the lease's end, so if the
@@ -370,6 +391,42 @@ class Ledger:
             .limit(limit)
         )
         return [row.operation_id for row in result]
+
+    # -- cards ----------------------------------------------------------------
+
+    async def insert_card(self, **values: Any) -> None:
+        await self.conn.execute(insert(cards).values(**values))
+
+    async def get_card(self, card_id: str, *, for_update: bool = False) -> Record | None:
+        query = select(cards).where(cards.c.card_id == card_id)
+        if for_update:
+            query = query.with_for_update()
+        found: Record | None = (await self.conn.execute(query)).first()
+        return found
+
+    async def update_card(self, card_id: str, now: datetime, **values: Any) -> None:
+        await self.conn.execute(
+            update(cards)
+            .where(cards.c.card_id == card_id)
+            .values(version=cards.c.version + 1, updated_at=now, **values)
+        )
+
+    async def _settle_card(
+        self, operation: Record, fields: Mapping[str, Any], now: datetime
+    ) -> None:
+        """The card's projection leaves `indeterminate` with its operation's outcome."""
+        card = await self.get_card(operation.request_context["card_id"], for_update=True)
+        if card is None or card.pending_operation_id != operation.operation_id:
+            return
+        succeeded = fields.get("outcome") == Outcome.SUCCEEDED
+        changes: dict[str, Any] = {
+            "status": status_after(operation.kind, succeeded, card.status),
+            "indeterminate": False,
+            "pending_operation_id": None,
+        }
+        if operation.kind == "card_issue" and succeeded:
+            changes["provider_card_id"] = fields.get("provider_reference")
+        await self.update_card(card.card_id, now, **changes)
 
     # -- mandates -------------------------------------------------------------
 

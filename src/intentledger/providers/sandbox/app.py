@@ -1,5 +1,6 @@
 """The sandbox provider's HTTP face: Stripe-like charges whose faults are chosen, like test card
-numbers, by `payment_method`.
+numbers, by `payment_method`; and beneficiaries, cards and card freezes whose faults are chosen
+by `sandbox_scenario`.
 
 It is a real server reached over loopback so the orchestrator meets real timeouts and real
 dropped connections. Routes are relative; the caller mounts the app (at `/_sandbox`).
@@ -15,32 +16,45 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import TypeVar, TypeVarTuple
+from typing import Generic, TypeVar, TypeVarTuple
 
 import anyio
 import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from intentledger.providers.sandbox.resources import (
+    BeneficiaryRequest,
+    CardActionName,
+    CardActionRequest,
+    CardRequest,
+)
+from intentledger.providers.sandbox.rows import JSONObject
 from intentledger.providers.sandbox.store import (
     ChargeRequest,
     Effect,
-    ExecuteCharge,
-    JSONObject,
+    Execute,
+    KeyedRequest,
     KeyReused,
     LeaveUnexecuted,
     Processed,
+    ReceivedRequest,
     Replayed,
+    Resource,
     SandboxStore,
     StoredResponse,
     StoreRefusal,
+    TargetMissing,
+    WriteOutcome,
 )
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Args = TypeVarTuple("Args")
+W = TypeVar("W", bound=KeyedRequest)
+B = TypeVar("B", bound=BaseModel)
 
 # How often a withheld request checks whether its client has hung up.
 DISCONNECT_POLL_SECONDS = 0.05
@@ -90,23 +104,39 @@ KEY_REUSED = _error(
     "idempotency_key_reused",
     "This Idempotency-Key was already used with a different request body.",
 )
+REJECTED = _error(
+    422,
+    "invalid_request_error",
+    "rejected",
+    "The request was rejected (sandbox_scenario=declined).",
+)
+REFERENCE_MISSING = _error(
+    400, "invalid_request_error", "parameter_missing", "The reference parameter is required."
+)
 
-_OK = Scenario(ExecuteCharge(), Delivery.ANSWER)
+
+def _no_such(resource: str, resource_id: str) -> StoredResponse:
+    return _error(
+        404, "invalid_request_error", "resource_missing", f"No such {resource}: {resource_id!r}"
+    )
+
+
+_OK = Scenario(Execute(), Delivery.ANSWER)
 
 _EVERY_ATTEMPT: dict[str, Scenario] = {
     "pm_ok": _OK,
     "pm_declined": Scenario(StoreRefusal(DECLINED), Delivery.ANSWER),
     "pm_blackhole": Scenario(LeaveUnexecuted(), Delivery.WITHHOLD_THEN_TIMEOUT),
-    "pm_slow": Scenario(ExecuteCharge(), Delivery.SLOW),
+    "pm_slow": Scenario(Execute(), Delivery.SLOW),
 }
 
 # Faults that strike only the first submit for a reference; retries then behave like pm_ok.
 _FIRST_ATTEMPT_ONLY: dict[str, Scenario] = {
-    "pm_timeout_after_execute": Scenario(ExecuteCharge(), Delivery.WITHHOLD_THEN_ANSWER),
+    "pm_timeout_after_execute": Scenario(Execute(), Delivery.WITHHOLD_THEN_ANSWER),
     "pm_timeout_before_execute": Scenario(LeaveUnexecuted(), Delivery.WITHHOLD_THEN_TIMEOUT),
     "pm_unavailable": Scenario(LeaveUnexecuted(), Delivery.UNAVAILABLE),
     "pm_rate_limited": Scenario(LeaveUnexecuted(), Delivery.RATE_LIMITED),
-    "pm_lookup_lag": Scenario(ExecuteCharge(), Delivery.WITHHOLD_THEN_ANSWER),
+    "pm_lookup_lag": Scenario(Execute(), Delivery.WITHHOLD_THEN_ANSWER),
 }
 
 # An unknown payment method is a final answer, kept against the key like a decline.
@@ -120,6 +150,31 @@ def scenario_for(payment_method: str, first_attempt: bool) -> Scenario:
     if payment_method in _FIRST_ATTEMPT_ONLY:
         return _FIRST_ATTEMPT_ONLY[payment_method] if first_attempt else _OK
     return _EVERY_ATTEMPT.get(payment_method, _UNKNOWN_METHOD)
+
+
+# Beneficiaries, cards and card actions take their fault from `sandbox_scenario` instead, so
+# no fake payment method has to ride along on a request that has none.
+DEFAULT_WRITE_SCENARIO = "ok"
+
+_WRITE_EVERY_ATTEMPT: dict[str, Scenario] = {
+    "ok": _OK,
+    "declined": Scenario(StoreRefusal(REJECTED), Delivery.ANSWER),
+}
+
+# First attempt per (resource, reference); retries then behave like "ok".
+_WRITE_FIRST_ATTEMPT_ONLY: dict[str, Scenario] = {
+    "timeout_after_execute": Scenario(Execute(), Delivery.WITHHOLD_THEN_ANSWER),
+    "timeout_before_execute": Scenario(LeaveUnexecuted(), Delivery.WITHHOLD_THEN_TIMEOUT),
+}
+
+WRITE_SCENARIOS = (*_WRITE_EVERY_ATTEMPT, *_WRITE_FIRST_ATTEMPT_ONLY)
+
+
+def write_scenario_for(name: str, first_attempt: bool) -> Scenario:
+    """The fault for a validated `sandbox_scenario` (unknown names never reach here)."""
+    if name in _WRITE_FIRST_ATTEMPT_ONLY:
+        return _WRITE_FIRST_ATTEMPT_ONLY[name] if first_attempt else _OK
+    return _WRITE_EVERY_ATTEMPT[name]
 
 
 # -- request parsing --------------------------------------------------------------------------
@@ -138,6 +193,62 @@ class ChargeBody(BaseModel):
     metadata: dict[str, str] | None = None
 
 
+# Country code, check digits, then the basic bank account number. No mod-97 check: the
+# sandbox accepts made-up test IBANs as long as they are shaped like one.
+IBAN_PATTERN = r"^[A-Za-z]{2}[0-9]{2}[A-Za-z0-9]{11,30}$"
+
+
+class WriteBody(BaseModel):
+    """What every beneficiary, card and card-action write carries."""
+
+    model_config = ConfigDict(strict=True)
+
+    reference: str = Field(min_length=1)
+    sandbox_scenario: str | None = None
+
+    @field_validator("sandbox_scenario")
+    @classmethod
+    def _known_scenario(cls, value: str | None) -> str | None:
+        # Refused as an invalid parameter (nothing executed, nothing kept), unlike an unknown
+        # payment method, which names a missing resource and is a kept answer.
+        if value is not None and value not in WRITE_SCENARIOS:
+            raise ValueError(
+                f"unknown sandbox_scenario; expected one of {', '.join(WRITE_SCENARIOS)}"
+            )
+        return value
+
+    @property
+    def scenario(self) -> str:
+        if self.sandbox_scenario is None:
+            return DEFAULT_WRITE_SCENARIO
+        return self.sandbox_scenario
+
+
+class BeneficiaryBody(WriteBody):
+    name: str = Field(min_length=1, max_length=140)
+    iban: str = Field(pattern=IBAN_PATTERN)
+
+
+class CardBody(WriteBody):
+    label: str | None = Field(default=None, max_length=100)
+
+
+class CardActionBody(WriteBody):
+    pass
+
+
+@dataclass(frozen=True)
+class ParsedWrite(Generic[W]):
+    request: W
+    scenario: str
+
+
+# Turns (idempotency key, JSON object body) into a write for the store, or a 400 to answer.
+Parse = Callable[[str, JSONObject], ParsedWrite[W] | StoredResponse]
+# A store method that runs one kind of write in its transaction.
+Perform = Callable[[int, W, datetime, Callable[[bool], Effect]], WriteOutcome]
+
+
 def _parse_json_object(raw: bytes) -> JSONObject | None:
     try:
         parsed = json.loads(raw)
@@ -154,6 +265,17 @@ def _optional_str(payload: JSONObject | None, name: str) -> str | None:
 def fingerprint(payload: JSONObject) -> str:
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def route_fingerprint(route: str, payload: JSONObject) -> str:
+    """The body and the route it was sent to, so one key reused on another endpoint (or on
+    another card) is a different request.
+
+    Charges keep the body-only `fingerprint`: keys already kept in an existing sandbox file
+    must still replay. That form cannot equal this one (it would take a SHA-256 collision),
+    so reuse across charges and the other endpoints is caught in both directions.
+    """
+    return fingerprint({"route": route, "body": payload})
 
 
 def _invalid(code: str, message: str) -> StoredResponse:
@@ -183,6 +305,61 @@ def _charge_request(key: str, payload: JSONObject | None) -> ChargeRequest | Sto
         payment_method=body.payment_method,
         fingerprint=fingerprint(payload),
     )
+
+
+def _validated(model: type[B], payload: JSONObject) -> B | StoredResponse:
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        return _invalid("parameter_invalid", _describe(exc))
+
+
+def parse_beneficiary(
+    key: str, payload: JSONObject
+) -> ParsedWrite[BeneficiaryRequest] | StoredResponse:
+    body = _validated(BeneficiaryBody, payload)
+    if isinstance(body, StoredResponse):
+        return body
+    request = BeneficiaryRequest(
+        reference=body.reference,
+        idempotency_key=key,
+        name=body.name,
+        iban=body.iban,
+        fingerprint=route_fingerprint("POST /v1/beneficiaries", payload),
+    )
+    return ParsedWrite(request, body.scenario)
+
+
+def parse_card(key: str, payload: JSONObject) -> ParsedWrite[CardRequest] | StoredResponse:
+    body = _validated(CardBody, payload)
+    if isinstance(body, StoredResponse):
+        return body
+    request = CardRequest(
+        reference=body.reference,
+        idempotency_key=key,
+        label=body.label,
+        fingerprint=route_fingerprint("POST /v1/cards", payload),
+    )
+    return ParsedWrite(request, body.scenario)
+
+
+def card_action_parser(card_id: str, action: CardActionName) -> Parse[CardActionRequest]:
+    route = f"POST /v1/cards/{card_id}/{action}"
+
+    def parse(key: str, payload: JSONObject) -> ParsedWrite[CardActionRequest] | StoredResponse:
+        body = _validated(CardActionBody, payload)
+        if isinstance(body, StoredResponse):
+            return body
+        request = CardActionRequest(
+            card_id=card_id,
+            action=action,
+            reference=body.reference,
+            idempotency_key=key,
+            fingerprint=route_fingerprint(route, payload),
+        )
+        return ParsedWrite(request, body.scenario)
+
+    return parse
 
 
 def _describe(exc: ValidationError) -> str:
@@ -242,30 +419,95 @@ class Sandbox:
         payload = _parse_json_object(await request.body())
         key = request.headers.get("Idempotency-Key")
         # Logged before anything else so tests can count every submit, even ones that hang.
-        request_id = await self._db(
-            self._store.log_request,
-            "submit",
-            _optional_str(payload, "reference"),
-            key,
-            _optional_str(payload, "payment_method"),
-            self._clock(),
+        request_id = await self._log(
+            ReceivedRequest(
+                "charge",
+                "submit",
+                _optional_str(payload, "reference"),
+                key,
+                self._clock(),
+                payment_method=_optional_str(payload, "payment_method"),
+            )
         )
         reply = await self._answer_submit(request, key, payload, request_id)
         return await self._finish(request_id, reply)
 
     async def lookup_charges(self, request: Request, reference: str | None = None) -> Response:
-        request_id = await self._db(
-            self._store.log_request, "lookup", reference, None, None, self._clock()
+        request_id = await self._log(
+            ReceivedRequest("charge", "lookup", reference, None, self._clock())
         )
         reply = await self._answer_lookup(request, reference)
         return await self._finish(request_id, reply)
+
+    # -- beneficiaries and cards ------------------------------------------------------------
+
+    async def create_beneficiary(self, request: Request) -> Response:
+        return await self._write(
+            request, "beneficiary", parse_beneficiary, self._store.create_beneficiary
+        )
+
+    async def issue_card(self, request: Request) -> Response:
+        return await self._write(request, "card", parse_card, self._store.issue_card)
+
+    async def freeze_card(self, request: Request, card_id: str) -> Response:
+        return await self._act_on_card(request, card_id, "freeze")
+
+    async def unfreeze_card(self, request: Request, card_id: str) -> Response:
+        return await self._act_on_card(request, card_id, "unfreeze")
+
+    async def lookup_beneficiaries(self, reference: str | None = None) -> Response:
+        request_id = await self._log(
+            ReceivedRequest("beneficiary", "lookup", reference, None, self._clock())
+        )
+        if not reference:
+            return await self._finish(request_id, Reply.of(REFERENCE_MISSING))
+        found = await self._db(self._store.beneficiaries, reference)
+        data = [beneficiary.as_provider_response() for beneficiary in found]
+        return await self._finish(request_id, Reply(200, {"data": data}))
+
+    async def lookup_cards(self, reference: str | None = None) -> Response:
+        request_id = await self._log(
+            ReceivedRequest("card", "lookup", reference, None, self._clock())
+        )
+        if not reference:
+            return await self._finish(request_id, Reply.of(REFERENCE_MISSING))
+        found = await self._db(self._store.cards, reference)
+        data = [card.as_provider_response() for card in found]
+        return await self._finish(request_id, Reply(200, {"data": data}))
+
+    async def retrieve_card(self, card_id: str) -> Response:
+        request_id = await self._log(
+            ReceivedRequest("card", "lookup", None, None, self._clock(), card_id=card_id)
+        )
+        card = await self._db(self._store.card, card_id)
+        if card is None:
+            return await self._finish(request_id, Reply.of(_no_such("card", card_id)))
+        return await self._finish(request_id, Reply(200, card.as_provider_response()))
+
+    # -- the truth, for tests: no faults, no lag, not logged --------------------------------
 
     async def truth(self, reference: str | None = None) -> JSONObject:
         charges = await self._db(self._store.charges, reference)
         return {"data": [charge.as_truth_entry() for charge in charges]}
 
-    async def received(self, reference: str | None = None) -> JSONObject:
-        records = await self._db(self._store.requests, reference)
+    async def beneficiaries_truth(self, reference: str | None = None) -> JSONObject:
+        beneficiaries = await self._db(self._store.beneficiaries, reference)
+        return {"data": [beneficiary.as_truth_entry() for beneficiary in beneficiaries]}
+
+    async def cards_truth(self, reference: str | None = None) -> JSONObject:
+        cards = await self._db(self._store.cards, reference)
+        return {"data": [card.as_truth_entry() for card in cards]}
+
+    async def card_actions_truth(
+        self, reference: str | None = None, card_id: str | None = None
+    ) -> JSONObject:
+        actions = await self._db(self._store.card_actions, reference, card_id)
+        return {"data": [action.as_truth_entry() for action in actions]}
+
+    async def received(
+        self, reference: str | None = None, resource: str | None = None
+    ) -> JSONObject:
+        records = await self._db(self._store.requests, reference, resource)
         return {"data": [record.as_entry() for record in records]}
 
     async def healthz(self) -> JSONObject:
@@ -292,13 +534,90 @@ class Sandbox:
             self._clock(),
             lambda first_attempt: scenario_for(method, first_attempt).effect,
         )
+        return await self._reply_to(
+            request, outcome, lambda first_attempt: scenario_for(method, first_attempt)
+        )
+
+    # -- other writes ---------------------------------------------------------------------
+
+    async def _act_on_card(
+        self, request: Request, card_id: str, action: CardActionName
+    ) -> Response:
+        parse = card_action_parser(card_id, action)
+        return await self._write(
+            request, "card_action", parse, self._store.act_on_card, card_id=card_id
+        )
+
+    async def _write(
+        self,
+        request: Request,
+        resource: Resource,
+        parse: Parse[W],
+        perform: Perform[W],
+        card_id: str | None = None,
+    ) -> Response:
+        payload = _parse_json_object(await request.body())
+        key = request.headers.get("Idempotency-Key")
+        # Logged first, like a charge submit, so every attempt counts, even ones that hang.
+        request_id = await self._log(
+            ReceivedRequest(
+                resource,
+                "submit",
+                _optional_str(payload, "reference"),
+                key,
+                self._clock(),
+                sandbox_scenario=_optional_str(payload, "sandbox_scenario"),
+                card_id=card_id,
+            )
+        )
+        reply = await self._answer_write(request, key, payload, request_id, parse, perform)
+        return await self._finish(request_id, reply)
+
+    async def _answer_write(
+        self,
+        request: Request,
+        key: str | None,
+        payload: JSONObject | None,
+        request_id: int,
+        parse: Parse[W],
+        perform: Perform[W],
+    ) -> Reply | None:
+        problem = _key_problem(key)
+        if problem is not None:
+            return Reply.of(problem)
+        assert key is not None  # _key_problem rejected a missing key
+        if payload is None:
+            return Reply.of(_invalid("parameter_invalid", "The body must be a JSON object."))
+        parsed = parse(key, payload)
+        if isinstance(parsed, StoredResponse):
+            return Reply.of(parsed)
+        name = parsed.scenario
+        outcome = await self._db(
+            perform,
+            request_id,
+            parsed.request,
+            self._clock(),
+            lambda first_attempt: write_scenario_for(name, first_attempt).effect,
+        )
+        return await self._reply_to(
+            request, outcome, lambda first_attempt: write_scenario_for(name, first_attempt)
+        )
+
+    async def _reply_to(
+        self,
+        request: Request,
+        outcome: WriteOutcome,
+        scenario_for_attempt: Callable[[bool], Scenario],
+    ) -> Reply | None:
         match outcome:
             case Replayed(response=stored):
                 return _replayed(stored)
             case KeyReused():
                 return Reply.of(KEY_REUSED)
+            case TargetMissing(resource=resource, id=missing_id):
+                return Reply.of(_no_such(resource, missing_id))
             case Processed(first_attempt=first_attempt, response=stored):
-                delivery = scenario_for(method, first_attempt).delivery
+                delivery = scenario_for_attempt(first_attempt).delivery
                 return await self._deliver(request, delivery, stored)
 
     async def _deliver(
@@ -331,7 +650,7 @@ class Sandbox:
 
     async def _answer_lookup(self, request: Request, reference: str | None) -> Reply | None:
         if not reference:
-            return Reply.of(_invalid("parameter_missing", "The reference parameter is required."))
+            return Reply.of(REFERENCE_MISSING)
         if await self._db(self._store.was_submitted_with, reference, BLACKHOLE_METHOD):
             return await self._after(request, self._timing.withhold_seconds, GATEWAY_TIMEOUT)
         charges = await self._db(self._store.charges, reference)
@@ -357,6 +676,9 @@ class Sandbox:
             # Best effort: the request log is for observers; the answer matters more.
             logger.warning("could not record response status for request %s", request_id)
         return reply.to_response()
+
+    async def _log(self, received: ReceivedRequest) -> int:
+        return await self._db(self._store.log_request, received)
 
     async def _db(self, function: Callable[[*Args], T], *args: *Args) -> T:
         # sqlite3 blocks; keep it off the event loop so withheld requests keep ticking.
@@ -391,7 +713,17 @@ def create_sandbox_app(
     app = FastAPI(title="intentledger sandbox provider")
     app.add_api_route("/v1/charges", sandbox.create_charge, methods=["POST"])
     app.add_api_route("/v1/charges", sandbox.lookup_charges, methods=["GET"])
+    app.add_api_route("/v1/beneficiaries", sandbox.create_beneficiary, methods=["POST"])
+    app.add_api_route("/v1/beneficiaries", sandbox.lookup_beneficiaries, methods=["GET"])
+    app.add_api_route("/v1/cards", sandbox.issue_card, methods=["POST"])
+    app.add_api_route("/v1/cards", sandbox.lookup_cards, methods=["GET"])
+    app.add_api_route("/v1/cards/{card_id}", sandbox.retrieve_card, methods=["GET"])
+    app.add_api_route("/v1/cards/{card_id}/freeze", sandbox.freeze_card, methods=["POST"])
+    app.add_api_route("/v1/cards/{card_id}/unfreeze", sandbox.unfreeze_card, methods=["POST"])
     app.add_api_route("/charges", sandbox.truth, methods=["GET"])
+    app.add_api_route("/beneficiaries", sandbox.beneficiaries_truth, methods=["GET"])
+    app.add_api_route("/cards", sandbox.cards_truth, methods=["GET"])
+    app.add_api_route("/card_actions", sandbox.card_actions_truth, methods=["GET"])
     app.add_api_route("/requests", sandbox.received, methods=["GET"])
     app.add_api_route("/healthz", sandbox.healthz, methods=["GET"])
     return app

@@ -1,5 +1,5 @@
-"""The sandbox provider's own truth: every charge it executed, every key it honours, every
-request it received.
+"""The sandbox provider's own truth: every charge, beneficiary, card and card action it
+executed, every key it honours, every request it received.
 
 It lives in one SQLite file so that any number of OS processes mounting the sandbox share a
 single truth, and so that the truth survives a restart. Calls block; callers run them in a
@@ -16,11 +16,28 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from datetime import datetime, timedelta
+from typing import Literal, Protocol
 
-JSONObject = dict[str, Any]
+from intentledger.providers.sandbox import resources
+from intentledger.providers.sandbox.resources import (
+    Beneficiary,
+    BeneficiaryRequest,
+    Card,
+    CardAction,
+    CardActionRequest,
+    CardRequest,
+)
+from intentledger.providers.sandbox.rows import (
+    JSONObject,
+    format_timestamp,
+    parse_timestamp,
+    where_equal,
+)
+
 RequestKind = Literal["submit", "lookup"]
+# What a request is about; `kind` stays submit | lookup so callers filtering on it still work.
+Resource = Literal["charge", "beneficiary", "card", "card_action"]
 
 BUSY_TIMEOUT_SECONDS = 30.0
 
@@ -58,17 +75,22 @@ _SCHEMA = (
     )
     """,
     "CREATE INDEX IF NOT EXISTS requests_by_reference ON requests (reference, kind)",
+    *resources.SCHEMA,
 )
 
+# Columns `requests` gained after its first release. A file written before them gets them in
+# place, and its existing rows -- all charge requests then -- take the defaults. No CHECK on
+# `resource`: SQLite cannot change one later without rebuilding the table.
+_ADDED_REQUEST_COLUMNS = (
+    ("resource", "TEXT NOT NULL DEFAULT 'charge'"),
+    ("sandbox_scenario", "TEXT"),
+    ("card_id", "TEXT"),
+)
 
-def format_timestamp(moment: datetime) -> str:
-    # A fixed-width form (always microseconds, always Z) so that text order is time order
-    # and ORDER BY executed_at is correct without parsing.
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_timestamp(text: str) -> datetime:
-    return datetime.fromisoformat(text).astimezone(UTC)
+# Indexes over the added columns, created once the columns exist.
+_SCHEMA_AFTER_UPGRADE = (
+    "CREATE INDEX IF NOT EXISTS requests_by_resource ON requests (resource, reference, kind)",
+)
 
 
 @dataclass(frozen=True)
@@ -77,6 +99,19 @@ class StoredResponse:
 
     status: int
     body: JSONObject
+
+
+class KeyedRequest(Protocol):
+    """What the key check needs from any write, whatever it writes."""
+
+    @property
+    def reference(self) -> str: ...
+
+    @property
+    def idempotency_key(self) -> str: ...
+
+    @property
+    def fingerprint(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -127,33 +162,54 @@ class Charge:
 
 
 @dataclass(frozen=True)
+class ReceivedRequest:
+    """A request as it arrived, logged before anything is decided about it."""
+
+    resource: Resource
+    kind: RequestKind
+    reference: str | None
+    idempotency_key: str | None
+    received_at: datetime
+    payment_method: str | None = None
+    sandbox_scenario: str | None = None
+    card_id: str | None = None
+
+
+@dataclass(frozen=True)
 class RequestRecord:
     id: int
+    resource: Resource
     kind: RequestKind
     reference: str | None
     idempotency_key: str | None
     payment_method: str | None
+    sandbox_scenario: str | None
+    card_id: str | None
     received_at: datetime
     response_status: int | None
 
     def as_entry(self) -> JSONObject:
         return {
             "id": self.id,
+            "resource": self.resource,
             "kind": self.kind,
             "reference": self.reference,
             "idempotency_key": self.idempotency_key,
             "payment_method": self.payment_method,
+            "sandbox_scenario": self.sandbox_scenario,
+            "card_id": self.card_id,
             "received_at": format_timestamp(self.received_at),
             "response_status": self.response_status,
         }
 
 
-# What a fresh (non-replayed) submit does to the truth, decided inside the transaction.
+# What a fresh (non-replayed) write does to the truth, decided inside the transaction.
 
 
 @dataclass(frozen=True)
-class ExecuteCharge:
-    """Move the money and keep the 200 against the key."""
+class Execute:
+    """Do the write (move the money, create the beneficiary, ...) and keep the 200 against the
+    key."""
 
 
 @dataclass(frozen=True)
@@ -168,10 +224,13 @@ class LeaveUnexecuted:
     """Nothing moved and nothing is kept, so a retry with the same key runs afresh."""
 
 
-Effect = ExecuteCharge | StoreRefusal | LeaveUnexecuted
+Effect = Execute | StoreRefusal | LeaveUnexecuted
+
+# Does an executing write inside the transaction and returns the answer to keep.
+Execution = Callable[[sqlite3.Connection, datetime], StoredResponse]
 
 
-# What the submit transaction found and did.
+# What the write transaction found and did.
 
 
 @dataclass(frozen=True)
@@ -185,12 +244,21 @@ class KeyReused:
 
 
 @dataclass(frozen=True)
+class TargetMissing:
+    """The write acts on a resource that does not exist: nothing executed, nothing kept, so
+    the key stays free for a corrected request."""
+
+    resource: str
+    id: str
+
+
+@dataclass(frozen=True)
 class Processed:
     first_attempt: bool
     response: StoredResponse | None
 
 
-SubmitOutcome = Replayed | KeyReused | Processed
+WriteOutcome = Replayed | KeyReused | TargetMissing | Processed
 
 
 class SandboxStore:
@@ -202,20 +270,23 @@ class SandboxStore:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def log_request(
-        self,
-        kind: RequestKind,
-        reference: str | None,
-        idempotency_key: str | None,
-        payment_method: str | None,
-        received_at: datetime,
-    ) -> int:
+    def log_request(self, received: ReceivedRequest) -> int:
         with self._connection() as conn:
             cursor = conn.execute(
                 "INSERT INTO requests"
-                " (kind, reference, idempotency_key, payment_method, received_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (kind, reference, idempotency_key, payment_method, format_timestamp(received_at)),
+                " (resource, kind, reference, idempotency_key, payment_method, sandbox_scenario,"
+                " card_id, received_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    received.resource,
+                    received.kind,
+                    received.reference,
+                    received.idempotency_key,
+                    received.payment_method,
+                    received.sandbox_scenario,
+                    received.card_id,
+                    format_timestamp(received.received_at),
+                ),
             )
             request_id = cursor.lastrowid
         assert request_id is not None  # an INSERT into a rowid table always yields one
@@ -233,22 +304,64 @@ class SandboxStore:
         request: ChargeRequest,
         now: datetime,
         effect_for: Callable[[bool], Effect],
-    ) -> SubmitOutcome:
+    ) -> WriteOutcome:
         """Check the key, decide, execute and keep the answer — all in one write transaction,
         so two requests carrying one key can never both execute, whichever process they hit.
 
         `effect_for` receives whether this is the first submit logged for the reference.
         """
-        with self._connection() as conn, _write_transaction(conn):
-            live = self._live_key(conn, request.idempotency_key, now)
-            if live is not None:
-                fingerprint, stored = live
-                if fingerprint != request.fingerprint:
-                    return KeyReused()
-                return Replayed(stored)
-            first_attempt = not _has_earlier_submit(conn, request.reference, request_id)
-            response = self._apply(conn, effect_for(first_attempt), request, now)
-            return Processed(first_attempt, response)
+
+        def execute(conn: sqlite3.Connection, now: datetime) -> StoredResponse:
+            return StoredResponse(200, _insert_charge(conn, request, now).as_provider_response())
+
+        return self._keyed_write("charge", request_id, request, now, effect_for, execute)
+
+    def create_beneficiary(
+        self,
+        request_id: int,
+        request: BeneficiaryRequest,
+        now: datetime,
+        effect_for: Callable[[bool], Effect],
+    ) -> WriteOutcome:
+        def execute(conn: sqlite3.Connection, now: datetime) -> StoredResponse:
+            beneficiary = resources.insert_beneficiary(conn, request, now)
+            return StoredResponse(200, beneficiary.as_provider_response())
+
+        return self._keyed_write("beneficiary", request_id, request, now, effect_for, execute)
+
+    def issue_card(
+        self,
+        request_id: int,
+        request: CardRequest,
+        now: datetime,
+        effect_for: Callable[[bool], Effect],
+    ) -> WriteOutcome:
+        def execute(conn: sqlite3.Connection, now: datetime) -> StoredResponse:
+            return StoredResponse(
+                200, resources.insert_card(conn, request, now).as_provider_response()
+            )
+
+        return self._keyed_write("card", request_id, request, now, effect_for, execute)
+
+    def act_on_card(
+        self,
+        request_id: int,
+        request: CardActionRequest,
+        now: datetime,
+        effect_for: Callable[[bool], Effect],
+    ) -> WriteOutcome:
+        def execute(conn: sqlite3.Connection, now: datetime) -> StoredResponse:
+            card = resources.apply_card_action(conn, request, now)
+            return StoredResponse(200, card.as_provider_response())
+
+        def card_missing(conn: sqlite3.Connection) -> TargetMissing | None:
+            if resources.find_card(conn, request.card_id) is None:
+                return TargetMissing("card", request.card_id)
+            return None
+
+        return self._keyed_write(
+            "card_action", request_id, request, now, effect_for, execute, card_missing
+        )
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -262,21 +375,37 @@ class SandboxStore:
             rows = conn.execute(query + " ORDER BY executed_at, rowid", params).fetchall()
         return [_charge_from_row(row) for row in rows]
 
-    def requests(self, reference: str | None = None) -> list[RequestRecord]:
-        query = "SELECT * FROM requests"
-        params: tuple[str, ...] = ()
-        if reference is not None:
-            query += " WHERE reference = ?"
-            params = (reference,)
+    def beneficiaries(self, reference: str | None = None) -> list[Beneficiary]:
         with self._connection() as conn:
-            rows = conn.execute(query + " ORDER BY id", params).fetchall()
+            return resources.select_beneficiaries(conn, reference)
+
+    def cards(self, reference: str | None = None) -> list[Card]:
+        with self._connection() as conn:
+            return resources.select_cards(conn, reference)
+
+    def card(self, card_id: str) -> Card | None:
+        with self._connection() as conn:
+            return resources.find_card(conn, card_id)
+
+    def card_actions(
+        self, reference: str | None = None, card_id: str | None = None
+    ) -> list[CardAction]:
+        with self._connection() as conn:
+            return resources.select_card_actions(conn, reference, card_id)
+
+    def requests(
+        self, reference: str | None = None, resource: str | None = None
+    ) -> list[RequestRecord]:
+        where, params = where_equal(reference=reference, resource=resource)
+        with self._connection() as conn:
+            rows = conn.execute(f"SELECT * FROM requests{where} ORDER BY id", params).fetchall()
         return [_request_from_row(row) for row in rows]
 
     def was_submitted_with(self, reference: str, payment_method: str) -> bool:
         with self._connection() as conn:
             row = conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM requests WHERE kind = 'submit'"
-                " AND reference = ? AND payment_method = ?)",
+                "SELECT EXISTS (SELECT 1 FROM requests WHERE resource = 'charge'"
+                " AND kind = 'submit' AND reference = ? AND payment_method = ?)",
                 (reference, payment_method),
             ).fetchone()
         return bool(row[0])
@@ -285,7 +414,32 @@ class SandboxStore:
         with self._connection() as conn:
             conn.execute("SELECT 1").fetchone()
 
-    # -- inside the submit transaction ------------------------------------------------------
+    # -- the write transaction ------------------------------------------------------------
+
+    def _keyed_write(
+        self,
+        resource: Resource,
+        request_id: int,
+        request: KeyedRequest,
+        now: datetime,
+        effect_for: Callable[[bool], Effect],
+        execute: Execution,
+        target_missing: Callable[[sqlite3.Connection], TargetMissing | None] | None = None,
+    ) -> WriteOutcome:
+        """One write transaction for any kind of write: the key first (a live key replays or
+        conflicts whatever else has changed since), then the target, then the effect."""
+        with self._connection() as conn, _write_transaction(conn):
+            live = self._live_key(conn, request.idempotency_key, now)
+            if live is not None:
+                fingerprint, stored = live
+                if fingerprint != request.fingerprint:
+                    return KeyReused()
+                return Replayed(stored)
+            if target_missing is not None and (missing := target_missing(conn)) is not None:
+                return missing
+            first_attempt = not _has_earlier_submit(conn, resource, request.reference, request_id)
+            response = _apply(conn, effect_for(first_attempt), request, now, execute)
+            return Processed(first_attempt, response)
 
     def _live_key(
         self, conn: sqlite3.Connection, key: str, now: datetime
@@ -299,20 +453,6 @@ class SandboxStore:
             return None
         stored = StoredResponse(row["response_status"], json.loads(row["response_body"]))
         return row["request_fingerprint"], stored
-
-    def _apply(
-        self, conn: sqlite3.Connection, effect: Effect, request: ChargeRequest, now: datetime
-    ) -> StoredResponse | None:
-        match effect:
-            case ExecuteCharge():
-                charge = _insert_charge(conn, request, now)
-                response = StoredResponse(200, charge.as_provider_response())
-            case StoreRefusal(response=response):
-                pass
-            case LeaveUnexecuted():
-                return None
-        _keep_response(conn, request, now, response)
-        return response
 
     # -- connections ------------------------------------------------------------------------
 
@@ -346,8 +486,13 @@ class SandboxStore:
                 # WAL lets readers (lookups, the truth) proceed while a submit holds the
                 # write lock; the mode is persistent in the file, so this is a one-off.
                 conn.execute("PRAGMA journal_mode = WAL")
+                # One write transaction: two processes upgrading one old file cannot both see
+                # a column missing and both add it.
                 with _write_transaction(conn):
                     for statement in _SCHEMA:
+                        conn.execute(statement)
+                    _add_missing_request_columns(conn)
+                    for statement in _SCHEMA_AFTER_UPGRADE:
                         conn.execute(statement)
             finally:
                 conn.close()
@@ -367,14 +512,44 @@ def _write_transaction(conn: sqlite3.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
-def _has_earlier_submit(conn: sqlite3.Connection, reference: str, request_id: int) -> bool:
+def _add_missing_request_columns(conn: sqlite3.Connection) -> None:
+    present = {row["name"] for row in conn.execute("PRAGMA table_info(requests)").fetchall()}
+    for name, definition in _ADDED_REQUEST_COLUMNS:
+        if name not in present:
+            conn.execute(f"ALTER TABLE requests ADD COLUMN {name} {definition}")
+
+
+def _has_earlier_submit(
+    conn: sqlite3.Connection, resource: Resource, reference: str, request_id: int
+) -> bool:
     # Comparing ids (not counting rows) keeps "first attempt" well defined when several
     # submits for one reference arrive together: the earliest logged one is the first.
+    # Per resource: a card issued under an operation's reference is not an earlier attempt
+    # of a charge (or a beneficiary) under the same reference.
     row = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM requests WHERE kind = 'submit' AND reference = ? AND id < ?)",
-        (reference, request_id),
+        "SELECT EXISTS (SELECT 1 FROM requests WHERE resource = ? AND kind = 'submit'"
+        " AND reference = ? AND id < ?)",
+        (resource, reference, request_id),
     ).fetchone()
     return bool(row[0])
+
+
+def _apply(
+    conn: sqlite3.Connection,
+    effect: Effect,
+    request: KeyedRequest,
+    now: datetime,
+    execute: Execution,
+) -> StoredResponse | None:
+    match effect:
+        case Execute():
+            response = execute(conn, now)
+        case StoreRefusal(response=response):
+            pass
+        case LeaveUnexecuted():
+            return None
+    _keep_response(conn, request, now, response)
+    return response
 
 
 def _insert_charge(conn: sqlite3.Connection, request: ChargeRequest, now: datetime) -> Charge:
@@ -405,7 +580,7 @@ def _insert_charge(conn: sqlite3.Connection, request: ChargeRequest, now: dateti
 
 
 def _keep_response(
-    conn: sqlite3.Connection, request: ChargeRequest, now: datetime, response: StoredResponse
+    conn: sqlite3.Connection, request: KeyedRequest, now: datetime, response: StoredResponse
 ) -> None:
     conn.execute(
         "INSERT INTO idempotency_keys"
@@ -436,10 +611,13 @@ def _charge_from_row(row: sqlite3.Row) -> Charge:
 def _request_from_row(row: sqlite3.Row) -> RequestRecord:
     return RequestRecord(
         id=row["id"],
+        resource=row["resource"],
         kind=row["kind"],
         reference=row["reference"],
         idempotency_key=row["idempotency_key"],
         payment_method=row["payment_method"],
+        sandbox_scenario=row["sandbox_scenario"],
+        card_id=row["card_id"],
         received_at=parse_timestamp(row["received_at"]),
         response_status=row["response_status"],
     )

@@ -1,0 +1,243 @@
+"""Synchronous writes over HTTP: beneficiaries and cards.
+
+The provider is called in the request path: a definite answer is 201 with the
+result; a lost one is 202 with the operation UNKNOWN (and a card marked
+`indeterminate`) — never a 500, never a false failure. Equal retries are 200
+with `Idempotent-Replayed: true` and the operation's current state.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import JSONResponse
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from intentledger.api.auth import Principal, authenticate
+from intentledger.api.bodies import read_json_object
+from intentledger.api.documents import json_value, operation_document
+from intentledger.api.problems import TITLES, Problem, invalid_body_response
+from intentledger.api.validation import valid_idempotency_key
+from intentledger.domain.canonical import request_hash
+from intentledger.domain.iban import normalise_iban
+from intentledger.domain.states import State
+from intentledger.engine import cards
+from intentledger.engine.intake import IdempotencyKeyReused, Intent, Prepare
+from intentledger.engine.refusal import Refusal
+from intentledger.engine.sync_writes import SyncWriter, WriteResult
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record
+
+router = APIRouter(tags=["beneficiaries and cards"])
+Authenticated = Annotated[Principal, Depends(authenticate)]
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+Scenario = Literal["ok", "declined", "timeout_after_execute", "timeout_before_execute"]
+
+
+class ScenarioBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    sandbox_scenario: Scenario | None = Field(
+        default=None, description="Sandbox only: the fault the sandbox provider plays."
+    )
+
+
+class BeneficiaryRequest(ScenarioBody):
+    name: str = Field(min_length=1, max_length=140)
+    iban: Annotated[str, AfterValidator(normalise_iban)]
+
+
+class CardRequest(ScenarioBody):
+    label: str | None = Field(default=None, max_length=100)
+
+
+def card_document(card: Record) -> dict[str, Any]:
+    return {
+        "id": card.card_id,
+        "label": card.label,
+        "status": card.status,
+        "indeterminate": card.indeterminate,
+        "pending_operation_id": card.pending_operation_id,
+        "provider_card_id": card.provider_card_id,
+        "created_at": json_value(card.created_at),
+        "updated_at": json_value(card.updated_at),
+    }
+
+
+async def _validated(request: Request, model: type[ScenarioBody]) -> dict[str, Any] | JSONResponse:
+    raw = await read_json_object(request)
+    try:
+        body = model.model_validate(raw).model_dump(mode="json", exclude_none=True)
+    except ValidationError as exc:
+        return invalid_body_response(request.url.path, exc.errors())
+    if "sandbox_scenario" in body and request.app.state.provider_name != "sandbox":
+        raise Problem(
+            422,
+            "sandbox-only",
+            "Unprocessable Content",
+            "sandbox_scenario is accepted only while the provider is the sandbox",
+        )
+    return body
+
+
+async def _write(
+    request: Request,
+    principal: Principal,
+    route: str,
+    kind: str,
+    key: str | None,
+    body: dict[str, Any],
+    prepare: Prepare | None = None,
+    hash_extra: dict[str, Any] | None = None,
+) -> WriteResult:
+    valid_key = valid_idempotency_key(key)
+    intent = Intent(
+        actor=principal.actor,
+        route=route,
+        idempotency_key=valid_key,
+        request_hash=request_hash(principal.actor, route, {**body, **(hash_extra or {})}),
+        body=body,
+        provider=request.app.state.provider_name,
+        kind=kind,
+    )
+    writer: SyncWriter | None = request.app.state.sync_writer
+    if writer is None:
+        raise Problem(503, "no-provider", "Service Unavailable", "no provider is configured")
+    try:
+        return await (writer.write(intent, prepare) if prepare else writer.write(intent))
+    except Refusal as exc:
+        raise Problem(exc.status, exc.slug, TITLES[exc.status], exc.detail) from exc
+    except IdempotencyKeyReused as exc:
+        raise Problem(
+            409,
+            "idempotency-key-reused",
+            "Conflict",
+            "this Idempotency-Key was already used with a different request",
+        ) from exc
+
+
+def _status(result: WriteResult) -> int:
+    if result.replayed:
+        return 200
+    return 201 if result.operation.state == State.OUTCOME_KNOWN else 202
+
+
+def _headers(result: WriteResult) -> dict[str, str]:
+    return {"Idempotent-Replayed": "true"} if result.replayed else {}
+
+
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
+
+
+@router.post(
+    "/v1/beneficiaries",
+    summary="Create a beneficiary at the provider (synchronous)",
+    status_code=201,
+    openapi_extra=_schema(BeneficiaryRequest),
+)
+async def create_beneficiary(
+    request: Request, principal: Authenticated, idempotency_key: IdempotencyKey = None
+) -> JSONResponse:
+    valid_idempotency_key(idempotency_key)
+    body = await _validated(request, BeneficiaryRequest)
+    if isinstance(body, JSONResponse):
+        return body
+    result = await _write(
+        request, principal, "POST /v1/beneficiaries", "beneficiary", idempotency_key, body
+    )
+    return JSONResponse(
+        operation_document(result.operation), status_code=_status(result), headers=_headers(result)
+    )
+
+
+async def _card_response(request: Request, result: WriteResult) -> JSONResponse:
+    async with request.app.state.engine.connect() as conn:
+        card = await Ledger(conn).get_card(result.operation.request_context["card_id"])
+    assert card is not None
+    document = card_document(card)
+    document["operation"] = operation_document(result.operation)
+    return JSONResponse(document, status_code=_status(result), headers=_headers(result))
+
+
+@router.post(
+    "/v1/cards",
+    summary="Issue a card (synchronous)",
+    status_code=201,
+    openapi_extra=_schema(CardRequest),
+)
+async def issue_card(
+    request: Request, principal: Authenticated, idempotency_key: IdempotencyKey = None
+) -> JSONResponse:
+    valid_idempotency_key(idempotency_key)
+    body = await _validated(request, CardRequest)
+    if isinstance(body, JSONResponse):
+        return body
+    prepare = cards.prepare_issue(cards.new_card_id(), body.get("label"))
+    result = await _write(
+        request, principal, "POST /v1/cards", "card_issue", idempotency_key, body, prepare
+    )
+    return await _card_response(request, result)
+
+
+async def _card_action(
+    request: Request, principal: Principal, card_id: str, kind: str, key: str | None
+) -> JSONResponse:
+    valid_idempotency_key(key)
+    body = await _validated(request, ScenarioBody)
+    if isinstance(body, JSONResponse):
+        return body
+    verb = kind.removeprefix("card_")
+    result = await _write(
+        request,
+        principal,
+        f"POST /v1/cards/{{id}}/{verb}",
+        kind,
+        key,
+        body,
+        cards.prepare_action(card_id, kind),
+        hash_extra={"card_id": card_id},
+    )
+    return await _card_response(request, result)
+
+
+@router.post(
+    "/v1/cards/{card_id}/freeze",
+    summary="Freeze a card (synchronous)",
+    openapi_extra=_schema(ScenarioBody),
+)
+async def freeze_card(
+    card_id: str,
+    request: Request,
+    principal: Authenticated,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    return await _card_action(request, principal, card_id, "card_freeze", idempotency_key)
+
+
+@router.post(
+    "/v1/cards/{card_id}/unfreeze",
+    summary="Unfreeze a card (synchronous)",
+    openapi_extra=_schema(ScenarioBody),
+)
+async def unfreeze_card(
+    card_id: str,
+    request: Request,
+    principal: Authenticated,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    return await _card_action(request, principal, card_id, "card_unfreeze", idempotency_key)
+
+
+@router.get("/v1/cards/{card_id}", summary="A card's projection")
+async def get_card(card_id: str, request: Request, principal: Authenticated) -> JSONResponse:
+    async with request.app.state.engine.connect() as conn:
+        card = await Ledger(conn).get_card(card_id)
+    if card is None or card.actor != principal.actor:
+        raise Problem(404, "card-not-found", "Not Found", f"no card {card_id!r}")
+    return JSONResponse(card_document(card))

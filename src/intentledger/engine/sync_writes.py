@@ -1,0 +1,62 @@
+"""Writes that must finish in the request path: beneficiaries and card actions.
+
+Same rule as the dispatcher, inside the request: the intent is made durable
+with its submit row already leased to this API process, then this process
+delivers that very row through the dispatcher (commit SUBMITTING, call,
+record). If the process dies mid-call, the row's lease runs out and the
+sweeper or a worker's resumed delivery makes the outcome UNKNOWN; nothing
+ever calls the provider a second time on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.engine.clock import Clock
+from intentledger.engine.dispatcher import Dispatcher
+from intentledger.engine.intake import Intent, Prepare, accept, reserve_under_mandate
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    operation: Record
+    replayed: bool
+
+
+class SyncWriter:
+    def __init__(
+        self, engine: AsyncEngine, clock: Clock, dispatcher: Dispatcher, lease: timedelta
+    ) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.dispatcher = dispatcher
+        self.lease = lease
+
+    async def write(self, intent: Intent, prepare: Prepare = reserve_under_mandate) -> WriteResult:
+        result = await accept(
+            self.engine,
+            self.clock,
+            intent,
+            prepare=prepare,
+            hold=(self.dispatcher.worker_id, self.lease),
+        )
+        operation_id = str(
+            result.operation["operation_id"]
+            if isinstance(result.operation, dict)
+            else result.operation.operation_id
+        )
+        if not result.replayed:
+            assert result.held_row_id is not None
+            async with self.engine.connect() as conn:
+                row = await Ledger(conn).get_outbox_row(result.held_row_id)
+            assert row is not None
+            await self.dispatcher.deliver_submit(row)
+        async with self.engine.connect() as conn:
+            operation = await Ledger(conn).get_operation(operation_id)
+        assert operation is not None
+        return WriteResult(operation, result.replayed)
