@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test setup lint typecheck unit clean
+.PHONY: run test setup lint typecheck chaos clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ typecheck: setup
 # PostgreSQL server that scripts/with-postgres starts and removes.
 test: lint typecheck
 	scripts/with-postgres $(BIN)/python -m pytest
+
+# The full fault run of docs/reliability.md, on a throwaway PostgreSQL server.
+chaos: setup
+	scripts/with-postgres sh -c '$(BIN)/intentledger chaos --database-url "$$INTENTLEDGER_TEST_POSTGRES_URL" --restart-db-cmd "$$INTENTLEDGER_TEST_POSTGRES_RESTART"'
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

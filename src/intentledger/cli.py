@@ -259,5 +259,45 @@ def demo(
     raise typer.Exit(run_demo(Console(), timeout, keep))
 
 
+@app.command()
+def chaos(
+    database_url: Annotated[
+        str, typer.Option("--database-url", help="A PostgreSQL URL (required).")
+    ],
+    operations: Annotated[int, typer.Option(help="Payments to send.")] = 2000,
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 3,
+    api: Annotated[int, typer.Option(help="API processes.")] = 2,
+    kill_every: Annotated[float, typer.Option(help="Seconds between SIGKILLs (randomised).")] = 2,
+    restart_db_cmd: Annotated[
+        str | None, typer.Option(help="Shell command that restarts the database, run once.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 1,
+    timeout: Annotated[float, typer.Option(help="Seconds to let the system drain.")] = 600,
+    break_for_tests: Annotated[str | None, typer.Option(hidden=True)] = None,
+) -> None:
+    """Payments under SIGKILLs, a database restart and provider faults, checked against
+    the provider's truth. The last line is a JSON report; any violation exits 1."""
+    from intentledger.chaos import ChaosConfig, print_report, run_chaos
+    from intentledger.store.database import dialect_of
+
+    if dialect_of(database_url) != "postgresql":
+        err.print("[red]chaos runs on PostgreSQL: pass --database-url postgresql://...[/red]")
+        raise typer.Exit(2)
+    config = ChaosConfig(
+        database_url,
+        operations,
+        workers,
+        api,
+        kill_every,
+        restart_db_cmd,
+        seed,
+        timeout,
+        break_for_tests,
+    )
+    report = asyncio.run(run_chaos(config, Console(stderr=True)))
+    print_report(report, Console(stderr=True))
+    raise typer.Exit(1 if report["violations"] else 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

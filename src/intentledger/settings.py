@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -41,3 +41,7 @@ class Settings(BaseSettings):
     sweep_interval: Duration = timedelta(seconds=15)
     # Optional TOML file of per-provider safety rules (see safety_config.py).
     safety_rules: str | None = None
+    # TEST ONLY: deliberately break the engine so the chaos harness can prove it
+    # catches real bugs. "blind-retry" resends UNKNOWN operations on a timer with
+    # a fresh key and no decision. Never set this outside that test.
+    break_for_tests: Literal["blind-retry"] | None = None

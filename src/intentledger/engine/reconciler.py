@@ -27,7 +27,7 @@ from intentledger.engine.audit import AUDIT_ATTEMPTS, schedule_duplicate_audit
 from intentledger.engine.clock import Clock
 from intentledger.engine.safety_review import PolicyFor, RulesFor, run_safety_review
 from intentledger.engine.unknown import mark_unknown
-from intentledger.providers.base import Provider, ProviderLookup
+from intentledger.providers.base import Provider, ProviderLookup, ProviderRequest
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -54,7 +54,9 @@ class Reconciler:
         rules_for: RulesFor,
         worker_id: str,
         jitter: Callable[[], float] = random.random,
+        blind_retry_for_tests: bool = False,
     ) -> None:
+        self.blind_retry_for_tests = blind_retry_for_tests
         self.engine = engine
         self.provider = provider
         self.clock = clock
@@ -68,6 +70,8 @@ class Reconciler:
         operation = await self._begin_check(row)
         if operation is None:
             return
+        if self.blind_retry_for_tests:
+            await self._blind_retry(operation)
         lookup = await self.provider.lookup(operation_lookup(operation))
         await self._record_check(row, lookup)
 
@@ -106,6 +110,16 @@ class Reconciler:
                     delay = recheck_delay(audits, self.recheck_backoff, jitter=self.jitter())
                     await ledger.enqueue(row.operation_id, "audit", now + delay, now)
             await ledger.finish_outbox_row(row.id, now)
+
+    async def _blind_retry(self, operation: Record) -> None:
+        """THE BUG the chaos harness must catch (settings.break_for_tests): a timer
+        resends an UNKNOWN operation with a new key and records nothing."""
+        body = {k: v for k, v in operation.request_context["body"].items() if k != "mandate_id"}
+        await self.provider.submit(
+            ProviderRequest(
+                operation.kind, operation.operation_id, f"{operation.operation_id}:blind", body
+            )
+        )
 
     async def _begin_check(self, row: Record) -> Record | None:
         async with self.engine.begin() as conn:

@@ -1,0 +1,464 @@
+"""`intentledger chaos`: thousands of payments under SIGKILLs, a database restart
+and provider faults, then the ledger checked against the provider's own truth.
+
+Everything is a real OS process: the sandbox, API processes, workers. The
+checker reads the ledger tables and the sandbox's executed charges and counts
+violations; any violation makes the exit code non-zero. The last line printed is
+one JSON object with the counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from sqlalchemy import create_engine, select
+
+from intentledger.api.auth import create_api_key
+from intentledger.engine.clock import system_clock
+from intentledger.store.database import create_ledger_engine, sync_url
+from intentledger.store.migrate import upgrade
+from intentledger.store.tables import attempts, decisions, operations, outbox
+
+# Every DESIGN.md scenario, weighted towards the ordinary case.
+SCENARIOS = {
+    "pm_ok": 40,
+    "pm_declined": 8,
+    "pm_slow": 6,
+    "pm_timeout_after_execute": 10,
+    "pm_timeout_before_execute": 8,
+    "pm_lookup_lag": 8,
+    "pm_unavailable": 8,
+    "pm_rate_limited": 8,
+    "pm_blackhole": 4,
+}
+FINAL = {"OUTCOME_KNOWN", "CANCELLED"}
+# Rules under which a second execution is a deliberate, recorded new request.
+NEW_REQUEST_RULES = ("operator_approved_new_request", "new_request_after_not_found")
+VIOLATIONS = (
+    "duplicates",
+    "lost",
+    "contradictions",
+    "unauthorised_resubmissions",
+    "orphans",
+    "cancelled_but_charged",
+    "reused_key_accepted",
+)
+
+
+@dataclass
+class ChaosConfig:
+    database_url: str
+    operations: int = 2000
+    workers: int = 3
+    api: int = 2
+    kill_every: float = 2.0
+    restart_db_cmd: str | None = None
+    seed: int = 1
+    timeout: float = 600.0
+    break_for_tests: str | None = None
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    accepted: set[str] = field(default_factory=set)
+    refused: Counter[int] = field(default_factory=Counter)
+    client_retries: int = 0
+    key_reuse_checks: int = 0
+    reused_key_accepted: int = 0
+    kills: int = 0
+    db_restarts: int = 0
+    suspended_mandates: int = 0
+    phase: str = "starting"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Fleet:
+    """The processes under test; any of them may be killed and restarted."""
+
+    def __init__(self, config: ChaosConfig, workdir: Path) -> None:
+        self.config = config
+        self.workdir = workdir
+        self.sandbox_port = _free_port()
+        self.sandbox_url = f"http://127.0.0.1:{self.sandbox_port}/_sandbox"
+        self.api_ports = [_free_port() for _ in range(config.api)]
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env = {
+            **os.environ,
+            # Short timings so that kills, retries and checks all happen within a run.
+            "INTENTLEDGER_DATABASE_URL": config.database_url,
+            "INTENTLEDGER_PROVIDER_URL": self.sandbox_url,
+            "INTENTLEDGER_SUBMIT_TIMEOUT": "1s",
+            "INTENTLEDGER_LEASE": "5s",
+            "INTENTLEDGER_STALE_SUBMITTING": "5s",
+            "INTENTLEDGER_RECHECK_BACKOFF": "1s",
+            "INTENTLEDGER_SWEEP_INTERVAL": "1s",
+            "INTENTLEDGER_SANDBOX_KEY_RETENTION": "30s",
+            "INTENTLEDGER_SANDBOX_DATABASE": str(workdir / "sandbox.db"),
+        }
+        if config.break_for_tests:
+            self.env["INTENTLEDGER_BREAK_FOR_TESTS"] = config.break_for_tests
+
+    def _command(self, name: str) -> list[str]:
+        cli = [sys.executable, "-m", "intentledger.cli"]
+        if name == "sandbox":
+            return [*cli, "sandbox", "--port", str(self.sandbox_port)]
+        if name.startswith("api"):
+            port = self.api_ports[int(name.removeprefix("api"))]
+            return [*cli, "serve", "--no-workers", "--port", str(port)]
+        return [*cli, "worker", "--concurrency", "16"]
+
+    def start(self, name: str) -> None:
+        log = (self.workdir / f"{name}.log").open("ab")
+        self.procs[name] = subprocess.Popen(
+            self._command(name),
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+
+    def start_all(self) -> None:
+        self.start("sandbox")
+        for n in range(self.config.api):
+            self.start(f"api{n}")
+        for n in range(self.config.workers):
+            self.start(f"worker{n}")
+
+    def victims(self) -> list[str]:
+        return [name for name in self.procs if name != "sandbox"]
+
+    def kill_and_restart(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        self.start(name)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+async def _wait_healthy(urls: list[str], within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=2) as client:
+        for url in urls:
+            while True:
+                try:
+                    if (await client.get(url)).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{url} did not become healthy")
+                await asyncio.sleep(0.1)
+
+
+class Load:
+    """Drives payments over HTTP with random concurrency, retrying like a client."""
+
+    def __init__(self, config: ChaosConfig, fleet: Fleet, token: str, tally: Tally) -> None:
+        self.config = config
+        self.fleet = fleet
+        self.tally = tally
+        self.rng = random.Random(config.seed)
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.mandates: list[str] = []
+
+    def _url(self) -> str:
+        return f"http://127.0.0.1:{self.rng.choice(self.fleet.api_ports)}"
+
+    async def _post(
+        self, client: httpx.AsyncClient, path: str, body: Any, key: str
+    ) -> httpx.Response:
+        """POST until some API process answers with other than a 5xx: the same key
+        and body every time, as a careful client retries after a lost answer."""
+        for attempt in range(200):
+            try:
+                response = await client.post(
+                    self._url() + path, json=body, headers={**self.headers, "Idempotency-Key": key}
+                )
+                if response.status_code < 500:
+                    return response
+            except httpx.HTTPError:
+                pass
+            self.tally.client_retries += attempt == 0
+            await asyncio.sleep(0.05 + self.rng.random() * 0.2)
+        raise RuntimeError(f"no API process answered {path} with key {key}")
+
+    async def create_mandates(self, client: httpx.AsyncClient, count: int) -> None:
+        for n in range(count):
+            body = {"currency": "EUR", "max_amount": 5000, "total_limit": 1_000_000}
+            response = await self._post(client, "/v1/mandates", body, f"chaos-md-{n}")
+            self.mandates.append(response.json()["id"])
+
+    async def one_payment(self, client: httpx.AsyncClient, n: int) -> None:
+        method = self.rng.choices(list(SCENARIOS), weights=list(SCENARIOS.values()))[0]
+        body: dict[str, Any] = {
+            "amount": 100 + n % 900,
+            "currency": "EUR",
+            "payment_method": method,
+        }
+        if self.mandates and self.rng.random() < 0.15:
+            body["mandate_id"] = self.rng.choice(self.mandates)
+        key = f"chaos-{self.config.seed}-{n}"
+        self.tally.sent += 1
+        response = await self._post(client, "/v1/payments", body, key)
+        if response.status_code in (200, 202):
+            self.tally.accepted.add(response.json()["id"])
+        else:
+            self.tally.refused[response.status_code] += 1
+        if self.rng.random() < 0.05:  # the same key again, same body: a replay
+            await self._post(client, "/v1/payments", body, key)
+        if self.rng.random() < 0.03:  # the same key, another body: must be refused
+            altered = {**body, "amount": body["amount"] + 1}
+            again = await self._post(client, "/v1/payments", altered, key)
+            self.tally.key_reuse_checks += 1
+            self.tally.reused_key_accepted += again.status_code in (200, 202)
+
+    async def suspend_some(self, client: httpx.AsyncClient) -> None:
+        for mandate_id in self.mandates[: max(1, len(self.mandates) // 2)]:
+            await self._post(
+                client, f"/v1/mandates/{mandate_id}/suspend", None, f"chaos-suspend-{mandate_id}"
+            )
+            self.tally.suspended_mandates += 1
+
+    async def run(self) -> None:
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(timeout=10, limits=limits) as client:
+            await self.create_mandates(client, 4)
+            pending = list(range(self.config.operations))
+            half = len(pending) // 2
+            while pending:
+                # Random concurrency: bursts of 1 to 32 requests at once.
+                size = self.rng.randint(1, 32)
+                burst, pending = pending[:size], pending[size:]
+                await asyncio.gather(*(self.one_payment(client, n) for n in burst))
+                if half and self.config.operations - len(pending) >= half:
+                    half = 0
+                    await self.suspend_some(client)
+
+
+async def _chaos_monkey(
+    config: ChaosConfig, fleet: Fleet, tally: Tally, stop: asyncio.Event, rng: random.Random
+) -> None:
+    restart_at = rng.uniform(0.3, 0.6)  # once, somewhere mid-run
+    started = time.monotonic()
+    expected = max(config.operations / 40, 10.0)  # rough run length, seconds
+    while not stop.is_set():
+        pause = config.kill_every * rng.uniform(0.5, 1.5)
+        try:
+            await asyncio.wait_for(stop.wait(), pause)
+            return
+        except TimeoutError:
+            pass
+        victim = rng.choice(fleet.victims())
+        await asyncio.to_thread(fleet.kill_and_restart, victim)
+        tally.kills += 1
+        progress = (time.monotonic() - started) / expected
+        if config.restart_db_cmd and not tally.db_restarts and progress >= restart_at:
+            done = await asyncio.to_thread(
+                subprocess.run, shlex.split(config.restart_db_cmd), capture_output=True
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"database restart failed: {done.stderr.decode()[-500:]}")
+            tally.db_restarts += 1
+
+
+def _pending_work(database_url: str) -> tuple[int, Counter[str]]:
+    engine = create_engine(sync_url(database_url))
+    try:
+        with engine.connect() as conn:
+            pending = conn.execute(select(outbox.c.id).where(outbox.c.done_at.is_(None))).all()
+            states = Counter(row.state for row in conn.execute(select(operations.c.state)))
+    finally:
+        engine.dispose()
+    return len(pending), states
+
+
+def _view(tally: Tally, states: Counter[str], pending: int, started: float) -> Table:
+    table = Table(title=f"intentledger chaos — {tally.phase} — {time.monotonic() - started:.0f}s")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    rows = [
+        ("payments sent", tally.sent),
+        ("accepted (2xx)", len(tally.accepted)),
+        ("client retries after a lost answer", tally.client_retries),
+        ("processes SIGKILLed", tally.kills),
+        ("database restarts", tally.db_restarts),
+        ("mandates suspended", tally.suspended_mandates),
+        ("outbox rows pending", pending),
+    ]
+    rows += [(f"state {state}", count) for state, count in sorted(states.items())]
+    for what, count in rows:
+        table.add_row(what, str(count))
+    return table
+
+
+def check(database_url: str, sandbox_url: str, tally: Tally) -> dict[str, Any]:
+    """Compare the ledger with the provider's truth."""
+    charges = httpx.get(f"{sandbox_url}/charges", timeout=30).json()["data"]
+    executed = Counter(c["reference"] for c in charges)
+    engine = create_engine(sync_url(database_url))
+    try:
+        with engine.connect() as conn:
+            ops = {row.operation_id: row for row in conn.execute(select(operations))}
+            later_attempts = conn.execute(select(attempts).where(attempts.c.number > 1)).all()
+            allowed = Counter(
+                row.operation_id
+                for row in conn.execute(
+                    select(decisions.c.operation_id).where(decisions.c.rule.in_(NEW_REQUEST_RULES))
+                )
+            )
+            last_rule = dict(
+                conn.execute(
+                    select(decisions.c.operation_id, decisions.c.rule).order_by(decisions.c.id)
+                ).all()
+            )
+    finally:
+        engine.dispose()
+    open_ops = [op for op in ops.values() if op.state not in FINAL]
+    unresolved = Counter(op.state for op in open_ops)
+    return {
+        "duplicates": sum(1 for ref, n in executed.items() if n > 1 and n - 1 > allowed[ref]),
+        "lost": sum(
+            1
+            for op_id in tally.accepted
+            if op_id not in ops
+            or (ops[op_id].state not in FINAL and ops[op_id].next_action in (None, "none"))
+        ),
+        "contradictions": sum(
+            1
+            for op in ops.values()
+            if op.kind == "payment"
+            and op.state == "OUTCOME_KNOWN"
+            and (op.outcome == "succeeded") != (executed[op.operation_id] > 0)
+        ),
+        "unauthorised_resubmissions": sum(1 for a in later_attempts if a.decision_id is None),
+        "orphans": sum(n for ref, n in executed.items() if ref not in ops),
+        "cancelled_but_charged": sum(
+            1 for op in ops.values() if op.state == "CANCELLED" and executed[op.operation_id]
+        ),
+        "reused_key_accepted": tally.reused_key_accepted,
+        "unresolved": sum(unresolved.values()),
+        "unresolved_by_state": dict(sorted(unresolved.items())),
+        "unresolved_next_action": dict(Counter(op.next_action for op in open_ops)),
+        # What they wait for: the scenario each one played, and the rule that stopped it.
+        "unresolved_by_scenario": dict(
+            Counter(op.request_context["body"].get("payment_method", op.kind) for op in open_ops)
+        ),
+        "unresolved_by_last_rule": dict(
+            Counter(last_rule.get(op.operation_id, "none") for op in open_ops)
+        ),
+    }
+
+
+async def _token(database_url: str) -> str:
+    engine = create_ledger_engine(database_url)
+    try:
+        return await create_api_key(engine, system_clock, "chaos", is_operator=False)
+    finally:
+        await engine.dispose()
+
+
+async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
+    started = time.monotonic()
+    upgrade(config.database_url)
+    token = await _token(config.database_url)
+    workdir = Path(tempfile.mkdtemp(prefix="intentledger-chaos-"))
+    fleet = Fleet(config, workdir)
+    tally = Tally()
+    rng = random.Random(config.seed + 1)
+    fleet.start_all()
+    try:
+        await _wait_healthy(
+            [fleet.sandbox_url + "/healthz"]
+            + [f"http://127.0.0.1:{p}/healthz" for p in fleet.api_ports]
+        )
+        stop = asyncio.Event()
+        monkey = asyncio.create_task(_chaos_monkey(config, fleet, tally, stop, rng))
+        load = asyncio.create_task(Load(config, fleet, token, tally).run())
+        tally.phase = "load"
+        states: Counter[str] = Counter()
+        pending = 0
+        deadline = None
+        with Live(
+            _view(tally, states, pending, started), console=console, refresh_per_second=2
+        ) as live:
+            while True:
+                await asyncio.sleep(0.5)
+                with contextlib.suppress(Exception):  # the database may be restarting
+                    pending, states = await asyncio.to_thread(_pending_work, config.database_url)
+                live.update(_view(tally, states, pending, started))
+                if monkey.done() and monkey.exception():
+                    raise monkey.exception()  # type: ignore[misc]
+                if not load.done():
+                    continue
+                load.result()
+                if deadline is None:
+                    # Load done: stop killing and let the system drain.
+                    stop.set()
+                    await monkey
+                    tally.phase = "draining"
+                    deadline = time.monotonic() + config.timeout
+                if pending == 0 or time.monotonic() > deadline:
+                    break
+        tally.phase = "checking"
+        report = check(config.database_url, fleet.sandbox_url, tally)
+    finally:
+        fleet.stop_all()
+    report.update(
+        {
+            "operations": tally.sent,
+            "accepted": len(tally.accepted),
+            "kills": tally.kills,
+            "db_restarts": tally.db_restarts,
+            "client_retries": tally.client_retries,
+            "key_reuse_checks": tally.key_reuse_checks,
+            "seconds": round(time.monotonic() - started, 1),
+            "logs": str(workdir),
+        }
+    )
+    report["violations"] = sum(report[name] for name in VIOLATIONS)
+    return report
+
+
+def print_report(report: dict[str, Any], console: Console) -> None:
+    console.print(
+        "violations: "
+        + ", ".join(f"{name} {report[name]}" for name in VIOLATIONS)
+        + f"; unresolved {report['unresolved']} {report['unresolved_by_state']}"
+    )
+    print(json.dumps(report, sort_keys=True))
