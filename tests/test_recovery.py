@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from datetime import timedelta
 from typing import Any
 
@@ -15,6 +16,7 @@ from intentledger.engine.operator import OperatorAction, approve_resubmission, p
 from intentledger.engine.worker import Worker
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import decisions, observations
+from tests.support import INTENTLEDGER
 from tests.test_dispatch import (
     MovableClock,
     accept,
@@ -224,3 +226,44 @@ async def test_two_executed_attempts_are_flagged_as_a_duplicate(
     assert op.duplicate_detected is True
     [audit] = [o for o in await rows(engine, observations, op_id) if o.kind == "audit_lookup"]
     assert len(audit.detail["charges"]) == 2
+
+
+async def test_an_operator_escalates_an_unknown_payment(
+    engine: AsyncEngine, database_url: str, sandbox: str
+) -> None:
+    clock = MovableClock()
+    op_id = await accept(engine, clock, "pm_timeout_before_execute")
+    await make_worker(engine, sandbox, clock, timeout=0.3).drain()
+    assert (await operation(engine, op_id)).state == "UNKNOWN"
+    done = subprocess.run(
+        [
+            *INTENTLEDGER,
+            "ops",
+            "escalate",
+            op_id,
+            "--reason",
+            "customer called",
+            "--by",
+            "olive",
+            "--database-url",
+            database_url,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    op = await operation(engine, op_id)
+    assert (op.state, op.next_action) == ("MANUAL_REVIEW", "operator")
+    [decision] = await rows(engine, decisions, op_id)
+    assert (decision.rule, decision.source) == ("operator_escalation", "operator:olive")
+    again = subprocess.run(
+        [*INTENTLEDGER, "ops", "escalate", op_id, "--database-url", database_url],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 1 and "cannot escalate" in again.stderr
+    # The check that was due finds it with a person and leaves it there.
+    clock.advance(timedelta(minutes=1))
+    await make_worker(engine, sandbox, clock).drain()
+    assert (await operation(engine, op_id)).state == "MANUAL_REVIEW"
+    assert len(sandbox_submits(sandbox, op_id)) == 1

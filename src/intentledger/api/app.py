@@ -18,7 +18,6 @@ from intentledger.api.documents import event_documents, operation_document
 from intentledger.api.mandate_routes import router as mandate_router
 from intentledger.api.operator_routes import router as operator_router
 from intentledger.api.problems import (
-    TITLES,
     Problem,
     install_problem_handlers,
     invalid_body_response,
@@ -28,8 +27,7 @@ from intentledger.api.schemas import PaymentRequest
 from intentledger.api.validation import valid_idempotency_key
 from intentledger.domain.canonical import request_hash
 from intentledger.engine.clock import Clock
-from intentledger.engine.intake import IdempotencyKeyReused, PaymentIntent, accept_payment
-from intentledger.engine.mandates import MandateRefusal
+from intentledger.engine.intake import PaymentIntent, accept_payment
 from intentledger.engine.sync_writes import SyncWriter
 from intentledger.store.ledger import Ledger
 
@@ -81,18 +79,8 @@ async def create_payment(
         body=body,
         provider=request.app.state.provider_name,
     )
-    try:
-        result = await accept_payment(request.app.state.engine, request.app.state.clock, intent)
-    except MandateRefusal as exc:
-        raise Problem(exc.status, exc.slug, TITLES[exc.status], exc.detail) from exc
-    except IdempotencyKeyReused as exc:
-        raise Problem(
-            409,
-            "idempotency-key-reused",
-            "Conflict",
-            "this Idempotency-Key was already used with a different request",
-            operation_id=exc.operation_id,
-        ) from exc
+    # Refusals (a reused key, a mandate's limits) become problem+json in one handler.
+    result = await accept_payment(request.app.state.engine, request.app.state.clock, intent)
     if result.replayed:
         document = await _load_document(request.app.state.engine, result.operation.operation_id)  # type: ignore[union-attr]
     else:

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
 from intentledger.api.documents import json_value
-from intentledger.api.problems import TITLES, Problem, invalid_body_response
+from intentledger.api.problems import Problem, invalid_body_response
 from intentledger.api.schemas import MAX_AMOUNT
 from intentledger.api.validation import valid_idempotency_key
 from intentledger.domain.canonical import request_hash
@@ -85,12 +85,9 @@ async def create_mandate(
     except ValidationError as exc:
         return invalid_body_response(request.url.path, exc.errors())
     keyed = _keyed(principal, mandates.CREATE_ROUTE, idempotency_key, body)
-    try:
-        mandate, replayed = await mandates.create_mandate(
-            request.app.state.engine, request.app.state.clock, keyed, body
-        )
-    except mandates.KeyReused as exc:
-        raise _key_reused() from exc
+    mandate, replayed = await mandates.create_mandate(
+        request.app.state.engine, request.app.state.clock, keyed, body
+    )
     return _respond(mandate, replayed, 201)
 
 
@@ -102,15 +99,6 @@ async def get_mandate(mandate_id: str, request: Request, principal: Authenticate
     return JSONResponse(mandate_document(mandate))
 
 
-def _key_reused() -> Problem:
-    return Problem(
-        409,
-        "idempotency-key-reused",
-        "Conflict",
-        "this Idempotency-Key was already used with a different request",
-    )
-
-
 async def _change(
     request: Request,
     principal: Principal,
@@ -120,14 +108,9 @@ async def _change(
 ) -> JSONResponse:
     route = f"POST /v1/mandates/{{id}}/{action}"
     keyed = _keyed(principal, route, idempotency_key, {"id": mandate_id})
-    try:
-        mandate, replayed = await mandates.change_status(
-            request.app.state.engine, request.app.state.clock, keyed, mandate_id, action
-        )
-    except mandates.MandateRefusal as exc:
-        raise Problem(exc.status, exc.slug, TITLES[exc.status], exc.detail) from exc
-    except mandates.KeyReused as exc:
-        raise _key_reused() from exc
+    mandate, replayed = await mandates.change_status(
+        request.app.state.engine, request.app.state.clock, keyed, mandate_id, action
+    )
     return _respond(mandate, replayed, 200)
 
 

@@ -20,7 +20,6 @@ from intentledger.api.validation import valid_idempotency_key
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.states import Outcome, State
 from intentledger.engine import operator
-from intentledger.engine.intake import IdempotencyKeyReused
 
 router = APIRouter(prefix="/v1/ops", tags=["operator"])
 
@@ -87,12 +86,7 @@ async def list_operations(
 
 @router.get("/operations/{operation_id}", summary="The record and its whole timeline")
 async def show_operation(operation_id: str, request: Request, _principal: Operator) -> JSONResponse:
-    try:
-        shown = await operator.show(request.app.state.engine, operation_id)
-    except operator.OperationNotFound as exc:
-        raise Problem(
-            404, "operation-not-found", "Not Found", f"no operation {operation_id!r}"
-        ) from exc
+    shown = await operator.show(request.app.state.engine, operation_id)
     document = operation_document(shown["operation"], shown["attempts"], shown["submit_results"])
     document["events"] = event_documents(shown["events"])
     return JSONResponse(document)
@@ -119,21 +113,8 @@ async def _act(
     engine = request.app.state.engine
     try:
         done, replayed = await operator.perform(engine, request.app.state.clock, action, keyed)
-    except operator.OperationNotFound as exc:
-        raise Problem(
-            404, "operation-not-found", "Not Found", f"no operation {operation_id!r}"
-        ) from exc
-    except operator.ActionNotAllowed as exc:
-        raise Problem(409, "action-not-allowed", "Conflict", str(exc)) from exc
-    except ValueError as exc:
+    except ValueError as exc:  # an empty reason or evidence
         raise Problem(422, "invalid-request", "Unprocessable Content", str(exc)) from exc
-    except IdempotencyKeyReused as exc:
-        raise Problem(
-            409,
-            "idempotency-key-reused",
-            "Conflict",
-            "this Idempotency-Key was already used with a different request",
-        ) from exc
     shown = await operator.show(engine, operation_id)
     document = operation_document(shown["operation"], shown["attempts"], shown["submit_results"])
     document["action"] = done

@@ -9,6 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from intentledger.engine.refusal import Refusal
+
 PROBLEM_JSON = "application/problem+json"
 PROBLEM_BASE = "https://intentledger.dev/problems/"
 
@@ -79,6 +81,17 @@ def install_problem_handlers(app: FastAPI) -> None:
             instance=request.url.path,
             headers=exc.headers,
             **exc.extensions,
+        )
+
+    @app.exception_handler(Refusal)
+    async def _refusal(request: Request, exc: Refusal) -> JSONResponse:
+        # Every business refusal, whichever route raised it, answers the same way.
+        return problem_response(
+            exc.status,
+            exc.slug,
+            TITLES.get(exc.status, "Error"),
+            exc.detail,
+            instance=request.url.path,
         )
 
     @app.exception_handler(StarletteHTTPException)

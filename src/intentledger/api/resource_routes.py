@@ -17,14 +17,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
 from intentledger.api.documents import json_value, operation_document
-from intentledger.api.problems import TITLES, Problem, invalid_body_response
+from intentledger.api.problems import Problem, invalid_body_response
 from intentledger.api.validation import valid_idempotency_key
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.iban import normalise_iban
 from intentledger.domain.states import State
 from intentledger.engine import cards
-from intentledger.engine.intake import IdempotencyKeyReused, Intent, Prepare
-from intentledger.engine.refusal import Refusal
+from intentledger.engine.intake import Intent, Prepare
 from intentledger.engine.sync_writes import SyncWriter, WriteResult
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
@@ -103,17 +102,7 @@ async def _write(
     writer: SyncWriter | None = request.app.state.sync_writer
     if writer is None:
         raise Problem(503, "no-provider", "Service Unavailable", "no provider is configured")
-    try:
-        return await (writer.write(intent, prepare) if prepare else writer.write(intent))
-    except Refusal as exc:
-        raise Problem(exc.status, exc.slug, TITLES[exc.status], exc.detail) from exc
-    except IdempotencyKeyReused as exc:
-        raise Problem(
-            409,
-            "idempotency-key-reused",
-            "Conflict",
-            "this Idempotency-Key was already used with a different request",
-        ) from exc
+    return await (writer.write(intent, prepare) if prepare else writer.write(intent))
 
 
 def _status(result: WriteResult) -> int:

@@ -53,6 +53,10 @@ class Submission:
     attempt_number: int
     request: ProviderRequest
 
+    @property
+    def key(self) -> str:
+        return self.request.idempotency_key
+
 
 def provider_key(operation_id: str) -> str:
     # The provider-facing key of the original request. A replay after evidence
@@ -297,6 +301,7 @@ class Dispatcher:
                 ledger,
                 operation,
                 now,
+                submission,
                 classification.verdict,
                 classification.reason,
                 answer,
@@ -310,6 +315,7 @@ class Dispatcher:
         ledger: Ledger,
         operation: Record,
         now: datetime,
+        submission: Submission,
         verdict: Verdict,
         reason: str,
         answer: ProviderAnswer,
@@ -317,31 +323,31 @@ class Dispatcher:
         observation_id: int,
     ) -> None:
         state = State(operation.state)
-        definite = verdict in (Verdict.SUCCEEDED, Verdict.FAILED)
-        if definite and (state is State.SUBMITTING or state in UNRESOLVED):
-            # A definite answer settles it, including late evidence for an
-            # operation that a resumed delivery already marked UNKNOWN.
-            await ledger.transition(
-                operation,
-                State.OUTCOME_KNOWN,
-                now=now,
-                next_action=NextAction.NONE,
-                reason=reason if state is State.SUBMITTING else f"late evidence: {reason}",
-                source=self.worker_id,
-                outcome=Outcome(verdict.value),
-                provider_reference=answer.provider_reference,
-                last_observed_at=now,
-                retry_after_at=None,
-            )
-            await schedule_duplicate_audit(
-                ledger, operation.operation_id, now, self.settings.recheck_backoff
-            )
-        elif state is not State.SUBMITTING:
+        if state is not State.SUBMITTING and state not in UNRESOLVED:
             if _second_execution(operation, verdict, answer):
                 await ledger.update_operation(operation, now=now, duplicate_detected=True)
             # Otherwise recorded as an observation only: nothing here changes the outcome.
             return
-        elif verdict is Verdict.UNKNOWN:
+        # An answer speaks for its own attempt. Earlier attempts whose outcome is
+        # still unknown may have executed: a decline under another key, or a
+        # refusal (429, no connection) under any key, says nothing about them.
+        open_attempts = await self._unresolved_other_attempts(ledger, operation, submission)
+        other_keys = [a for a in open_attempts if a.provider_idempotency_key != submission.key]
+        late = "" if state is State.SUBMITTING else "late evidence: "
+        if verdict is Verdict.SUCCEEDED or (verdict is Verdict.FAILED and not other_keys):
+            await self._settle(
+                ledger, operation, now, Outcome(verdict.value), late + reason, answer
+            )
+        elif state is not State.SUBMITTING:
+            return  # late evidence that settles nothing: recorded as an observation only
+        elif verdict is Verdict.NOT_EXECUTED and not open_attempts:
+            await self._requeue_not_executed(
+                ledger, operation, now, reason, retry_after, observation_id
+            )
+        else:
+            if verdict is not Verdict.UNKNOWN:
+                numbers = ", ".join(str(a.number) for a in open_attempts)
+                reason = f"{reason}; but attempt(s) {numbers} may have executed"
             await mark_unknown(
                 ledger,
                 operation,
@@ -350,10 +356,47 @@ class Dispatcher:
                 reason=reason,
                 source=self.worker_id,
             )
-        else:
-            await self._requeue_not_executed(
-                ledger, operation, now, reason, retry_after, observation_id
-            )
+
+    async def _settle(
+        self,
+        ledger: Ledger,
+        operation: Record,
+        now: datetime,
+        outcome: Outcome,
+        reason: str,
+        answer: ProviderAnswer,
+    ) -> None:
+        await ledger.transition(
+            operation,
+            State.OUTCOME_KNOWN,
+            now=now,
+            next_action=NextAction.NONE,
+            reason=reason,
+            source=self.worker_id,
+            outcome=outcome,
+            provider_reference=answer.provider_reference,
+            last_observed_at=now,
+            retry_after_at=None,
+        )
+        await schedule_duplicate_audit(
+            ledger, operation.operation_id, now, self.settings.recheck_backoff
+        )
+
+    @staticmethod
+    async def _unresolved_other_attempts(
+        ledger: Ledger, operation: Record, submission: Submission
+    ) -> list[Record]:
+        """Other attempts with no answer, or an answer that proved nothing."""
+        settled = {
+            result.attempt_number
+            for result in await ledger.submit_results_of(operation.operation_id)
+            if result.verdict != Verdict.UNKNOWN
+        }
+        return [
+            attempt
+            for attempt in await ledger.attempts_of(operation.operation_id)
+            if attempt.number != submission.attempt_number and attempt.number not in settled
+        ]
 
     async def _requeue_not_executed(
         self,

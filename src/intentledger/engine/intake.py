@@ -19,19 +19,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
 from intentledger.engine.mandates import reserve_for_payment
+from intentledger.engine.refusal import find_replay
 from intentledger.store.ledger import Ledger, new_operation_id
 from intentledger.store.tables import Record
 
 # Losing a unique-key race costs one retry; more than a few means something else.
 _MAX_KEY_RACES = 3
-
-
-class IdempotencyKeyReused(Exception):
-    """The key was used for a different request by this actor on this route."""
-
-    def __init__(self, operation_id: str) -> None:
-        super().__init__(operation_id)
-        self.operation_id = operation_id
 
 
 @dataclass(frozen=True)
@@ -108,13 +101,11 @@ async def accept(
         try:
             async with engine.begin() as conn:
                 ledger = Ledger(conn)
-                existing = await ledger.find_idempotency_record(
-                    intent.actor, intent.route, intent.idempotency_key
+                original = await find_replay(
+                    ledger, intent.actor, intent.route, intent.idempotency_key, intent.request_hash
                 )
-                if existing is not None:
-                    if existing.request_hash != intent.request_hash:
-                        raise IdempotencyKeyReused(existing.resource_id)
-                    operation = await ledger.get_operation(existing.resource_id)
+                if original is not None:
+                    operation = await ledger.get_operation(original)
                     assert operation is not None, "an idempotency record names its operation"
                     return IntakeResult(operation, replayed=True)
                 now = clock()

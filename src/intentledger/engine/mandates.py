@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
-from intentledger.engine.refusal import Refusal
+from intentledger.engine.refusal import Refusal, find_replay
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -36,10 +36,6 @@ class MandateRefusal(Refusal):
     """A request the mandate does not allow; nothing is written for it."""
 
 
-class KeyReused(Exception):
-    pass
-
-
 @dataclass(frozen=True)
 class Keyed:
     actor: str
@@ -53,12 +49,9 @@ def new_mandate_id() -> str:
 
 
 async def _replay(ledger: Ledger, keyed: Keyed) -> str | None:
-    existing = await ledger.find_idempotency_record(keyed.actor, keyed.route, keyed.idempotency_key)
-    if existing is None:
-        return None
-    if existing.request_hash != keyed.request_hash:
-        raise KeyReused(existing.resource_id)
-    return str(existing.resource_id)
+    return await find_replay(
+        ledger, keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash
+    )
 
 
 async def create_mandate(

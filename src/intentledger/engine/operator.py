@@ -18,19 +18,23 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
 from intentledger.engine.audit import schedule_duplicate_audit
 from intentledger.engine.clock import Clock
-from intentledger.engine.intake import IdempotencyKeyReused
+from intentledger.engine.refusal import Refusal, find_replay
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record, operations
 
 ESCALATABLE = frozenset({State.UNKNOWN, State.RECONCILIATION_DUE, State.SAFETY_REVIEW})
 
 
-class OperationNotFound(LookupError):
-    pass
+class OperationNotFound(Refusal):
+    def __init__(self, operation_id: str) -> None:
+        super().__init__(404, "operation-not-found", f"no operation {operation_id!r}")
 
 
-class ActionNotAllowed(RuntimeError):
-    """The operation's state does not allow this action (HTTP 409)."""
+class ActionNotAllowed(Refusal):
+    """The operation's state does not allow this action."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(409, "action-not-allowed", detail)
 
 
 @dataclass(frozen=True)
@@ -184,14 +188,10 @@ async def perform(
     """
     async with engine.begin() as conn:
         ledger = Ledger(conn)
-        if keyed is not None:
-            existing = await ledger.find_idempotency_record(
-                keyed.actor, keyed.route, keyed.idempotency_key
-            )
-            if existing is not None:
-                if existing.request_hash != keyed.request_hash:
-                    raise IdempotencyKeyReused(existing.resource_id)
-                return "replayed", True
+        if keyed is not None and await find_replay(
+            ledger, keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash
+        ):
+            return "replayed", True
         now = clock()
         done = await action(ledger, now)
         if keyed is not None:

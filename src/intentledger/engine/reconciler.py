@@ -102,9 +102,15 @@ class Reconciler:
                 reason=judgement.reason,
                 detail={"charges": [c.provider_reference for c in lookup.charges]},
             )
+            seen = {charge.provider_reference for charge in lookup.charges}
+            # A lookup that does not even show the charge we know of is lagging,
+            # not evidence that there is no second one: look again.
+            lagging = operation.provider_reference is not None and (
+                operation.provider_reference not in seen
+            )
             if judgement.executed_charges > 1 and not operation.duplicate_detected:
                 await ledger.update_operation(operation, now=now, duplicate_detected=True)
-            elif judgement.verdict is LookupVerdict.LOOKUP_FAILED:
+            elif judgement.verdict is LookupVerdict.LOOKUP_FAILED or lagging:
                 audits = len(await ledger.observations_of_kind(row.operation_id, "audit_lookup"))
                 if audits < AUDIT_ATTEMPTS:
                     delay = recheck_delay(audits, self.recheck_backoff, jitter=self.jitter())
