@@ -446,7 +446,7 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
             "kills": tally.kills,
             "db_restarts": tally.db_restarts,
             "client_retries": tally.client_retries,
-        "refused_by_status": dict(tally.refused),
+            "refused_by_status": dict(tally.refused),
             "key_reuse_checks": tally.key_reuse_checks,
             "seconds": round(time.monotonic() - started, 1),
             "logs": str(workdir),
