@@ -196,3 +196,29 @@ def test_concurrent_intakes_never_reserve_more_than_the_limit(api: Api) -> None:
     statuses = sorted(r.status_code for r in asyncio.run(flood()))
     assert statuses == [202] * 10 + [422] * 22
     assert api.get(f"/v1/mandates/{md['id']}").json()["reserved"] == 1000
+
+
+def test_concurrent_equal_retries_under_a_mandate_replay_instead_of_refusing(api: Api) -> None:
+    md = mandate(api, "md-retry", total=100, largest=100)
+
+    async def retries() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=api.url, headers=api.headers, timeout=30) as client:
+            body = {
+                "amount": 100,
+                "currency": "EUR",
+                "payment_method": "pm_ok",
+                "mandate_id": md["id"],
+            }
+            return await asyncio.gather(
+                *(
+                    client.post("/v1/payments", json=body, headers={"Idempotency-Key": "same"})
+                    for _ in range(20)
+                )
+            )
+
+    responses = asyncio.run(retries())
+    # The retries wait for the first request's key, then replay it: none is
+    # judged against the reservation the first one made.
+    assert sorted(r.status_code for r in responses) == [200] * 19 + [202]
+    assert len({r.json()["id"] for r in responses}) == 1
+    assert api.get(f"/v1/mandates/{md['id']}").json()["reserved"] == 100

@@ -101,7 +101,7 @@ async def test_worker_killed_after_submitting_commit_leaves_unknown_not_a_resend
     # The sandbox withholds this answer and executes nothing on the first
     # attempt; any later attempt would execute, so a resend would show as a charge.
     op_id = await accept(engine, system_clock, "pm_timeout_before_execute", key="crash-1")
-    first = start_worker(database_url, sandbox, tmp_path / "first.log", lease="2s", timeout="30s")
+    first = start_worker(database_url, sandbox, tmp_path / "first.log", lease="3s", timeout="2s")
     try:
         wait_until(
             lambda: (
@@ -116,7 +116,7 @@ async def test_worker_killed_after_submitting_commit_leaves_unknown_not_a_resend
     finally:
         first.stop()
 
-    second = start_worker(database_url, sandbox, tmp_path / "second.log", lease="2s", timeout="30s")
+    second = start_worker(database_url, sandbox, tmp_path / "second.log", lease="3s", timeout="2s")
     try:
         await wait_for_state(engine, "UNKNOWN", 1, timeout=30)
         await asyncio.sleep(1.0)  # room for a wrongful second call to show up

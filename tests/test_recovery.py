@@ -12,7 +12,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.retention import REGISTRY
 from intentledger.domain.safety import SafetyRules
-from intentledger.engine.operator import OperatorAction, approve_resubmission, perform
+from intentledger.domain.states import Outcome
+from intentledger.engine.operator import (
+    OperatorAction,
+    approve_resubmission,
+    escalate,
+    perform,
+    resolve,
+)
 from intentledger.engine.worker import Worker
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import decisions, observations
@@ -267,3 +274,31 @@ async def test_an_operator_escalates_an_unknown_payment(
     await make_worker(engine, sandbox, clock).drain()
     assert (await operation(engine, op_id)).state == "MANUAL_REVIEW"
     assert len(sandbox_submits(sandbox, op_id)) == 1
+
+
+async def test_a_late_success_after_a_failed_resolution_is_flagged_not_hidden(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    clock = MovableClock()
+    op_id = await accept(engine, clock, "pm_ok")
+    worker = make_worker(engine, sandbox, clock, lease=timedelta(hours=1))
+    async with engine.begin() as conn:
+        row = await Ledger(conn).claim_outbox_row(clock(), timedelta(hours=1), "test-worker")
+    submission = await worker.dispatcher._pre_submit(row)  # the call stalls...
+    assert submission is not None
+    clock.advance(timedelta(minutes=3))
+    assert await worker.sweeper.sweep() == 1
+    for act in (
+        lambda ledger, now: escalate(ledger, now, OperatorAction(op_id, "olive", "stuck")),
+        lambda ledger, now: resolve(
+            ledger, now, OperatorAction(op_id, "olive", "looked like a failure"), Outcome.FAILED
+        ),
+    ):
+        await perform(engine, clock, act)
+    # ...and then its success arrives.
+    answer = await worker.dispatcher.provider.submit(submission.request)
+    await worker.dispatcher._record(row, submission, answer)
+    op = await operation(engine, op_id)
+    assert (op.state, op.outcome) == ("OUTCOME_KNOWN", "failed")
+    assert (op.outcome_contradicted, op.next_action) == (True, "operator")
+    assert len(sandbox_charges(sandbox, op_id)) == 1

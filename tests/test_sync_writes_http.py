@@ -187,6 +187,8 @@ def test_api_killed_mid_call_leaves_submitting_which_the_sweeper_makes_unknown(
                 sandbox_url,
                 "--stale-submitting",
                 "2s",
+                "--submit-timeout",
+                "1s",
                 "--recheck-backoff",
                 "1h",
             ],

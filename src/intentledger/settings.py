@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from intentledger.domain.durations import parse_duration
@@ -45,3 +45,13 @@ class Settings(BaseSettings):
     # catches real bugs. "blind-retry" resends UNKNOWN operations on a timer with
     # a fresh key and no decision. Never set this outside that test.
     break_for_tests: Literal["blind-retry"] | None = None
+
+    @model_validator(mode="after")
+    def _sweeper_behind_every_call(self) -> Settings:
+        # A call still running when the sweeper or a resumed delivery calls it
+        # UNKNOWN could race a replay: every call must end first.
+        if self.submit_timeout >= self.stale_submitting:
+            raise ValueError("submit_timeout must be shorter than stale_submitting")
+        if self.submit_timeout >= self.lease:
+            raise ValueError("submit_timeout must be shorter than lease")
+        return self

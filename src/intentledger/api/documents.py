@@ -36,6 +36,7 @@ OPERATION_FIELDS = (
     "created_at",
     "updated_at",
     "duplicate_detected",
+    "outcome_contradicted",
 )
 
 

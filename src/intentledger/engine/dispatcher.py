@@ -183,6 +183,40 @@ class Dispatcher:
         )
         return False
 
+    async def _mandate_allows_new_request(
+        self, ledger: Ledger, operation: Record, now: datetime
+    ) -> bool:
+        """A new-key request is a new charge: it needs the mandate to be active
+        now, whatever was true when the payment was accepted."""
+        if operation.mandate_id is None:
+            return True
+        mandate = await ledger.get_mandate(operation.mandate_id)
+        if mandate is not None and mandate.status == "active":
+            return True
+        status = mandate.status if mandate is not None else "missing"
+        reason = f"new request not sent: mandate {operation.mandate_id} is {status}"
+        await ledger.add_decision(
+            operation_id=operation.operation_id,
+            at=now,
+            rule="mandate_not_active",
+            inputs={"mandate_id": operation.mandate_id, "mandate_status": status},
+            next_action=NextAction.OPERATOR,
+            reason=reason,
+            source=self.worker_id,
+        )
+        if State(operation.state) is State.MANUAL_REVIEW:
+            await ledger.update_operation(operation, now=now, next_action=NextAction.OPERATOR)
+        else:
+            await ledger.transition(
+                operation,
+                State.MANUAL_REVIEW,
+                now=now,
+                next_action=NextAction.OPERATOR,
+                reason=reason,
+                source=self.worker_id,
+            )
+        return False
+
     async def _plan_attempt(
         self, ledger: Ledger, operation: Record, row: Record, now: datetime
     ) -> AttemptPlan | None:
@@ -208,6 +242,9 @@ class Dispatcher:
         key = decision.inputs["provider_idempotency_key"]
         replay = bool(decision.inputs.get("same_key")) and state is State.SAFETY_REVIEW
         if replay and not await self._replay_still_deduplicated(ledger, operation, decision, now):
+            return None
+        new_request = state is not State.ACCEPTED and not decision.inputs.get("same_key")
+        if new_request and not await self._mandate_allows_new_request(ledger, operation, now):
             return None
         return AttemptPlan(previous.number + 1, key, previous.number)
 
@@ -326,6 +363,11 @@ class Dispatcher:
         if state is not State.SUBMITTING and state not in UNRESOLVED:
             if _second_execution(operation, verdict, answer):
                 await ledger.update_operation(operation, now=now, duplicate_detected=True)
+            elif verdict is Verdict.SUCCEEDED and operation.outcome != Outcome.SUCCEEDED:
+                # Settled failed or cancelled, and now a success: never hide it.
+                await ledger.update_operation(
+                    operation, now=now, outcome_contradicted=True, next_action=NextAction.OPERATOR
+                )
             # Otherwise recorded as an observation only: nothing here changes the outcome.
             return
         # An answer speaks for its own attempt. Earlier attempts whose outcome is

@@ -13,18 +13,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
 from intentledger.engine.mandates import reserve_for_payment
-from intentledger.engine.refusal import find_replay
+from intentledger.engine.refusal import claim_key, find_replay, retry_key_races
 from intentledger.store.ledger import Ledger, new_operation_id
 from intentledger.store.tables import Record
-
-# Losing a unique-key race costs one retry; more than a few means something else.
-_MAX_KEY_RACES = 3
 
 
 @dataclass(frozen=True)
@@ -73,6 +69,7 @@ def _operation_values(intent: Intent, now: datetime) -> dict[str, Any]:
         "mandate_id": intent.body.get("mandate_id"),
         "version": 1,
         "duplicate_detected": False,
+        "outcome_contradicted": False,
         "created_at": now,
         "updated_at": now,
     }
@@ -97,31 +94,36 @@ async def accept(
     the submit row is created already leased to `owner`, which delivers it in
     the request path; if that process dies, the lease runs out and a worker's
     resumed delivery (or the sweeper) makes the outcome UNKNOWN."""
-    for _ in range(_MAX_KEY_RACES):
-        try:
-            async with engine.begin() as conn:
-                ledger = Ledger(conn)
-                original = await find_replay(
-                    ledger, intent.actor, intent.route, intent.idempotency_key, intent.request_hash
-                )
-                if original is not None:
-                    operation = await ledger.get_operation(original)
-                    assert operation is not None, "an idempotency record names its operation"
-                    return IntakeResult(operation, replayed=True)
-                now = clock()
-                values = _operation_values(intent, now)
-                await prepare(ledger, now, values)
-                row_id = await ledger.insert_intent(
-                    values, outbox_kind="submit", due_at=now, hold=hold
-                )
-                await ledger.record_initial_transition(
-                    values["operation_id"], now, "intent accepted", source=f"api:{intent.actor}"
-                )
-                return IntakeResult(values, replayed=False, held_row_id=row_id if hold else None)
-        except IntegrityError:
-            # Another request with this key committed first: read it next time round.
-            continue
-    raise RuntimeError("idempotency key race did not settle")
+
+    async def attempt() -> IntakeResult:
+        async with engine.begin() as conn:
+            ledger = Ledger(conn)
+            original = await find_replay(
+                ledger, intent.actor, intent.route, intent.idempotency_key, intent.request_hash
+            )
+            if original is not None:
+                operation = await ledger.get_operation(original)
+                assert operation is not None, "an idempotency record names its operation"
+                return IntakeResult(operation, replayed=True)
+            now = clock()
+            values = _operation_values(intent, now)
+            await claim_key(
+                ledger,
+                intent.actor,
+                intent.route,
+                intent.idempotency_key,
+                intent.request_hash,
+                values["operation_id"],
+                now,
+            )
+            await prepare(ledger, now, values)
+            row_id = await ledger.insert_intent(values, outbox_kind="submit", due_at=now, hold=hold)
+            await ledger.record_initial_transition(
+                values["operation_id"], now, "intent accepted", source=f"api:{intent.actor}"
+            )
+            return IntakeResult(values, replayed=False, held_row_id=row_id if hold else None)
+
+    return await retry_key_races(attempt)
 
 
 async def accept_payment(engine: AsyncEngine, clock: Clock, intent: Intent) -> IntakeResult:

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
-from intentledger.engine.refusal import Refusal, find_replay
+from intentledger.engine.refusal import Refusal, claim_key, find_replay, retry_key_races
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -57,34 +57,49 @@ async def _replay(ledger: Ledger, keyed: Keyed) -> str | None:
 async def create_mandate(
     engine: AsyncEngine, clock: Clock, keyed: Keyed, body: dict[str, Any]
 ) -> tuple[Record, bool]:
-    async with engine.begin() as conn:
-        ledger = Ledger(conn)
-        replayed = await _replay(ledger, keyed)
-        if replayed is not None:
-            mandate = await ledger.get_mandate(replayed)
-            assert mandate is not None
-            return mandate, True
-        now = clock()
-        mandate_id = new_mandate_id()
-        await ledger.insert_mandate(
-            mandate_id=mandate_id,
-            actor=keyed.actor,
-            currency=body["currency"],
-            max_amount=body["max_amount"],
-            total_limit=body["total_limit"],
-            reserved=0,
-            spent=0,
-            status="active",
-            version=1,
-            created_at=now,
-            updated_at=now,
-        )
-        await ledger.add_idempotency_record(
-            keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash, mandate_id, now
-        )
-        mandate = await ledger.get_mandate(mandate_id)
-        assert mandate is not None
-        return mandate, False
+    async def attempt() -> tuple[Record, bool]:
+        async with engine.begin() as conn:
+            ledger = Ledger(conn)
+            replayed = await _replay(ledger, keyed)
+            if replayed is not None:
+                return await _mandate(ledger, replayed), True
+            now = clock()
+            mandate_id = new_mandate_id()
+            await _claim(ledger, keyed, mandate_id, now)
+            await ledger.insert_mandate(
+                mandate_id=mandate_id,
+                actor=keyed.actor,
+                currency=body["currency"],
+                max_amount=body["max_amount"],
+                total_limit=body["total_limit"],
+                reserved=0,
+                spent=0,
+                status="active",
+                version=1,
+                created_at=now,
+                updated_at=now,
+            )
+            return await _mandate(ledger, mandate_id), False
+
+    return await retry_key_races(attempt)
+
+
+async def _mandate(ledger: Ledger, mandate_id: str) -> Record:
+    mandate = await ledger.get_mandate(mandate_id)
+    assert mandate is not None
+    return mandate
+
+
+async def _claim(ledger: Ledger, keyed: Keyed, mandate_id: str, now: datetime) -> None:
+    await claim_key(
+        ledger,
+        keyed.actor,
+        keyed.route,
+        keyed.idempotency_key,
+        keyed.request_hash,
+        mandate_id,
+        now,
+    )
 
 
 async def reserve_for_payment(
@@ -142,38 +157,36 @@ async def change_status(
     engine: AsyncEngine, clock: Clock, keyed: Keyed, mandate_id: str, action: MandateAction
 ) -> tuple[Record, bool]:
     allowed_from, target = ACTIONS[action]
-    async with engine.begin() as conn:
-        ledger = Ledger(conn)
-        replayed = await _replay(ledger, keyed)
-        if replayed is not None:
-            mandate = await ledger.get_mandate(replayed)
-            assert mandate is not None
-            return mandate, True
-        mandate = await ledger.lock_mandate(mandate_id)
-        if mandate is None or mandate.actor != keyed.actor:
-            raise MandateRefusal(404, "mandate-not-found", f"no mandate {mandate_id!r}")
-        if mandate.status not in allowed_from:
-            raise MandateRefusal(
-                409,
-                "mandate-state",
-                f"cannot {action} mandate {mandate_id}: it is {mandate.status}",
-            )
-        now = clock()
-        if target != "active":
-            await cancel_unsubmitted(
-                ledger,
-                mandate_id,
-                now,
-                f"mandate {mandate_id} {target} before submission",
-                f"api:{keyed.actor}",
-            )
-        await ledger.update_mandate(mandate_id, now, status=target)
-        await ledger.add_idempotency_record(
-            keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash, mandate_id, now
-        )
-        changed = await ledger.get_mandate(mandate_id)
-        assert changed is not None
-        return changed, False
+
+    async def attempt() -> tuple[Record, bool]:
+        async with engine.begin() as conn:
+            ledger = Ledger(conn)
+            replayed = await _replay(ledger, keyed)
+            if replayed is not None:
+                return await _mandate(ledger, replayed), True
+            now = clock()
+            await _claim(ledger, keyed, mandate_id, now)
+            mandate = await ledger.lock_mandate(mandate_id)
+            if mandate is None or mandate.actor != keyed.actor:
+                raise MandateRefusal(404, "mandate-not-found", f"no mandate {mandate_id!r}")
+            if mandate.status not in allowed_from:
+                raise MandateRefusal(
+                    409,
+                    "mandate-state",
+                    f"cannot {action} mandate {mandate_id}: it is {mandate.status}",
+                )
+            if target != "active":
+                await cancel_unsubmitted(
+                    ledger,
+                    mandate_id,
+                    now,
+                    f"mandate {mandate_id} {target} before submission",
+                    f"api:{keyed.actor}",
+                )
+            await ledger.update_mandate(mandate_id, now, status=target)
+            return await _mandate(ledger, mandate_id), False
+
+    return await retry_key_races(attempt)
 
 
 async def read_mandate(engine: AsyncEngine, actor: str, mandate_id: str) -> Record | None:

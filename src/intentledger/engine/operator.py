@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
 from intentledger.engine.audit import schedule_duplicate_audit
 from intentledger.engine.clock import Clock
-from intentledger.engine.refusal import Refusal, find_replay
+from intentledger.engine.refusal import Refusal, claim_key, find_replay, retry_key_races
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record, operations
 
@@ -186,24 +186,28 @@ async def perform(
     With `keyed`, an equal retry is a replay (nothing is done again) and the
     same key for a different request is refused, as for every mutation.
     """
-    async with engine.begin() as conn:
-        ledger = Ledger(conn)
-        if keyed is not None and await find_replay(
-            ledger, keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash
-        ):
-            return "replayed", True
-        now = clock()
-        done = await action(ledger, now)
-        if keyed is not None:
-            await ledger.add_idempotency_record(
-                keyed.actor,
-                keyed.route,
-                keyed.idempotency_key,
-                keyed.request_hash,
-                keyed.operation_id,
-                now,
-            )
-        return done, False
+
+    async def attempt() -> tuple[str, bool]:
+        async with engine.begin() as conn:
+            ledger = Ledger(conn)
+            now = clock()
+            if keyed is not None:
+                if await find_replay(
+                    ledger, keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash
+                ):
+                    return "replayed", True
+                await claim_key(
+                    ledger,
+                    keyed.actor,
+                    keyed.route,
+                    keyed.idempotency_key,
+                    keyed.request_hash,
+                    keyed.operation_id,
+                    now,
+                )
+            return await action(ledger, now), False
+
+    return await retry_key_races(attempt)
 
 
 async def list_operations(

@@ -22,7 +22,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.domain.backoff import next_check_at, recheck_delay
 from intentledger.domain.retry_after import RetryAfter, parse_retry_after
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
-from intentledger.domain.transport import LookupAnswer, LookupVerdict, judge_lookup
+from intentledger.domain.transport import (
+    LookupAnswer,
+    LookupJudgement,
+    LookupVerdict,
+    judge_lookup,
+)
 from intentledger.engine.audit import AUDIT_ATTEMPTS, schedule_duplicate_audit
 from intentledger.engine.clock import Clock
 from intentledger.engine.safety_review import PolicyFor, RulesFor, run_safety_review
@@ -110,6 +115,11 @@ class Reconciler:
             )
             if judgement.executed_charges > 1 and not operation.duplicate_detected:
                 await ledger.update_operation(operation, now=now, duplicate_detected=True)
+            elif judgement.executed_charges and operation.outcome != Outcome.SUCCEEDED:
+                # Settled failed, yet the provider shows an executed charge.
+                await ledger.update_operation(
+                    operation, now=now, outcome_contradicted=True, next_action=NextAction.OPERATOR
+                )
             elif judgement.verdict is LookupVerdict.LOOKUP_FAILED or lagging:
                 audits = len(await ledger.observations_of_kind(row.operation_id, "audit_lookup"))
                 if audits < AUDIT_ATTEMPTS:
@@ -179,6 +189,7 @@ class Reconciler:
                 detail={"charges": [c.provider_reference for c in lookup.charges]},
             )
             state = State(operation.state)
+            judgement = await _conclusive(ledger, operation, judgement)
             outcome = _SETTLING.get(judgement.verdict)
             if outcome is not None and (state in UNRESOLVED):
                 await ledger.transition(
@@ -236,6 +247,22 @@ class Reconciler:
             reason=f"no evidence: {reason}",
             reconciliation_status=verdict,
         )
+
+
+async def _conclusive(
+    ledger: Ledger, operation: Record, judgement: LookupJudgement
+) -> LookupJudgement:
+    """Only failed charges under our reference prove failure only if one provider
+    key was ever used: a charge under another key may not be listed yet."""
+    if judgement.verdict is not LookupVerdict.FAILED:
+        return judgement
+    keys = await ledger.distinct_keys(operation.operation_id)
+    if len(keys) <= 1:
+        return judgement
+    return LookupJudgement(
+        LookupVerdict.NOT_FOUND,
+        f"{judgement.reason}, but {len(keys)} provider keys were used: not conclusive",
+    )
 
 
 def _iso(value: datetime | None) -> str:

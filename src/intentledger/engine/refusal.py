@@ -7,7 +7,17 @@ The API turns every refusal into a problem+json answer with its status.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TypeVar
+
+from sqlalchemy.exc import IntegrityError
+
 from intentledger.store.ledger import Ledger
+
+T = TypeVar("T")
+# Losing a race for a key costs one retry; more than a few means something else.
+_MAX_KEY_RACES = 3
 
 
 class Refusal(Exception):
@@ -41,3 +51,29 @@ async def find_replay(
     if existing.request_hash != request_hash:
         raise IdempotencyKeyReused(existing.resource_id)
     return str(existing.resource_id)
+
+
+async def claim_key(
+    ledger: Ledger,
+    actor: str,
+    route: str,
+    key: str,
+    request_hash: str,
+    resource_id: str,
+    now: datetime,
+) -> None:
+    """Write the idempotency record before anything else the request locks or
+    checks. A concurrent equal request then waits on the unique key, fails when
+    this one commits, and comes round again as a replay instead of being judged
+    against state this request already changed."""
+    await ledger.add_idempotency_record(actor, route, key, request_hash, resource_id, now)
+
+
+async def retry_key_races(attempt: Callable[[], Awaitable[T]]) -> T:
+    """Run a keyed transaction, again if it lost the race for its key."""
+    for _ in range(_MAX_KEY_RACES):
+        try:
+            return await attempt()
+        except IntegrityError:
+            continue
+    raise RuntimeError("idempotency key race did not settle")

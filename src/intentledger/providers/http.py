@@ -7,6 +7,7 @@ that nothing was sent. Everything else that goes wrong is "no response".
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
@@ -55,12 +56,18 @@ def _reference(response: httpx.Response) -> str | None:
     return str(body["id"]) if isinstance(body, dict) and "id" in body else None
 
 
-async def observe(call: Awaitable[httpx.Response]) -> ProviderAnswer:
-    """Await one provider request and report what the wire showed."""
+async def observe(call: Awaitable[httpx.Response], deadline: float | None = None) -> ProviderAnswer:
+    """Await one provider request and report what the wire showed.
+
+    httpx's timeout applies to each phase (connect, each read...), so a provider
+    that trickles its answer could hold a call open for ever; `deadline` bounds
+    the whole call, which keeps it shorter than the sweeper's stale threshold.
+    """
     try:
-        response = await call
-        # Reading the body can itself fail mid-stream: still no (whole) answer.
-        await response.aread()
+        async with asyncio.timeout(deadline):
+            response = await call
+            # Reading the body can itself fail mid-stream: still no (whole) answer.
+            await response.aread()
     except NEVER_SENT as exc:
         return ProviderAnswer(
             Transport.NOT_SENT, error_class=_qualified(exc), detail={"error": str(exc)}

@@ -23,6 +23,8 @@ class SandboxProvider:
     name = "sandbox"
 
     def __init__(self, base_url: str, timeout: timedelta, max_connections: int = 200) -> None:
+        # The whole call, not just each phase of it, ends within `timeout`.
+        self._deadline = timeout.total_seconds()
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             timeout=httpx.Timeout(timeout.total_seconds()),
@@ -33,7 +35,7 @@ class SandboxProvider:
         path = self._write_path(request)
         body = {"reference": request.reference, **request.body}
         headers = {"Idempotency-Key": request.idempotency_key}
-        return await observe(self._client.post(path, json=body, headers=headers))
+        return await observe(self._client.post(path, json=body, headers=headers), self._deadline)
 
     @staticmethod
     def _write_path(request: ProviderRequest) -> str:
@@ -58,7 +60,9 @@ class SandboxProvider:
         }.get(query.kind)
         if path is None:
             raise UnknownKind(f"the sandbox has no lookup for {query.kind!r}")
-        answer = await observe(self._client.get(path, params={"reference": query.reference}))
+        answer = await observe(
+            self._client.get(path, params={"reference": query.reference}), self._deadline
+        )
         items = _listed(answer)
         if items is None:
             # A 200 without a readable list is no evidence of absence.
@@ -68,7 +72,7 @@ class SandboxProvider:
 
     async def _card_action_lookup(self, query: ProviderLookup) -> LookupAnswer:
         """A card action is evidenced by the card's state: frozen after a freeze."""
-        answer = await observe(self._client.get(f"/v1/cards/{query.target}"))
+        answer = await observe(self._client.get(f"/v1/cards/{query.target}"), self._deadline)
         body = answer.detail.get("body")
         if answer.transport is not Transport.RESPONSE or answer.status != 200:
             return LookupAnswer(answer)

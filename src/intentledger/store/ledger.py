@@ -84,17 +84,8 @@ class Ledger:
         due_at: datetime,
         hold: tuple[str, timedelta] | None = None,
     ) -> int:
-        """Idempotency record, operation and outbox row: the intake transaction's writes."""
-        # The operation row first: the idempotency record references it.
+        """The operation and its outbox row (the idempotency record came first)."""
         await self.conn.execute(insert(operations).values(**operation))
-        await self.add_idempotency_record(
-            operation["actor"],
-            operation["route"],
-            operation["idempotency_key"],
-            operation["request_hash"],
-            operation["operation_id"],
-            operation["created_at"],
-        )
         return await self.enqueue(
             operation["operation_id"], outbox_kind, due_at, operation["created_at"], hold=hold
         )

@@ -115,6 +115,11 @@ operations = Table(
     Column(
         "duplicate_detected", Boolean, nullable=False, default=False, server_default=text("false")
     ),
+    # Evidence of success that arrived after the operation was settled failed
+    # or cancelled: the books and the provider disagree, and a person must look.
+    Column(
+        "outcome_contradicted", Boolean, nullable=False, default=False, server_default=text("false")
+    ),
     # The operator list filters by state; the sweeper by state and age.
     Index(None, "state", "updated_at"),
 )
