@@ -57,3 +57,11 @@ def test_a_bad_setting_is_a_clear_error(tmp_path: object) -> None:
     )
     assert done.returncode == 2
     assert "lease" in done.stderr and "five minutes" in done.stderr
+
+
+def test_the_sweeper_and_the_lease_must_outlast_every_provider_call() -> None:
+    with pytest.raises(ValueError, match="stale_submitting must exceed"):
+        Settings(submit_timeout="10s", stale_submitting="10s")
+    with pytest.raises(ValueError, match="lease must exceed"):
+        Settings(submit_timeout="10s", lease="5s")
+    Settings(submit_timeout="1s", stale_submitting="2s", lease="2s")

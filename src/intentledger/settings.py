@@ -9,6 +9,7 @@ from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from intentledger.domain.durations import parse_duration
+from intentledger.providers.http import call_deadline
 
 
 def _duration(value: Any) -> Any:
@@ -50,8 +51,9 @@ class Settings(BaseSettings):
     def _sweeper_behind_every_call(self) -> Settings:
         # A call still running when the sweeper or a resumed delivery calls it
         # UNKNOWN could race a replay: every call must end first.
-        if self.submit_timeout >= self.stale_submitting:
-            raise ValueError("submit_timeout must be shorter than stale_submitting")
-        if self.submit_timeout >= self.lease:
-            raise ValueError("submit_timeout must be shorter than lease")
+        longest_call = call_deadline(self.submit_timeout)
+        if longest_call >= self.stale_submitting:
+            raise ValueError(f"stale_submitting must exceed the longest call ({longest_call})")
+        if longest_call >= self.lease:
+            raise ValueError(f"lease must exceed the longest call ({longest_call})")
         return self

@@ -330,3 +330,31 @@ async def test_non_json_body_is_kept_as_text() -> None:
     assert answer.error_code is None
     assert answer.detail == {"body_text": "<h1>bad gateway</h1>"}
     assert verdict(answer) is Verdict.UNKNOWN
+
+
+async def test_a_trickling_answer_is_cut_off_by_the_call_deadline() -> None:
+    """Each read returns within httpx's timeout, so only the total deadline ends it."""
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+        for _ in range(100):
+            writer.write(b"x")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        writer.close()
+
+    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient(timeout=0.5) as client:
+            started = asyncio.get_running_loop().time()
+            answer = await observe(client.get(f"http://127.0.0.1:{port}/"), deadline=1.0)
+            elapsed = asyncio.get_running_loop().time() - started
+    finally:
+        server.close()
+    assert (answer.transport, answer.error_class) == (
+        Transport.NO_RESPONSE,
+        "builtins.TimeoutError",
+    )
+    assert elapsed < 3

@@ -31,7 +31,9 @@ async def mark_unknown(
         State.UNKNOWN,
         now=now,
         next_action=NextAction.RECONCILE,
-        reason=reason,
+        # The append-only trail keeps when the next look was scheduled for;
+        # retry_after_at on the record is overwritten by later checks.
+        reason=f"{reason}; next check at {check_at.isoformat()}",
         source=source,
         last_observed_at=now,
         retry_after_at=check_at,

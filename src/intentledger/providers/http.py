@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -54,6 +55,17 @@ def _reference(response: httpx.Response) -> str | None:
     except ValueError:
         return None
     return str(body["id"]) if isinstance(body, dict) and "id" in body else None
+
+
+# httpx's own timeout fires first for a single slow phase (so the record names
+# the exact class, e.g. httpx.ReadTimeout); the deadline only cuts off calls
+# whose phases each stayed under it.
+CALL_GRACE = timedelta(milliseconds=200)
+
+
+def call_deadline(timeout: timedelta) -> timedelta:
+    """The longest any provider call may take, all phases together."""
+    return timeout + CALL_GRACE
 
 
 async def observe(call: Awaitable[httpx.Response], deadline: float | None = None) -> ProviderAnswer:

@@ -9,7 +9,7 @@ import httpx
 
 from intentledger.domain.transport import ChargeSeen, LookupAnswer, ProviderAnswer, Transport
 from intentledger.providers.base import ProviderLookup, ProviderRequest
-from intentledger.providers.http import observe
+from intentledger.providers.http import call_deadline, observe
 
 # What a card must show for each card action to have taken effect.
 CARD_STATUS_AFTER = {"card_freeze": "frozen", "card_unfreeze": "active"}
@@ -24,7 +24,7 @@ class SandboxProvider:
 
     def __init__(self, base_url: str, timeout: timedelta, max_connections: int = 200) -> None:
         # The whole call, not just each phase of it, ends within `timeout`.
-        self._deadline = timeout.total_seconds()
+        self._deadline = call_deadline(timeout).total_seconds()
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             timeout=httpx.Timeout(timeout.total_seconds()),

@@ -1,0 +1,10 @@
+"""`intentledger bench`: issue 6's benchmarks, side by side with pgbench and a peer.
+
+Register the command with `app.command("bench")(bench_command)`.
+"""
+
+from __future__ import annotations
+
+from intentledger.bench.cli import bench_command
+
+__all__ = ["bench_command"]

@@ -1,0 +1,166 @@
+"""Record the statements the real code paths send, so the baselines run our own SQL.
+
+The bench does not keep a hand-written copy of the intake or dispatch SQL that
+could drift from the code: it runs `accept()` once and one real delivery
+(`Worker.deliver_next` against the sandbox) on the bench database and records
+every statement SQLAlchemy hands psycopg, grouped into transactions. The
+pgbench scripts and the bulk loaders are rendered from these recordings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.domain.canonical import request_hash
+from intentledger.engine.clock import system_clock
+from intentledger.engine.intake import Intent, accept
+from intentledger.service import build_worker
+from intentledger.settings import Settings
+from intentledger.store.database import create_ledger_engine
+
+PAYMENTS_ROUTE = "POST /v1/payments"
+BENCH_ACTOR = "bench"
+
+
+def payment_body(payment_method: str) -> dict[str, Any]:
+    """The body every bench payment carries, as the API normalises it."""
+    return {"amount": 1250, "currency": "EUR", "payment_method": payment_method, "metadata": {}}
+
+
+@dataclass(frozen=True)
+class Statement:
+    sql: str  # psycopg's pyformat: %(name)s placeholders
+    params: dict[str, Any]
+
+    @property
+    def table(self) -> str | None:
+        """The table of an INSERT, else None."""
+        words = self.sql.split(None, 3)
+        if len(words) >= 3 and words[0].upper() == "INSERT" and words[1].upper() == "INTO":
+            return words[2]
+        return None
+
+
+@dataclass
+class Recording:
+    """Statements grouped by transaction, in the order they were sent."""
+
+    transactions: list[list[Statement]] = field(default_factory=list)
+    _open: list[Statement] | None = None
+
+    def begin(self) -> None:
+        self._open = []
+
+    def end(self) -> None:
+        if self._open:
+            self.transactions.append(self._open)
+        self._open = None
+
+    def statement(self, sql: str, params: Any) -> None:
+        # Only statements inside a transaction count: pool pings are not ours to copy.
+        if self._open is not None:
+            self._open.append(Statement(sql, dict(params or {})))
+
+    @property
+    def statements(self) -> list[Statement]:
+        return [s for tx in self.transactions for s in tx]
+
+
+@contextmanager
+def recording(engine: AsyncEngine) -> Iterator[Recording]:
+    rec = Recording()
+    sync = engine.sync_engine
+
+    def on_begin(_conn: Any) -> None:
+        rec.begin()
+
+    def on_end(_conn: Any) -> None:
+        rec.end()
+
+    def on_execute(
+        _conn: Any, _cursor: Any, sql: str, params: Any, _context: Any, _many: bool
+    ) -> None:
+        rec.statement(sql, params)
+
+    listeners: list[tuple[str, Any]] = [
+        ("begin", on_begin),
+        ("commit", on_end),
+        ("rollback", on_end),
+        ("before_cursor_execute", on_execute),
+    ]
+    for name, fn in listeners:
+        event.listen(sync, name, fn)
+    try:
+        yield rec
+    finally:
+        for name, fn in listeners:
+            event.remove(sync, name, fn)
+
+
+@dataclass(frozen=True)
+class IntakeCapture:
+    """One `accept()`: a SELECT of the idempotency record, then four INSERTs."""
+
+    transaction: list[Statement]
+    operation_id: str
+    idempotency_key: str
+
+    def insert_values(self) -> list[tuple[str, dict[str, Any]]]:
+        """(table, column values) of each INSERT, in the order the intake writes them."""
+        return [(s.table, s.params) for s in self.transaction if s.table is not None]
+
+
+@dataclass(frozen=True)
+class DispatchCapture:
+    """One delivery: the claim, the pre-submit and the record transactions."""
+
+    transactions: list[list[Statement]]
+    operation_id: str
+    outbox_id: int
+
+
+async def capture_intake(engine: AsyncEngine, key: str = "bench-capture-key") -> IntakeCapture:
+    body = payment_body("pm_ok")
+    intent = Intent(
+        actor=BENCH_ACTOR,
+        route=PAYMENTS_ROUTE,
+        idempotency_key=key,
+        request_hash=request_hash(BENCH_ACTOR, PAYMENTS_ROUTE, body),
+        body=body,
+        provider="sandbox",
+    )
+    with recording(engine) as rec:
+        result = await accept(engine, system_clock, intent)
+    if len(rec.transactions) != 1:
+        raise RuntimeError(f"expected one intake transaction, saw {len(rec.transactions)}")
+    operation = result.operation
+    operation_id = (
+        operation["operation_id"] if isinstance(operation, dict) else operation.operation_id
+    )
+    return IntakeCapture(rec.transactions[0], str(operation_id), key)
+
+
+async def capture_dispatch(database_url: str, sandbox_url: str) -> DispatchCapture:
+    """Deliver the one due submit row through a real worker and the sandbox."""
+    settings = Settings(database_url=database_url, provider_url=sandbox_url)
+    engine = create_ledger_engine(database_url)
+    worker = build_worker(settings, engine, system_clock, None)
+    try:
+        with recording(engine) as rec:
+            delivered = await worker.deliver_next()
+    finally:
+        await worker.close()
+        await engine.dispose()
+    if not delivered or len(rec.transactions) != 3:
+        raise RuntimeError(
+            f"expected claim, pre-submit and record transactions; saw {len(rec.transactions)}"
+        )
+    # The pre-submit transaction names the claimed row and its operation.
+    names = {k: v for s in rec.transactions[1] for k, v in s.params.items()}
+    return DispatchCapture(rec.transactions, str(names["operation_id"]), int(names["id_1"]))

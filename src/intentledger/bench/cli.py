@@ -1,0 +1,69 @@
+"""`intentledger bench`: the command (register with `app.command("bench")(bench_command)`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from intentledger.bench.processes import ProcessFailed
+from intentledger.bench.report import json_line, table, with_goals
+from intentledger.bench.runner import Bench, BenchConfig, BenchError
+from intentledger.bench.tools import ToolMissing
+from intentledger.store.database import UnsupportedDatabase, dialect_of
+
+
+def bench_command(
+    database_url: Annotated[
+        str,
+        typer.Option(
+            "--database-url",
+            help="A PostgreSQL URL whose ledger tables are empty (they are emptied again after).",
+        ),
+    ],
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Smaller runs: about two minutes on two cores.")
+    ] = False,
+    output: Annotated[
+        Path, typer.Option("--output", help="Where to write the figures as JSON.")
+    ] = Path("bench-results.json"),
+    profile: Annotated[
+        Path | None,
+        typer.Option(
+            "--profile",
+            help="Sample one API process and one worker with py-spy into this directory.",
+        ),
+    ] = None,
+    keep_logs: Annotated[
+        bool, typer.Option("--keep-logs", help="Keep the processes' logs and scripts.")
+    ] = False,
+) -> None:
+    """Throughput against pgbench running our own SQL, a Procrastinate peer, recovery scan
+    and memory (issue 6). Prints a table; the last line is one JSON object."""
+    err = Console(stderr=True)
+    try:
+        if dialect_of(database_url) != "postgresql":
+            raise UnsupportedDatabase("the bench runs on PostgreSQL")
+    except UnsupportedDatabase as exc:
+        err.print(f"[red]{exc}: pass --database-url postgresql://...[/red]")
+        raise typer.Exit(2) from exc
+    config = BenchConfig.for_run(
+        database_url, quick=quick, output=output, profile_dir=profile, keep_logs=keep_logs
+    )
+    bench = Bench(config, err)
+    failed = True
+    try:
+        figures = with_goals(bench.run())
+        failed = False
+    except (BenchError, ProcessFailed, ToolMissing) as exc:
+        err.print(f"[red]bench failed:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    finally:
+        bench.cleanup(failed)
+    output.write_text(json.dumps(figures, indent=2, sort_keys=True, default=str) + "\n")
+    Console(width=120).print(table(figures))
+    err.print(f"figures written to {output}")
+    print(json_line(figures), flush=True)

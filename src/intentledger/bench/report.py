@@ -1,0 +1,134 @@
+"""The bench's figures: issue 6's goals, a Rich table, and the JSON line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rich.table import Table
+
+# The keys the last stdout line must hold (issue 6).
+REQUIRED_KEYS = (
+    "intake_per_s",
+    "intake_pgbench_per_s",
+    "intake_ratio",
+    "dispatch_per_s",
+    "dispatch_pgbench_per_s",
+    "dispatch_ratio",
+    "latency_bound_per_s",
+    "scan_ratio",
+    "peer",
+    "peer_per_s",
+    "peer_ratio",
+    "api_rss_mb",
+)
+
+
+@dataclass(frozen=True)
+class Goal:
+    key: str
+    at_least: bool  # True: the figure must reach the bound; False: stay at or under it
+    bound: float
+
+    def met(self, value: float | None) -> bool | None:
+        if value is None:
+            return None
+        return value >= self.bound if self.at_least else value <= self.bound
+
+    def text(self) -> str:
+        return f"{'≥' if self.at_least else '≤'} {self.bound:g}"
+
+
+GOALS = (
+    Goal("intake_ratio", True, 0.5),
+    Goal("dispatch_ratio", True, 0.4),
+    Goal("latency_bound_per_s", True, 500),
+    Goal("scan_ratio", False, 1.5),
+    Goal("peer_ratio", True, 2),
+    Goal("api_rss_mb", False, 200),
+)
+
+
+def with_goals(figures: dict[str, Any]) -> dict[str, Any]:
+    goals = {g.key: {"goal": g.text(), "met": g.met(figures.get(g.key))} for g in GOALS}
+    return {**figures, "goals": goals}
+
+
+def _num(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float) and value >= 100:
+        return f"{value:,.0f}{unit}"
+    return f"{value}{unit}"
+
+
+def _met(figures: dict[str, Any], key: str) -> str:
+    goal = next(g for g in GOALS if g.key == key)
+    met = goal.met(figures.get(key))
+    mark = "—" if met is None else ("[green]met[/green]" if met else "[red]not met[/red]")
+    return f"{goal.text()} {mark}"
+
+
+def table(figures: dict[str, Any]) -> Table:
+    f = figures
+    size = "quick" if f.get("quick") else "full"
+    out = Table(title=f"intentledger bench ({size} run, {f.get('nproc')} cores)")
+    columns: list[tuple[str, Literal["left", "right"]]] = [
+        ("measure", "left"),
+        ("ours", "right"),
+        ("baseline", "right"),
+        ("ratio", "right"),
+        ("goal", "left"),
+    ]
+    for column, justify in columns:
+        out.add_column(column, justify=justify)
+    out.add_row(
+        f"intake, {f.get('intake_connections')} conns, {f.get('api_processes')} API procs",
+        _num(f.get("intake_per_s"), "/s"),
+        f"pgbench {_num(f.get('intake_pgbench_per_s'), '/s')}",
+        _num(f.get("intake_ratio")),
+        _met(f, "intake_ratio"),
+    )
+    out.add_row(
+        f"dispatch, {f.get('dispatch_payments')} payments, "
+        f"{f.get('dispatch_workers')} workers x {f.get('dispatch_concurrency')}",
+        _num(f.get("dispatch_per_s"), "/s"),
+        f"pgbench {_num(f.get('dispatch_pgbench_per_s'), '/s')}",
+        _num(f.get("dispatch_ratio")),
+        _met(f, "dispatch_ratio"),
+    )
+    out.add_row(
+        f"latency-bound, provider {f.get('latency_bound_provider_ms')} ms, one worker",
+        _num(f.get("latency_bound_per_s"), "/s"),
+        "",
+        "",
+        _met(f, "latency_bound_per_s"),
+    )
+    out.add_row(
+        f"claim {f.get('scan_due')} due: {f.get('scan_small_rows'):,} vs "
+        f"{f.get('scan_big_rows'):,} rows",
+        f"{_num(f.get('scan_big_s'), ' s')}",
+        f"{_num(f.get('scan_small_s'), ' s')}",
+        _num(f.get("scan_ratio")),
+        _met(f, "scan_ratio"),
+    )
+    out.add_row(
+        f"peer: {f.get('peer')}",
+        _num(f.get("dispatch_per_s"), "/s"),
+        _num(f.get("peer_per_s"), "/s"),
+        _num(f.get("peer_ratio")),
+        _met(f, "peer_ratio"),
+    )
+    out.add_row(
+        "peak RSS of one API process",
+        _num(f.get("api_rss_mb"), " MB"),
+        "",
+        "",
+        _met(f, "api_rss_mb"),
+    )
+    return out
+
+
+def json_line(figures: dict[str, Any]) -> str:
+    return json.dumps(figures, sort_keys=True, default=str)

@@ -1,0 +1,837 @@
+"""The bench's phases, run in order against one PostgreSQL database.
+
+    capture   record the real intake and dispatch statements (see capture.py)
+    intake    wrk -> N API processes; then pgbench running the intake transaction
+    dispatch  N ACCEPTED -> OUTCOME_KNOWN through workers and the sandbox; then pgbench
+              running one delivery's three transactions
+    latency   the sandbox answering after 200 ms, one worker process
+    peer      the same flow on Procrastinate, same database, same kind of sandbox
+    scan      1,000 due reconcile rows claimed from a small and a big ledger
+
+Every phase starts from empty ledger tables; the bench refuses a database that
+holds any ledger rows, and leaves it empty again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from rich.console import Console
+
+from intentledger.api.auth import create_api_key
+from intentledger.bench import profiling, workloads
+from intentledger.bench.capture import (
+    BENCH_ACTOR,
+    DispatchCapture,
+    IntakeCapture,
+    capture_dispatch,
+    capture_intake,
+    payment_body,
+)
+from intentledger.bench.processes import (
+    Fleet,
+    Proc,
+    cpu_seconds,
+    machine_busy_seconds,
+    parent_pid,
+    peak_rss_mb,
+    process_tree_cpu_seconds,
+)
+from intentledger.bench.sqlscript import Expr
+from intentledger.bench.tools import (
+    WRK_SCRIPT,
+    find_pgbench,
+    find_wrk,
+    libpq_url,
+    run_pgbench,
+    start_wrk,
+    wrk_result,
+)
+from intentledger.engine.clock import system_clock
+from intentledger.store.database import create_ledger_engine
+from intentledger.store.ledger import Ledger
+from intentledger.store.migrate import upgrade
+from intentledger.store.tables import metadata
+
+LEDGER_TABLES = [table.name for table in metadata.sorted_tables]
+# Outbox ids from here on are unmistakable among a recorded statement's values.
+CAPTURE_OUTBOX_ID_FROM = 770_000_000
+
+
+class BenchError(RuntimeError):
+    """A phase could not produce its figure; the message says why."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    database_url: str
+    quick: bool
+    output: Path
+    api_processes: int
+    connections: int
+    intake_seconds: float
+    warmup_seconds: float
+    dispatch_payments: int
+    workers: int
+    worker_concurrency: int
+    latency_payments: int
+    latency_concurrency: int
+    slow_seconds: float
+    scan_small: int
+    scan_big: int
+    scan_due: int
+    peer_payments: int
+    profile_dir: Path | None = None
+    keep_logs: bool = False
+
+    @classmethod
+    def for_run(
+        cls,
+        database_url: str,
+        *,
+        quick: bool,
+        output: Path,
+        profile_dir: Path | None = None,
+        keep_logs: bool = False,
+    ) -> BenchConfig:
+        cores = os.cpu_count() or 1
+        return cls(
+            database_url=database_url,
+            quick=quick,
+            output=output,
+            api_processes=cores,
+            connections=32,
+            intake_seconds=5 if quick else 20,
+            warmup_seconds=2 if quick else 5,
+            dispatch_payments=1_000 if quick else 20_000,
+            # As many worker processes as cores, 16 deliveries each: 32 on two cores,
+            # the concurrency the dispatch baseline runs at.
+            workers=cores,
+            worker_concurrency=16,
+            latency_payments=600 if quick else 5_000,
+            latency_concurrency=200,
+            slow_seconds=0.2,
+            scan_small=10_000,
+            scan_big=100_000 if quick else 1_000_000,
+            scan_due=1_000,
+            peer_payments=1_000 if quick else 20_000,
+            profile_dir=profile_dir,
+            keep_logs=keep_logs,
+        )
+
+    @property
+    def dispatch_clients(self) -> int:
+        return self.workers * self.worker_concurrency
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class CpuWatch:
+    """CPU-seconds over one measurement: the bench's processes by role, the PostgreSQL
+    server (when it runs on this machine), the bench and the load tools it reaped, and
+    whatever else kept the machine busy (`other`: someone else's work skews the run)."""
+
+    roles: dict[str, list[int]]
+    postmaster: int | None
+    sessions: Callable[[], int]
+    _start: dict[str, float] = field(default_factory=dict)
+    _sessions: int = 0
+    _machine: float = 0.0
+    _wall: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._start = self._sample()
+        self._sessions = self.sessions()
+        self._machine = machine_busy_seconds()
+        self._wall = time.monotonic()
+
+    def _sample(self) -> dict[str, float]:
+        sample = {role: sum(cpu_seconds(p) for p in pids) for role, pids in self.roles.items()}
+        if self.postmaster is not None:
+            sample["postgres"] = process_tree_cpu_seconds(self.postmaster)
+        sample["bench_and_load_tools"] = cpu_seconds(os.getpid(), reaped_children=True)
+        return sample
+
+    def stop(self) -> dict[str, float]:
+        end = self._sample()
+        used = {role: round(end[role] - self._start[role], 1) for role in end}
+        busy = machine_busy_seconds() - self._machine
+        used["other"] = round(max(0.0, busy - sum(end[r] - self._start[r] for r in end)), 1)
+        used["machine_busy"] = round(busy, 1)
+        used["wall"] = round(time.monotonic() - self._wall, 1)
+        # New server processes: each costs a fork and a cold catalog cache.
+        used["db_sessions_opened"] = self.sessions() - self._sessions
+        return used
+
+
+def per_item_ms(cpu: dict[str, float], items: int) -> dict[str, float]:
+    """CPU milliseconds per payment (or per transaction) of each process role."""
+    skip = {"wall", "machine_busy", "other", "db_sessions_opened"}
+    return {k: round(v * 1000 / items, 2) for k, v in cpu.items() if k not in skip and items}
+
+
+def background_cores(seconds: float = 1.0) -> float:
+    """How many cores something else keeps busy while the bench is idle."""
+    before = machine_busy_seconds()
+    time.sleep(seconds)
+    return round((machine_busy_seconds() - before) / seconds, 2)
+
+
+class Bench:
+    def __init__(self, config: BenchConfig, console: Console) -> None:
+        self.config = config
+        self.url = config.database_url
+        self.libpq = libpq_url(config.database_url)
+        self.console = console
+        self.workdir = Path(tempfile.mkdtemp(prefix="intentledger-bench-"))
+        self.figures: dict[str, Any] = {}
+        self.postmaster: int | None = None
+        self.intake_capture: IntakeCapture | None = None
+        self.dispatch_capture: DispatchCapture | None = None
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("INTENTLEDGER_")}
+        self.env = {
+            **inherited,
+            "INTENTLEDGER_DATABASE_URL": config.database_url,
+            # `serve` mounts a sandbox whose truth must not land in the caller's directory.
+            "INTENTLEDGER_SANDBOX_DATABASE": str(self.workdir / "api-sandbox.db"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        if config.profile_dir is not None:
+            config.profile_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def say(self, message: str) -> None:
+        self.console.print(f"[dim]bench:[/dim] {message}")
+
+    @contextmanager
+    def admin(self) -> Iterator[psycopg.Connection[Any]]:
+        with psycopg.connect(self.libpq, autocommit=True) as conn:
+            yield conn
+
+    def scalar(self, query: str) -> int:
+        with self.admin() as conn:
+            row = conn.execute(query.encode()).fetchone()
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
+    def truncate(self) -> None:
+        with self.admin() as conn:
+            conn.execute(f"TRUNCATE {', '.join(LEDGER_TABLES)} RESTART IDENTITY".encode())
+
+    def require_empty_ledger(self) -> None:
+        busy = [t for t in LEDGER_TABLES if self.scalar(f"SELECT count(*) FROM {t}")]
+        if busy:
+            raise BenchError(
+                "the bench empties every ledger table between phases; give it a database "
+                f"with an empty ledger (this one has rows in {', '.join(busy)})"
+            )
+
+    def fleet(self) -> Fleet:
+        return Fleet(self.workdir, self.env)
+
+    def start_sandbox(self, fleet: Fleet, name: str) -> tuple[Proc, str]:
+        port = free_port()
+        proc = fleet.intentledger(
+            name,
+            ["sandbox", "--port", str(port)],
+            INTENTLEDGER_SANDBOX_DATABASE=str(self.workdir / f"{name}.db"),
+        )
+        url = f"http://127.0.0.1:{port}/_sandbox"
+        proc.wait_http(url + "/healthz")
+        return proc, url
+
+    def start_workers(
+        self, fleet: Fleet, prefix: str, count: int, concurrency: int, sandbox_url: str
+    ) -> list[Proc]:
+        workers = [
+            fleet.intentledger(
+                f"{prefix}{n}",
+                ["worker", "--concurrency", str(concurrency)],
+                INTENTLEDGER_PROVIDER_URL=sandbox_url,
+            )
+            for n in range(count)
+        ]
+        for worker in workers:
+            worker.wait_log("started")
+        return workers
+
+    def seed_accepted(self, count: int, tag: str, payment_method: str) -> None:
+        """`count` ACCEPTED payments with due submit rows, visible at one commit."""
+        assert self.intake_capture is not None
+        with psycopg.connect(self.libpq) as conn:
+            workloads.seed(conn, self.intake_capture, count, tag, payment_method=payment_method)
+            conn.commit()
+
+    def drain(self, total: int, what: str, watched: list[Proc], timeout: float) -> float:
+        """Seconds until no outbox row is pending; fails if a process dies or time runs out."""
+        started = time.monotonic()
+        while True:
+            pending = self.scalar("SELECT count(*) FROM outbox WHERE done_at IS NULL")
+            if pending == 0:
+                elapsed = time.monotonic() - started
+                break
+            for proc in watched:
+                proc.check_alive()
+            if time.monotonic() - started > timeout:
+                raise BenchError(
+                    f"{what}: {pending} of {total} payments still pending after {timeout:.0f}s "
+                    f"(logs in {self.workdir})"
+                )
+            time.sleep(0.05)
+        settled = self.scalar(
+            "SELECT count(*) FROM operations WHERE state = 'OUTCOME_KNOWN' "
+            "AND outcome = 'succeeded'"
+        )
+        if settled != total:
+            states = self.scalar("SELECT count(DISTINCT state) FROM operations")
+            raise BenchError(
+                f"{what}: only {settled} of {total} payments succeeded ({states} states seen; "
+                f"logs in {self.workdir})"
+            )
+        return elapsed
+
+    def watch(self, roles: dict[str, list[int]]) -> CpuWatch:
+        return CpuWatch(roles, self.postmaster, self.sessions)
+
+    def sessions(self) -> int:
+        """Sessions PostgreSQL has opened on this database so far."""
+        return self.scalar(
+            "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+        )
+
+    def note_background(self, phase: str) -> None:
+        """Record (and warn about) CPU that other work burns before a phase starts."""
+        cores = background_cores()
+        self.figures.setdefault("background_cores", {})[phase] = cores
+        if cores > 0.25:
+            self.say(
+                f"[yellow]{phase}: something else keeps {cores} cores busy; "
+                "figures will be low[/yellow]"
+            )
+
+    def find_postmaster(self) -> int | None:
+        """The local PostgreSQL server's main process, to count its CPU time."""
+        with self.admin() as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            backend = int(row[0]) if row else 0
+            try:
+                if not Path(f"/proc/{backend}/comm").read_text().startswith("postgres"):
+                    return None
+            except OSError:
+                return None  # another machine or another pid namespace
+            return parent_pid(backend)
+
+    def profile(self, name: str, pid: int, seconds: float) -> Callable[[], None]:
+        """Start sampling `pid` if --profile was given; returns the call that finishes it."""
+        if self.config.profile_dir is None:
+            return lambda: None
+        out = self.config.profile_dir / f"{name}.txt"
+        proc = profiling.start(pid, out, seconds)
+        return lambda: profiling.finish(proc, out)
+
+    # -- phases -------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        try:
+            self.prepare()
+            self.capture()
+            self.intake()
+            self.dispatch()
+            self.latency_bound()
+            self.peer()
+            self.scan()
+        finally:
+            try:
+                self.truncate()
+            except Exception as exc:
+                self.say(f"[yellow]could not empty the ledger afterwards: {exc}[/yellow]")
+        self.figures["seconds"] = round(time.monotonic() - started, 1)
+        return self.figures
+
+    def cleanup(self, failed: bool) -> None:
+        if failed or self.config.keep_logs:
+            self.say(f"logs kept in {self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def prepare(self) -> None:
+        self.wrk = find_wrk()
+        self.pgbench = find_pgbench()
+        upgrade(self.url)
+        self.require_empty_ledger()
+        self.postmaster = self.find_postmaster()
+        self.figures.update(machine_facts(self.libpq, self.pgbench, self.config))
+
+    def capture(self) -> None:
+        self.say("recording the intake and dispatch statements of the real code paths")
+        self.truncate()
+        with self.admin() as conn:
+            conn.execute(f"SELECT setval('outbox_id_seq', {CAPTURE_OUTBOX_ID_FROM})".encode())
+
+        async def intake() -> IntakeCapture:
+            engine = create_ledger_engine(self.url)
+            try:
+                return await capture_intake(engine)
+            finally:
+                await engine.dispose()
+
+        self.intake_capture = asyncio.run(intake())
+        with self.fleet() as fleet:
+            _, sandbox = self.start_sandbox(fleet, "capture-sandbox")
+            self.dispatch_capture = asyncio.run(capture_dispatch(self.url, sandbox))
+        if self.dispatch_capture.outbox_id <= CAPTURE_OUTBOX_ID_FROM:
+            raise BenchError("the recorded delivery did not claim the recorded intake's row")
+        with self.admin() as conn:
+            (self.workdir / "intake.pgbench").write_text(
+                workloads.intake_script(conn, self.intake_capture, "pi")
+            )
+            (self.workdir / "dispatch.pgbench").write_text(
+                workloads.dispatch_script(conn, self.dispatch_capture)
+            )
+        self.figures["intake_statements"] = len(self.intake_capture.transaction)
+        self.figures["dispatch_statements"] = sum(
+            len(tx) for tx in self.dispatch_capture.transactions
+        )
+        self.truncate()
+
+    def intake(self) -> None:
+        cfg = self.config
+        self.say(f"intake: wrk, {cfg.connections} connections -> {cfg.api_processes} API processes")
+        self.truncate()
+
+        async def token() -> str:
+            engine = create_ledger_engine(self.url)
+            try:
+                return await create_api_key(engine, system_clock, BENCH_ACTOR, False)
+            finally:
+                await engine.dispose()
+
+        api_token = asyncio.run(token())
+        # What a client sends; the API adds the default `metadata: {}` the capture holds.
+        body = json.dumps({k: v for k, v in payment_body("pm_ok").items() if k != "metadata"})
+        ports = [free_port() for _ in range(cfg.api_processes)]
+        with self.fleet() as fleet:
+            apis = [
+                fleet.intentledger(f"api{n}", ["serve", "--no-workers", "--port", str(port)])
+                for n, port in enumerate(ports)
+            ]
+            for api, port in zip(apis, ports, strict=True):
+                api.wait_http(f"http://127.0.0.1:{port}/healthz")
+            script = self.workdir / "intake.lua"
+            script.write_text(WRK_SCRIPT)
+            split = [
+                cfg.connections // len(ports) + (n < cfg.connections % len(ports))
+                for n in range(len(ports))
+            ]
+
+            def load(seconds: float, prefix: str) -> tuple[int, int, float, float, float]:
+                procs = [
+                    start_wrk(
+                        self.wrk,
+                        script,
+                        f"http://127.0.0.1:{port}",
+                        connections=conns,
+                        seconds=seconds,
+                        key_prefix=f"{prefix}{n}",
+                        token=api_token,
+                        body=body,
+                    )
+                    for n, (port, conns) in enumerate(zip(ports, split, strict=True))
+                ]
+                results = [wrk_result(p, seconds + 60) for p in procs]
+                ok = sum(r.requests - r.errors for r in results)
+                errors = sum(r.errors for r in results)
+                longest = max(r.seconds for r in results)
+                p50 = max(r.p50_ms for r in results)
+                p99 = max(r.p99_ms for r in results)
+                return ok, errors, longest, p50, p99
+
+            load(cfg.warmup_seconds, f"w{secrets.token_hex(2)}-")
+            before = self.scalar("SELECT count(*) FROM operations")
+            watch = self.watch({"api": [a.pid for a in apis]})
+            finish_profile = self.profile("intake-api0", apis[0].pid, cfg.intake_seconds)
+            ok, errors, seconds, p50, p99 = load(cfg.intake_seconds, f"m{secrets.token_hex(2)}-")
+            cpu = watch.stop()
+            finish_profile()
+            stored = self.scalar("SELECT count(*) FROM operations") - before
+            rss = max(peak_rss_mb(api.pid) for api in apis)
+            for api in apis:
+                api.check_alive()
+        if errors:
+            raise BenchError(f"intake: {errors} requests failed (logs in {self.workdir})")
+        if stored < ok:
+            raise BenchError(f"intake: wrk saw {ok} answers but only {stored} intents are stored")
+        self.say(f"intake: pgbench, {cfg.connections} clients, the intake transaction")
+        self.truncate()
+        baseline_watch = self.watch({})
+        baseline = run_pgbench(
+            self.pgbench,
+            self.url,
+            self.workdir / "intake.pgbench",
+            clients=cfg.connections,
+            threads=min(cfg.connections, os.cpu_count() or 1),
+            seconds=cfg.intake_seconds,
+            define={"n": "0"},
+        )
+        baseline_cpu = baseline_watch.stop()
+        self.figures.update(
+            intake_per_s=round(ok / seconds, 1),
+            intake_requests=ok,
+            intake_p50_ms=round(p50, 1),
+            intake_p99_ms=round(p99, 1),
+            intake_cpu=cpu,
+            intake_cpu_ms_per_intent=per_item_ms(cpu, ok),
+            intake_pgbench_cpu=baseline_cpu,
+            intake_pgbench_cpu_ms_per_tx=per_item_ms(baseline_cpu, baseline.transactions),
+            intake_pgbench_per_s=round(baseline.tps, 1),
+            intake_ratio=round(ok / seconds / baseline.tps, 3),
+            api_rss_mb=round(rss, 1),
+            api_processes=cfg.api_processes,
+            intake_connections=cfg.connections,
+        )
+
+    def dispatch(self) -> None:
+        cfg = self.config
+        n = cfg.dispatch_payments
+        self.say(
+            f"dispatch: {n} payments, {cfg.workers} workers x {cfg.worker_concurrency}, "
+            "sandbox answering at once"
+        )
+        self.truncate()
+        self.note_background("dispatch")
+        with self.fleet() as fleet:
+            sandbox_proc, sandbox = self.start_sandbox(fleet, "dispatch-sandbox")
+            workers = self.start_workers(
+                fleet, "worker", cfg.workers, cfg.worker_concurrency, sandbox
+            )
+            self.seed_accepted(n, "d", "pm_ok")
+            watch = self.watch({"workers": [w.pid for w in workers], "sandbox": [sandbox_proc.pid]})
+            finish_profile = self.profile(
+                "dispatch-worker0", workers[0].pid, 10 if cfg.quick else 20
+            )
+            elapsed = self.drain(n, "dispatch", [*workers, sandbox_proc], max(120.0, n / 20))
+            cpu = watch.stop()
+            finish_profile()
+        rate = n / elapsed
+        self.say(f"dispatch: pgbench, {cfg.dispatch_clients} clients, claim + pre-submit + record")
+        self.truncate()
+        per_client = max(1, n // cfg.dispatch_clients)
+        self.seed_accepted(per_client * cfg.dispatch_clients, "pd", "pm_ok")
+        baseline_watch = self.watch({})
+        baseline = run_pgbench(
+            self.pgbench,
+            self.url,
+            self.workdir / "dispatch.pgbench",
+            clients=cfg.dispatch_clients,
+            threads=min(cfg.dispatch_clients, os.cpu_count() or 1),
+            transactions_per_client=per_client,
+        )
+        baseline_cpu = baseline_watch.stop()
+        left = self.scalar("SELECT count(*) FROM outbox WHERE done_at IS NULL")
+        if left:
+            raise BenchError(f"dispatch baseline left {left} rows undelivered")
+        self.figures.update(
+            dispatch_per_s=round(rate, 1),
+            dispatch_payments=n,
+            dispatch_seconds=round(elapsed, 2),
+            dispatch_workers=cfg.workers,
+            dispatch_concurrency=cfg.worker_concurrency,
+            dispatch_cpu=cpu,
+            dispatch_cpu_ms_per_payment=per_item_ms(cpu, n),
+            dispatch_pgbench_cpu=baseline_cpu,
+            dispatch_pgbench_cpu_ms_per_tx=per_item_ms(baseline_cpu, baseline.transactions),
+            dispatch_pgbench_per_s=round(baseline.tps, 1),
+            dispatch_pgbench_clients=cfg.dispatch_clients,
+            dispatch_ratio=round(rate / baseline.tps, 3),
+        )
+        self.truncate()
+
+    def latency_bound(self) -> None:
+        cfg = self.config
+        n = cfg.latency_payments
+        self.say(
+            f"latency-bound: {n} payments, sandbox answering after {cfg.slow_seconds * 1000:.0f}"
+            f" ms, one worker with concurrency {cfg.latency_concurrency}"
+        )
+        self.truncate()
+        self.note_background("latency_bound")
+        with self.fleet() as fleet:
+            port = free_port()
+            slow = fleet.start(
+                "slow-sandbox",
+                "intentledger.bench.slow_sandbox",
+                [
+                    "--port",
+                    str(port),
+                    "--database",
+                    str(self.workdir / "slow-sandbox.db"),
+                    "--slow-seconds",
+                    str(cfg.slow_seconds),
+                ],
+            )
+            sandbox = f"http://127.0.0.1:{port}/_sandbox"
+            slow.wait_http(sandbox + "/healthz")
+            [worker] = self.start_workers(fleet, "slow-worker", 1, cfg.latency_concurrency, sandbox)
+            self.seed_accepted(n, "l", "pm_slow")
+            watch = self.watch({"worker": [worker.pid], "sandbox": [slow.pid]})
+            elapsed = self.drain(n, "latency-bound dispatch", [worker, slow], max(120.0, n / 20))
+            cpu = watch.stop()
+        self.figures.update(
+            latency_bound_per_s=round(n / elapsed, 1),
+            latency_bound_payments=n,
+            latency_bound_concurrency=cfg.latency_concurrency,
+            latency_bound_provider_ms=round(cfg.slow_seconds * 1000),
+            latency_bound_cpu=cpu,
+            latency_bound_cpu_ms_per_payment=per_item_ms(cpu, n),
+        )
+        self.truncate()
+
+    def peer(self) -> None:
+        cfg = self.config
+        n = cfg.peer_payments
+        try:
+            from intentledger.bench import peer
+        except ImportError as exc:
+            self.say(
+                f"[yellow]peer skipped: {exc}; install the bench extra "
+                "(pip install -e '.[bench]')[/yellow]"
+            )
+            self.figures.update(
+                peer="procrastinate (not installed)",
+                peer_per_s=None,
+                peer_ratio=None,
+                peer_error=str(exc),
+            )
+            return
+        self.say(
+            f"peer: {n} payments on {peer.version()}, {cfg.workers} workers x "
+            f"{cfg.worker_concurrency}"
+        )
+        self.note_background("peer")
+        peer.create_schema(self.libpq)
+        try:
+            with self.fleet() as fleet:
+                sandbox_proc, sandbox = self.start_sandbox(fleet, "peer-sandbox")
+                workers = [
+                    fleet.start(
+                        f"peer{k}",
+                        "intentledger.bench.peer",
+                        [
+                            "--database-url",
+                            self.libpq,
+                            "--sandbox-url",
+                            sandbox,
+                            "--concurrency",
+                            str(cfg.worker_concurrency),
+                        ],
+                    )
+                    for k in range(cfg.workers)
+                ]
+                for worker in workers:
+                    worker.wait_log("peer worker ready")
+                peer.enqueue_payments(self.libpq, n)
+                watch = self.watch(
+                    {"workers": [w.pid for w in workers], "sandbox": [sandbox_proc.pid]}
+                )
+                started = time.monotonic()
+                timeout = max(180.0, n / 20)
+                while True:
+                    done, succeeded = peer.settled(self.libpq)
+                    if done >= n or time.monotonic() - started > timeout:
+                        break
+                    for proc in [*workers, sandbox_proc]:
+                        proc.check_alive()
+                    time.sleep(0.05)
+                elapsed = time.monotonic() - started
+                cpu = watch.stop()
+        finally:
+            peer.drop_schema(self.libpq)
+        if succeeded < n:
+            self.say(f"[yellow]peer: {succeeded} of {n} succeeded within {timeout:.0f}s[/yellow]")
+        rate = succeeded / elapsed
+        self.figures.update(
+            peer=peer.version(),
+            peer_per_s=round(rate, 1),
+            peer_payments=n,
+            peer_succeeded=succeeded,
+            peer_cpu=cpu,
+            peer_cpu_ms_per_payment=per_item_ms(cpu, succeeded),
+            peer_ratio=round(self.figures["dispatch_per_s"] / rate, 2) if rate else None,
+        )
+
+    def scan(self) -> None:
+        cfg = self.config
+        small, _ = self.claim_due(cfg.scan_small)
+        big, plan = self.claim_due(cfg.scan_big)
+        self.figures.update(
+            scan_plan=plan,
+            scan_due=cfg.scan_due,
+            scan_small_rows=cfg.scan_small,
+            scan_big_rows=cfg.scan_big,
+            scan_small_s=round(small, 3),
+            scan_big_s=round(big, 3),
+            scan_ratio=round(big / small, 2),
+        )
+
+    def claim_plan(self) -> str:
+        """How PostgreSQL runs the recorded claim statement now: its scan nodes."""
+        assert self.dispatch_capture is not None
+        claim = self.dispatch_capture.transactions[0][0]
+        params = {
+            name: system_clock() if name.startswith("due_at") else value
+            for name, value in claim.params.items()
+        }
+        with self.admin() as conn:
+            sql = psycopg.ClientCursor(conn).mogrify(claim.sql, params)
+            plan = [row[0] for row in conn.execute(f"EXPLAIN {sql}".encode())]
+        scans = [line.strip().removeprefix("->").strip() for line in plan if "Scan" in line]
+        return "; ".join(scan.split("  (")[0] for scan in scans)
+
+    def claim_due(self, rows: int) -> tuple[float, str]:
+        """Seconds to claim `scan_due` due reconcile rows, one claim per transaction,
+        and the claim's plan on this ledger."""
+        assert self.intake_capture is not None
+        due = self.config.scan_due
+        waiting = rows // 100  # UNKNOWN, next check not yet due
+        settled = rows - due - waiting
+        self.say(f"scan: loading a ledger of {rows:,} operations ({due} due, {waiting} waiting)")
+        self.truncate()
+        tables = frozenset({"operations", "outbox"})
+        ref = Expr("'ch_' || lpad(g::text, 24, '0')")
+        unknown = {
+            "state": "UNKNOWN",
+            "next_action": "reconcile",
+            "version": 3,
+            "first_attempt_at": Expr("now()"),
+            "last_observed_at": Expr("now()"),
+        }
+        with psycopg.connect(self.libpq) as conn:
+            workloads.seed(
+                conn,
+                self.intake_capture,
+                settled,
+                "s",
+                tables=tables,
+                overrides={
+                    "operations": {
+                        "state": "OUTCOME_KNOWN",
+                        "next_action": "none",
+                        "outcome": "succeeded",
+                        "provider_reference": ref,
+                        "version": 3,
+                        "first_attempt_at": Expr("now()"),
+                        "last_observed_at": Expr("now()"),
+                    },
+                    "outbox": {"deliveries": 1, "done_at": Expr("now()")},
+                },
+            )
+            workloads.seed(
+                conn,
+                self.intake_capture,
+                waiting,
+                "w",
+                tables=tables,
+                overrides={
+                    "operations": unknown,
+                    "outbox": {
+                        "kind": "reconcile",
+                        "due_at": Expr("now() + interval '1 hour' + g * interval '1 ms'"),
+                    },
+                },
+            )
+            workloads.seed(
+                conn,
+                self.intake_capture,
+                due,
+                "u",
+                tables=tables,
+                overrides={
+                    "operations": unknown,
+                    "outbox": {
+                        "kind": "reconcile",
+                        "due_at": Expr("now() - interval '1 minute' - g * interval '1 ms'"),
+                    },
+                },
+            )
+            conn.commit()
+        with self.admin() as conn:
+            conn.execute(b"VACUUM ANALYZE operations")
+            conn.execute(b"VACUUM ANALYZE outbox")
+        plan = self.claim_plan()
+
+        async def claim_all() -> tuple[int, float]:
+            engine = create_ledger_engine(self.url, pool_size=1)
+            try:
+                async with engine.connect() as conn:  # connect and warm the pool first
+                    await conn.close()
+                claimed = 0
+                started = time.perf_counter()
+                for _ in range(due + 1):
+                    async with engine.begin() as conn:
+                        row = await Ledger(conn).claim_outbox_row(
+                            system_clock(), timedelta(minutes=5), "bench-scan"
+                        )
+                    if row is None:
+                        break
+                    claimed += 1
+                return claimed, time.perf_counter() - started
+            finally:
+                await engine.dispose()
+
+        claimed, seconds = asyncio.run(claim_all())
+        if claimed != due:
+            raise BenchError(f"scan: claimed {claimed} rows of a ledger with {due} due")
+        self.say(f"scan: {due} claims in {seconds:.3f}s on {rows:,} operations ({plan})")
+        self.truncate()
+        return seconds, plan
+
+
+def machine_facts(libpq: str, pgbench: str, config: BenchConfig) -> dict[str, Any]:
+    with psycopg.connect(libpq) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+        fsync = conn.execute("SHOW fsync").fetchone()
+        commit = conn.execute("SHOW synchronous_commit").fetchone()
+    pgbench_version = subprocess.run(
+        [pgbench, "--version"], capture_output=True, text=True
+    ).stdout.strip()
+    mem_kb = next(
+        int(line.split()[1])
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal:")
+    )
+    return {
+        "quick": config.quick,
+        "nproc": os.cpu_count(),
+        "memory_gb": round(mem_kb / 1024 / 1024, 1),
+        "python": platform.python_version(),
+        "postgresql": row[0] if row else "?",
+        "postgresql_fsync": fsync[0] if fsync else "?",
+        "postgresql_synchronous_commit": commit[0] if commit else "?",
+        "pgbench": pgbench_version,
+        "platform": platform.platform(),
+        "payment": payment_body("pm_ok"),
+        "python_executable": sys.executable,
+    }

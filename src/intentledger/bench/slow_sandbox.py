@@ -1,0 +1,45 @@
+"""A sandbox provider whose `pm_slow` answers after a chosen delay (the CLI fixes 1 s).
+
+python -m intentledger.bench.slow_sandbox --port P --database FILE --slow-seconds 0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from datetime import timedelta
+
+import uvicorn
+from fastapi import FastAPI
+
+from intentledger.providers.sandbox import create_sandbox_app
+from intentledger.service import SANDBOX_MOUNT
+
+
+def build(database: str, slow_seconds: float) -> FastAPI:
+    outer = FastAPI(title="intentledger bench sandbox")
+    outer.mount(
+        SANDBOX_MOUNT,
+        create_sandbox_app(database, timedelta(hours=24), slow_seconds=slow_seconds),
+    )
+    return outer
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--database", required=True)
+    parser.add_argument("--slow-seconds", type=float, default=0.2)
+    args = parser.parse_args(argv)
+    uvicorn.run(
+        build(args.database, args.slow_seconds),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        # A held answer is on purpose: do not wait for it on shutdown.
+        timeout_graceful_shutdown=2,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Render recorded statements as pgbench scripts and as bulk loaders.
+
+A recorded statement is rendered with psycopg's own client-side binding, so
+every value reaches the server exactly as the code path sends it. Only the
+values that must differ per row (the operation id, the idempotency key, the
+outbox row id) become pgbench variables or per-row SQL expressions.
+
+pgbench reads `:name` (a colon, then a letter or underscore) as a variable
+anywhere in a statement, quoted or not. Literals that contain such a sequence
+(worker ids like `worker:host:pid`) are rewritten as escape strings with the
+colon spelled `\\x3a`, which the server reads back as the same text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from intentledger.bench.capture import Statement
+
+_PGBENCH_VARIABLE = re.compile(r":(?=[A-Za-z_])")
+
+
+@dataclass(frozen=True)
+class Expr:
+    """Raw SQL standing in for a value: a pgbench variable or a per-row expression."""
+
+    sql: str
+
+
+def _plain(value: Any) -> Any:
+    # StrEnum members bind as their value; give psycopg the plain string.
+    return value.value if isinstance(value, Enum) else value
+
+
+def escape_pgbench_colons(text: str) -> str:
+    """Rewrite every string literal holding `:letter` so pgbench sees no variable in it."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch != "'":
+            out.append(ch)
+            i += 1
+            continue
+        # A literal runs to the next quote that is not doubled.
+        j = i + 1
+        while True:
+            j = text.index("'", j)
+            if j + 1 < len(text) and text[j + 1] == "'":
+                j += 2
+                continue
+            break
+        body = text[i + 1 : j]
+        escaped = bool(out) and out[-1] in ("E", "e")
+        if _PGBENCH_VARIABLE.search(body):
+            if not escaped:
+                body = body.replace("\\", "\\\\")
+                out.append("E")
+            body = body.replace(":", "\\x3a")
+        out.append("'" + body + "'")
+        i = j + 1
+    return "".join(out)
+
+
+def literal(conn: psycopg.Connection[Any], value: Any) -> str:
+    """One value as a SQL literal, rendered by psycopg as it would bind it."""
+    if isinstance(value, Expr):
+        return value.sql
+    return escape_pgbench_colons(sql.Literal(_plain(value)).as_string(conn))
+
+
+def render(
+    conn: psycopg.Connection[Any],
+    statement: Statement,
+    substitute: Mapping[str | int, Expr] | None = None,
+) -> str:
+    """A recorded statement as one line of SQL, with `substitute`d values replaced.
+
+    A string value that contains a substituted string (a provider key holds
+    the operation id) becomes a concatenation around the substitute.
+    """
+    substitute = dict(substitute or {})
+    sentinels: dict[str, str] = {}
+    params: dict[str, Any] = {}
+    for name, raw in statement.params.items():
+        value = _plain(raw)
+        replacement = _replacement(conn, value, substitute)
+        if replacement is None:
+            params[name] = value
+            continue
+        sentinel = f"__pgbench_sentinel_{len(sentinels)}__"
+        sentinels[f"'{sentinel}'"] = replacement
+        params[name] = sentinel
+    text = psycopg.ClientCursor(conn).mogrify(statement.sql, params)
+    text = escape_pgbench_colons(text)
+    for sentinel, replacement in sentinels.items():
+        text = text.replace(sentinel, replacement)
+    return " ".join(text.split())
+
+
+def _replacement(
+    conn: psycopg.Connection[Any], value: Any, substitute: Mapping[str | int, Expr]
+) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    if value in substitute:
+        return f"({substitute[value].sql})"
+    if isinstance(value, str):
+        for needle, expr in substitute.items():
+            if isinstance(needle, str) and needle and needle in value:
+                before, _, after = value.partition(needle)
+                parts = [literal(conn, p) for p in (before,) if p]
+                parts.append(f"CAST({expr.sql} AS text)")
+                parts += [literal(conn, p) for p in (after,) if p]
+                return "(" + " || ".join(parts) + ")"
+    return None
+
+
+def transaction_block(lines: Sequence[str], gset_first: bool = False) -> list[str]:
+    """BEGIN; the statements; COMMIT; the first may end in `\\gset` instead of `;`."""
+    block = ["BEGIN;"]
+    for n, line in enumerate(lines):
+        block.append(line + (" \\gset" if gset_first and n == 0 else ";"))
+    block.append("COMMIT;")
+    return block
+
+
+def insert_select(
+    conn: psycopg.Connection[Any], table: str, values: Mapping[str, Any], rows: int
+) -> str:
+    """`INSERT INTO table (...) SELECT ... FROM generate_series(1, rows) AS g`.
+
+    Per-row values are `Expr`s over `g`; everything else is a literal.
+    """
+    columns = ", ".join(values)
+    selected = ", ".join(literal(conn, v) for v in values.values())
+    return (
+        f"INSERT INTO {table} ({columns}) SELECT {selected} "
+        f"FROM generate_series(1, {int(rows)}) AS g"
+    )

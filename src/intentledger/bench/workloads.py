@@ -1,0 +1,97 @@
+"""The bench's SQL workloads, all rendered from the recorded code paths.
+
+- the intake transaction as a pgbench script (a fresh operation id and key per run);
+- the claim, pre-submit and record transactions of one delivery as a pgbench
+  script (the claim's RETURNING feeds the next two through `\\gset`);
+- bulk loads of ledger rows shaped exactly like the intake's, by
+  `INSERT ... SELECT ... FROM generate_series`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from intentledger.bench.capture import DispatchCapture, IntakeCapture, payment_body
+from intentledger.bench.sqlscript import Expr, insert_select, render, transaction_block
+
+# Operation ids are "op_" and 24 hex digits; bench ids keep that length.
+_ID_DIGITS = 24
+
+
+def operation_id_expr(tag: str, counter: str) -> str:
+    return f"'op_' || lpad('{tag}' || {counter}, {_ID_DIGITS}, '0')"
+
+
+def key_expr(tag: str, counter: str) -> str:
+    return f"'k{tag}-' || {counter}"
+
+
+# Per pgbench client: its id and a counter kept across its transactions (-D n=0).
+_PGBENCH_COUNTER = "CAST(:client_id AS text) || 'n' || CAST(:n AS text)"
+_ROW_COUNTER = "g::text"
+
+
+def intake_script(conn: psycopg.Connection[Any], capture: IntakeCapture, tag: str) -> str:
+    """`accept()`'s transaction: SELECT the idempotency record, then the four INSERTs."""
+    substitute: dict[str | int, Expr] = {
+        capture.operation_id: Expr(operation_id_expr(tag, _PGBENCH_COUNTER)),
+        capture.idempotency_key: Expr(key_expr(tag, _PGBENCH_COUNTER)),
+    }
+    lines = [render(conn, s, substitute) for s in capture.transaction]
+    return "\n".join(["\\set n :n + 1", *transaction_block(lines)]) + "\n"
+
+
+def dispatch_script(conn: psycopg.Connection[Any], capture: DispatchCapture) -> str:
+    """One delivery: claim (its row into pgbench variables), pre-submit, record."""
+    substitute: dict[str | int, Expr] = {
+        capture.operation_id: Expr(":operation_id"),
+        capture.outbox_id: Expr(":id"),
+    }
+    out: list[str] = []
+    for n, transaction in enumerate(capture.transactions):
+        lines = [render(conn, s, substitute) for s in transaction]
+        out += transaction_block(lines, gset_first=n == 0)
+    return "\n".join(out) + "\n"
+
+
+def with_payment_method(context: Any, payment_method: str) -> Jsonb:
+    obj = context.obj if isinstance(context, Jsonb) else context
+    return Jsonb({**obj, "body": {**obj["body"], **payment_body(payment_method)}})
+
+
+def seed(
+    conn: psycopg.Connection[Any],
+    capture: IntakeCapture,
+    rows: int,
+    tag: str,
+    *,
+    payment_method: str = "pm_ok",
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    tables: frozenset[str] | None = None,
+) -> None:
+    """Insert `rows` intakes' worth of rows, shaped as the recorded intake wrote them.
+
+    `overrides` changes or adds columns per table (an `Expr` may use `g`, the
+    row number); `tables` limits the load to some of the intake's tables.
+    """
+    per_row = {
+        capture.operation_id: Expr(operation_id_expr(tag, _ROW_COUNTER)),
+        capture.idempotency_key: Expr(key_expr(tag, _ROW_COUNTER)),
+    }
+    for table, recorded in capture.insert_values():
+        if tables is not None and table not in tables:
+            continue
+        values: dict[str, Any] = {}
+        for column, value in recorded.items():
+            if isinstance(value, str) and value in per_row:
+                values[column] = per_row[value]
+            elif column == "request_context":
+                values[column] = with_payment_method(value, payment_method)
+            else:
+                values[column] = value
+        values.update((overrides or {}).get(table, {}))
+        conn.execute(insert_select(conn, table, values, rows).encode())
