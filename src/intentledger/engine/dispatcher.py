@@ -23,7 +23,7 @@ from intentledger.domain.backoff import next_check_at, recheck_delay
 from intentledger.domain.retry_after import RetryAfter, parse_retry_after
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
 from intentledger.domain.transport import ProviderAnswer, Verdict, classify
-from intentledger.engine.audit import schedule_duplicate_audit
+from intentledger.engine.audit import settle
 from intentledger.engine.clock import Clock
 from intentledger.engine.unknown import mark_unknown
 from intentledger.providers.base import Provider, ProviderRequest
@@ -408,20 +408,15 @@ class Dispatcher:
         reason: str,
         answer: ProviderAnswer,
     ) -> None:
-        await ledger.transition(
+        await settle(
+            ledger,
             operation,
-            State.OUTCOME_KNOWN,
+            outcome,
             now=now,
-            next_action=NextAction.NONE,
             reason=reason,
             source=self.worker_id,
-            outcome=outcome,
+            audit_after=self.settings.recheck_backoff,
             provider_reference=answer.provider_reference,
-            last_observed_at=now,
-            retry_after_at=None,
-        )
-        await schedule_duplicate_audit(
-            ledger, operation.operation_id, now, self.settings.recheck_backoff
         )
 
     @staticmethod

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
-from intentledger.engine.audit import schedule_duplicate_audit
+from intentledger.engine.audit import settle
 from intentledger.engine.clock import Clock
 from intentledger.engine.refusal import Refusal, claim_key, find_replay, retry_key_races
 from intentledger.store.ledger import Ledger
@@ -91,18 +91,15 @@ async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome
         reason=f"{action.by} resolved it as {outcome.value}: {evidence}",
         source=f"operator:{action.by}",
     )
-    await ledger.transition(
+    await settle(
+        ledger,
         operation,
-        State.OUTCOME_KNOWN,
+        outcome,
         now=now,
-        next_action=NextAction.NONE,
         reason=f"resolved by {action.by}: {evidence}",
         source=f"operator:{action.by}",
-        outcome=outcome,
-        last_observed_at=now,
-        retry_after_at=None,
+        audit_after=timedelta(0),
     )
-    await schedule_duplicate_audit(ledger, action.operation_id, now, timedelta(0))
     return f"resolved as {outcome.value}"
 
 

@@ -28,7 +28,7 @@ from intentledger.domain.transport import (
     LookupVerdict,
     judge_lookup,
 )
-from intentledger.engine.audit import AUDIT_ATTEMPTS, schedule_duplicate_audit
+from intentledger.engine.audit import AUDIT_ATTEMPTS, settle
 from intentledger.engine.clock import Clock
 from intentledger.engine.safety_review import PolicyFor, RulesFor, run_safety_review
 from intentledger.engine.unknown import mark_unknown
@@ -192,22 +192,17 @@ class Reconciler:
             judgement = await _conclusive(ledger, operation, judgement)
             outcome = _SETTLING.get(judgement.verdict)
             if outcome is not None and (state in UNRESOLVED):
-                await ledger.transition(
+                await settle(
+                    ledger,
                     operation,
-                    State.OUTCOME_KNOWN,
+                    outcome,
                     now=now,
-                    next_action=NextAction.NONE,
                     reason=f"lookup evidence: {judgement.reason}",
                     source=self.worker_id,
-                    outcome=outcome,
+                    audit_after=self.recheck_backoff,
                     provider_reference=judgement.provider_reference,
                     reconciliation_status=judgement.verdict,
-                    last_observed_at=now,
-                    retry_after_at=None,
                     duplicate_detected=judgement.executed_charges > 1,
-                )
-                await schedule_duplicate_audit(
-                    ledger, operation.operation_id, now, self.recheck_backoff
                 )
             elif state is State.RECONCILIATION_DUE:
                 await self._unresolved(
