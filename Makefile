@@ -4,11 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test setup lint typecheck chaos clean
+.PHONY: run test setup lint typecheck chaos bench clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	touch $(INSTALLED)
 
 setup: $(INSTALLED)
@@ -35,6 +35,11 @@ test: lint typecheck
 # The full fault run of docs/reliability.md, on a throwaway PostgreSQL server.
 chaos: setup
 	scripts/with-postgres sh -c '$(BIN)/intentledger chaos --database-url "$$INTENTLEDGER_TEST_POSTGRES_URL" --restart-db-cmd "$$INTENTLEDGER_TEST_POSTGRES_RESTART"'
+
+# Issue 6's benchmarks on a throwaway PostgreSQL server (docs/benchmarks.md);
+# BENCH_ARGS=--quick for a short run, BENCH_ARGS="--profile DIR" to sample with py-spy.
+bench: setup
+	scripts/with-postgres sh -c '$(BIN)/intentledger bench --database-url "$$INTENTLEDGER_TEST_POSTGRES_URL" $(BENCH_ARGS)'
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

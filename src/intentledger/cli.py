@@ -299,5 +299,15 @@ def chaos(
     raise typer.Exit(1 if report["violations"] else 0)
 
 
+def _register_bench() -> None:
+    from intentledger.bench import bench_command
+
+    app.command("bench", help="Issue 6's benchmarks against pgbench and a peer, one run.")(
+        bench_command
+    )
+
+
+_register_bench()
+
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -161,6 +161,11 @@ async def capture_dispatch(database_url: str, sandbox_url: str) -> DispatchCaptu
         raise RuntimeError(
             f"expected claim, pre-submit and record transactions; saw {len(rec.transactions)}"
         )
-    # The pre-submit transaction names the claimed row and its operation.
+    # The pre-submit transaction names the claimed row (holds_lease) and its operation.
     names = {k: v for s in rec.transactions[1] for k, v in s.params.items()}
+    if "operation_id" not in names or "id_1" not in names:
+        raise RuntimeError(
+            "the recorded pre-submit transaction no longer binds `operation_id` and `id_1`; "
+            f"update bench/capture.py (saw {sorted(names)})"
+        )
     return DispatchCapture(rec.transactions, str(names["operation_id"]), int(names["id_1"]))

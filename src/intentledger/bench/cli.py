@@ -9,10 +9,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from intentledger.bench.processes import ProcessFailed
-from intentledger.bench.report import json_line, table, with_goals
-from intentledger.bench.runner import Bench, BenchConfig, BenchError
-from intentledger.bench.tools import ToolMissing
 from intentledger.store.database import UnsupportedDatabase, dialect_of
 
 
@@ -43,6 +39,12 @@ def bench_command(
 ) -> None:
     """Throughput against pgbench running our own SQL, a Procrastinate peer, recovery scan
     and memory (issue 6). Prints a table; the last line is one JSON object."""
+    # Imported here: every `intentledger` process (workers too) loads this module.
+    from intentledger.bench.processes import ProcessFailed
+    from intentledger.bench.report import json_line, table, with_goals
+    from intentledger.bench.runner import Bench, BenchConfig, BenchError
+    from intentledger.bench.tools import ToolMissing
+
     err = Console(stderr=True)
     try:
         if dialect_of(database_url) != "postgresql":

@@ -164,20 +164,39 @@ def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
     return ticks / _CLOCK_TICKS
 
 
-def _children(pid: int) -> list[int]:
+def runqueue_wait_seconds(pid: int) -> float:
+    """Time the process was ready to run but waited for a core (/proc/PID/schedstat)."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _children(pid: int) -> list[tuple[int, bool]]:
+    """(pid, is a zombie) of each child of `pid`."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             fields = _stat_fields(int(entry.name))
             if fields is not None and int(fields[1]) == pid:
-                found.append(int(entry.name))
+                found.append((int(entry.name), fields[0] == "Z"))
     return found
 
 
-def process_tree_cpu_seconds(pid: int) -> float:
+def process_tree_cpu_seconds(pid: int, settle: float = 2.0) -> float:
     """CPU time of a process, its live children and the children it has reaped:
-    for a postmaster, the whole PostgreSQL server's CPU time."""
-    return cpu_seconds(pid, reaped_children=True) + sum(cpu_seconds(c) for c in _children(pid))
+    for a postmaster, the whole PostgreSQL server's CPU time.
+
+    An exited child that is not yet reaped shows no CPU time anywhere, so this
+    waits (up to `settle` seconds) until no child is a zombie.
+    """
+    deadline = time.monotonic() + settle
+    while True:
+        own = cpu_seconds(pid, reaped_children=True)
+        children = _children(pid)
+        if not any(zombie for _, zombie in children) or time.monotonic() > deadline:
+            return own + sum(cpu_seconds(child) for child, _ in children)
+        time.sleep(0.02)
 
 
 def parent_pid(pid: int) -> int | None:

@@ -1,0 +1,52 @@
+"""`intentledger bench --quick` inside `make test`: a smoke test, no timing assertions.
+
+The figures depend on the machine and on whatever else runs on it; what must
+hold everywhere is that every phase runs to the end and the last stdout line
+is the JSON object issue 6 asks for.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from intentledger.bench.report import REQUIRED_KEYS
+from tests.conftest import BACKENDS, Databases
+from tests.support import INTENTLEDGER
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        "postgresql" not in BACKENDS,
+        reason="the bench runs on PostgreSQL (INTENTLEDGER_TEST_BACKENDS)",
+    ),
+]
+
+
+def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Path) -> None:
+    output = tmp_path / "bench.json"
+    done = subprocess.run(
+        [
+            *INTENTLEDGER,
+            "bench",
+            "--database-url",
+            databases.create("postgresql"),
+            "--quick",
+            "--output",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    missing = [key for key in REQUIRED_KEYS if key not in figures]
+    assert not missing, missing
+    assert figures["quick"] is True
+    assert figures["peer"].startswith("procrastinate")
+    assert json.loads(output.read_text()) == figures
