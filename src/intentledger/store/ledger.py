@@ -352,12 +352,6 @@ class Ledger:
             .values(done_at=now)
         )
 
-    async def count_pending_outbox(self) -> int:
-        result = await self.conn.execute(
-            select(func.count()).select_from(outbox).where(outbox.c.done_at.is_(None))
-        )
-        return int(result.scalar_one())
-
     async def lookups_of(self, operation_id: str) -> Sequence[Record]:
         return await self.observations_of_kind(operation_id, "lookup_result")
 
