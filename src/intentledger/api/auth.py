@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -14,12 +16,65 @@ from intentledger.engine.clock import Clock
 from intentledger.store.ledger import Ledger
 
 TOKEN_PREFIX = "il_"
+# A known key is looked up in the database at most once per this many seconds
+# per API process. There is no key revocation today, but a key removed from
+# `api_keys` (by hand, or by a revocation added later) must stop working
+# without a restart: the TTL bounds how long a stale entry can authenticate.
+AUTH_CACHE_TTL_SECONDS = 60.0
+# Only keys found in the database are cached, so this bounds memory against
+# many real keys in use at once, not against made-up tokens.
+AUTH_CACHE_MAX_ENTRIES = 4096
 
 
 @dataclass(frozen=True)
 class Principal:
     actor: str
     is_operator: bool
+
+
+class PrincipalCache:
+    """Token hash -> Principal of keys the database knew, each for `ttl` seconds.
+
+    Unknown tokens are never cached: every one of them goes to the database,
+    so nobody can fill the cache by sending tokens that do not exist.
+    """
+
+    def __init__(
+        self,
+        ttl: float = AUTH_CACHE_TTL_SECONDS,
+        max_entries: int = AUTH_CACHE_MAX_ENTRIES,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._monotonic = monotonic
+        # Insertion order is expiry order (every entry lives `ttl`): oldest first.
+        self._entries: dict[str, tuple[float, Principal]] = {}
+
+    def get(self, token_hash: str) -> Principal | None:
+        entry = self._entries.get(token_hash)
+        if entry is None:
+            return None
+        expires_at, principal = entry
+        if self._monotonic() >= expires_at:
+            del self._entries[token_hash]
+            return None
+        return principal
+
+    def put(self, token_hash: str, principal: Principal) -> None:
+        self._entries.pop(token_hash, None)
+        self._entries[token_hash] = (self._monotonic() + self.ttl, principal)
+        while len(self._entries) > self.max_entries:
+            del self._entries[next(iter(self._entries))]
+
+
+def _principal_cache(request: Request) -> PrincipalCache:
+    """The app's own cache (per app, so separate apps never share entries)."""
+    state = request.app.state
+    cache: PrincipalCache | None = getattr(state, "principal_cache", None)
+    if cache is None:
+        cache = state.principal_cache = PrincipalCache()
+    return cache
 
 
 def hash_token(token: str) -> str:
@@ -53,9 +108,16 @@ async def authenticate(request: Request) -> Principal:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise _unauthorized("the Authorization header must be 'Bearer <token>'")
+    token_hash = hash_token(token.strip())
+    cache = _principal_cache(request)
+    principal = cache.get(token_hash)
+    if principal is not None:
+        return principal
     engine: AsyncEngine = request.app.state.engine
     async with engine.connect() as conn:
-        row = await Ledger(conn).find_api_key(hash_token(token.strip()))
+        row = await Ledger(conn).find_api_key(token_hash)
     if row is None:
         raise _unauthorized("unknown or revoked token")
-    return Principal(actor=row.actor, is_operator=bool(row.is_operator))
+    principal = Principal(actor=row.actor, is_operator=bool(row.is_operator))
+    cache.put(token_hash, principal)
+    return principal
