@@ -284,7 +284,7 @@ async def test_resumed_delivery_marks_unknown_without_calling_the_provider(
 
     # The first worker's answer arrives late: recorded, and it settles the operation.
     answer = await first.dispatcher.provider.submit(submission.request)
-    await first.dispatcher._record(row, submission, answer)
+    await first.dispatcher.record(row, submission, answer)
     op = await operation(engine, op_id)
     assert (op.state, op.outcome) == ("OUTCOME_KNOWN", "succeeded")
     assert len(sandbox_charges(sandbox, op_id)) == 1

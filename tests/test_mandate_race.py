@@ -75,8 +75,11 @@ async def trial(engine: AsyncEngine, sandbox: str, number: int, rng: random.Rand
     workers = [make_worker(engine, sandbox, clock, worker=f"w{number}-{i}") for i in range(2)]
 
     async def dispatch(worker_index: int) -> None:
+        # One dispatcher claims in batches, the other one row at a time: the two
+        # paths take their locks in the same order, or this would deadlock.
         await asyncio.sleep(rng.random() * 0.01)
-        while await workers[worker_index].deliver_next():
+        worker = workers[worker_index]
+        while await (worker.deliver_batch(limit=3) if worker_index == 0 else worker.deliver_next()):
             pass
 
     async def suspend() -> datetime:

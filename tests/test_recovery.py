@@ -297,7 +297,7 @@ async def test_a_late_success_after_a_failed_resolution_is_flagged_not_hidden(
         await perform(engine, clock, act)
     # ...and then its success arrives.
     answer = await worker.dispatcher.provider.submit(submission.request)
-    await worker.dispatcher._record(row, submission, answer)
+    await worker.dispatcher.record(row, submission, answer)
     op = await operation(engine, op_id)
     assert (op.state, op.outcome) == ("OUTCOME_KNOWN", "failed")
     assert (op.outcome_contradicted, op.next_action) == (True, "operator")

@@ -56,6 +56,7 @@ SandboxDatabase = Annotated[
 Concurrency = Annotated[
     int | None, typer.Option("--concurrency", help="INTENTLEDGER_WORKER_CONCURRENCY")
 ]
+Batch = Annotated[int | None, typer.Option("--batch", help="INTENTLEDGER_WORKER_BATCH")]
 
 
 def load_settings(**flags: Any) -> Settings:
@@ -149,6 +150,7 @@ def worker(
     recheck_backoff: RecheckBackoff = None,
     stale_submitting: StaleSubmitting = None,
     concurrency: Concurrency = None,
+    batch: Batch = None,
 ) -> None:
     """Run the dispatcher alone (point --provider-url at a running provider)."""
     from intentledger.engine.clock import system_clock
@@ -164,6 +166,7 @@ def worker(
         recheck_backoff=recheck_backoff,
         stale_submitting=stale_submitting,
         worker_concurrency=concurrency,
+        worker_batch=batch,
     )
     _configure_logging()
     _require_schema(settings)

@@ -95,6 +95,7 @@ async def run_workers(worker: Worker, settings: Settings, stop: asyncio.Event) -
             settings.worker_concurrency,
             settings.poll_interval,
             settings.sweep_interval,
+            settings.worker_batch,
         )
     finally:
         await worker.close()

@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     sandbox_database: str = "intentledger-sandbox.db"
     # How many outbox deliveries one worker process runs at once.
     worker_concurrency: int = Field(default=16, ge=1, le=1024)
+    # How many due rows one delivery loop claims at a time: first attempts of a
+    # claim are pre-submitted in one transaction, sent concurrently and recorded
+    # in one transaction. The process runs ceil(concurrency / batch) loops.
+    worker_batch: int = Field(default=8, ge=1, le=1024)
     poll_interval: Duration = timedelta(milliseconds=200)
     # How often a worker looks for stale SUBMITTING operations.
     sweep_interval: Duration = timedelta(seconds=15)

@@ -16,13 +16,14 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.backoff import next_check_at, recheck_delay
 from intentledger.domain.retry_after import RetryAfter, parse_retry_after
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
-from intentledger.domain.transport import ProviderAnswer, Verdict, classify
+from intentledger.domain.transport import Classification, ProviderAnswer, Verdict, classify
 from intentledger.engine.audit import settle
 from intentledger.engine.clock import Clock
 from intentledger.engine.unknown import mark_unknown
@@ -81,6 +82,35 @@ def request_for(operation: Record, idempotency_key: str) -> ProviderRequest:
     )
 
 
+def submit_result(
+    operation_id: str,
+    now: datetime,
+    source: str,
+    attempt_number: int,
+    answer: ProviderAnswer,
+    classification: Classification,
+    retry_after: RetryAfter,
+) -> dict[str, Any]:
+    """The observation row of an answer to a submit: what the wire showed, as is."""
+    return {
+        "operation_id": operation_id,
+        "at": now,
+        "kind": "submit_result",
+        "source": source,
+        "attempt_number": attempt_number,
+        "transport": answer.transport,
+        "error_class": answer.error_class,
+        "http_status": answer.status,
+        "verdict": classification.verdict,
+        "reason": classification.reason,
+        "provider_reference": answer.provider_reference,
+        "retry_after_raw": retry_after.raw,
+        "retry_after_at": retry_after.at,
+        "retry_after_problem": retry_after.problem,
+        "detail": answer.detail or None,
+    }
+
+
 def _second_execution(operation: Record, verdict: Verdict, answer: ProviderAnswer) -> bool:
     """A late success for a settled-as-succeeded operation under another charge
     id means two attempts executed: a duplicate to flag for a refund."""
@@ -114,7 +144,7 @@ class Dispatcher:
         if submission is None:
             return
         answer = await self.provider.submit(submission.request)
-        await self._record(row, submission, answer)
+        await self.record(row, submission, answer)
 
     # -- step 3: pre-submit -------------------------------------------------
 
@@ -309,7 +339,7 @@ class Dispatcher:
 
     # -- step 5: record -----------------------------------------------------
 
-    async def _record(self, row: Record, submission: Submission, answer: ProviderAnswer) -> None:
+    async def record(self, row: Record, submission: Submission, answer: ProviderAnswer) -> None:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()
@@ -318,21 +348,15 @@ class Dispatcher:
             classification = classify(answer)
             retry_after = parse_retry_after(answer.retry_after, now)
             observation_id = await ledger.add_observation(
-                operation_id=operation.operation_id,
-                at=now,
-                kind="submit_result",
-                source=self.worker_id,
-                attempt_number=submission.attempt_number,
-                transport=answer.transport,
-                error_class=answer.error_class,
-                http_status=answer.status,
-                verdict=classification.verdict,
-                reason=classification.reason,
-                provider_reference=answer.provider_reference,
-                retry_after_raw=retry_after.raw,
-                retry_after_at=retry_after.at,
-                retry_after_problem=retry_after.problem,
-                detail=answer.detail or None,
+                **submit_result(
+                    operation.operation_id,
+                    now,
+                    self.worker_id,
+                    submission.attempt_number,
+                    answer,
+                    classification,
+                    retry_after,
+                )
             )
             await self._apply(
                 ledger,

@@ -10,15 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.engine.batch_dispatch import deliver_submits
 from intentledger.engine.clock import Clock
 from intentledger.engine.dispatcher import Dispatcher
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
+from intentledger.store.batches import BatchLedger
 from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,10 @@ class Worker:
             row = await Ledger(conn).claim_outbox_row(self.clock(), self.lease, self.worker_id)
         if row is None:
             return False
+        await self.deliver(row)
+        return True
+
+    async def deliver(self, row: Record) -> None:
         if row.kind == "submit":
             await self.dispatcher.deliver_submit(row)
         elif row.kind == "reconcile":
@@ -56,7 +64,27 @@ class Worker:
             await self.reconciler.deliver_audit(row)
         else:
             log.error("outbox row %s has unknown kind %r; leaving it leased", row.id, row.kind)
-        return True
+
+    async def deliver_batch(self, limit: int) -> int:
+        """Claim up to `limit` due rows and deliver them: submits through the
+        batched first-attempt path, the other kinds one by one, concurrently."""
+        async with self.engine.begin() as conn:
+            rows = await BatchLedger(conn).claim_outbox_rows(
+                self.clock(), self.lease, self.worker_id, limit
+            )
+        if not rows:
+            return 0
+        submits = [row for row in rows if row.kind == "submit"]
+        others = [row for row in rows if row.kind != "submit"]
+        results = await asyncio.gather(
+            deliver_submits(self.dispatcher, submits),
+            *(self.deliver(row) for row in others),
+            return_exceptions=True,
+        )
+        for failure in results:
+            if isinstance(failure, Exception):
+                log.error("delivery failed; its lease will make it due again", exc_info=failure)
+        return len(rows)
 
     async def drain(self) -> int:
         """Deliver until nothing is due (tests and the demo use this)."""
@@ -80,16 +108,19 @@ async def run_worker(
     concurrency: int,
     poll_interval: timedelta,
     sweep_interval: timedelta,
+    batch: int = 1,
 ) -> None:
-    """Run `concurrency` delivery loops and the sweeper until `stop` is set."""
+    """Deliver up to `concurrency` rows at once, in loops that each claim up to
+    `batch` rows at a time, and run the sweeper, until `stop` is set."""
+    per_loop = max(1, min(batch, concurrency))
 
     async def deliveries() -> None:
         while not stop.is_set():
             try:
-                delivered = await worker.deliver_next()
+                delivered = await worker.deliver_batch(per_loop)
             except Exception:
-                log.exception("delivery failed; the row's lease will make it due again")
-                delivered = False
+                log.exception("delivery failed; the rows' leases will make them due again")
+                delivered = 0
             if not delivered:
                 await _pause(stop, poll_interval)
 
@@ -104,6 +135,6 @@ async def run_worker(
             await _pause(stop, sweep_interval)
 
     async with asyncio.TaskGroup() as group:
-        for _ in range(concurrency):
+        for _ in range(math.ceil(concurrency / per_loop)):
             group.create_task(deliveries())
         group.create_task(sweeps())

@@ -7,6 +7,7 @@ from intentledger.providers.sandbox_client import SandboxProvider
 from intentledger.settings import Settings
 
 KNOWN_PROVIDERS = ("sandbox",)
+DEFAULT_CONNECTIONS = 200
 
 
 class ProviderNotConfigured(ValueError):
@@ -23,4 +24,7 @@ def build_provider(settings: Settings, default_url: str | None = None) -> Provid
         raise ProviderNotConfigured(
             "INTENTLEDGER_PROVIDER_URL is required when no sandbox runs in this process"
         )
-    return SandboxProvider(url, settings.submit_timeout)
+    # Enough connections for every delivery in flight: a call queued for a
+    # connection would spend its deadline waiting and end as "no response".
+    connections = max(DEFAULT_CONNECTIONS, settings.worker_concurrency)
+    return SandboxProvider(url, settings.submit_timeout, max_connections=connections)

@@ -160,7 +160,7 @@ class Ledger:
         if result.rowcount != 1:
             raise ConcurrentUpdate(operation.operation_id)
         if operation.mandate_id is not None and target in FINAL:
-            await self._settle_reservation(operation, fields.get("outcome"), now)
+            await self.settle_reservation(operation, fields.get("outcome"), now)
         if operation.kind in CARD_KINDS and target in FINAL:
             await self._settle_card(operation, fields, now)
         await self.conn.execute(
@@ -435,7 +435,7 @@ class Ledger:
             .values(version=mandates.c.version + 1, updated_at=now, **values)
         )
 
-    async def _settle_reservation(
+    async def settle_reservation(
         self, operation: Record, outcome: Outcome | str | None, now: datetime
     ) -> None:
         """Money held stays held until the outcome is final: then a success is

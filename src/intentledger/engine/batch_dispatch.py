@@ -1,0 +1,191 @@
+"""Batched first attempts: the dispatcher's steps 3-5 for many payments at once.
+
+The common delivery — the first attempt of an ACCEPTED payment — done
+set-at-a-time, in the same order and with the same rows as
+`Dispatcher.deliver_submit`:
+
+    one pre-submit transaction commits SUBMITTING + attempt 1 for the batch
+    -> the provider calls run concurrently, outside any transaction
+    -> one record transaction settles every answer that settles plainly
+
+Everything else takes the one-at-a-time path, whose rules stay the reference:
+a resumed SUBMITTING, a resubmission, a mandate no longer active, a lost lease,
+other kinds of operation, and every answer that does not plainly settle its
+operation (unknown, not executed, or one arriving after the state moved on).
+So the batch never decides anything the reference path would not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from intentledger.domain.retry_after import parse_retry_after
+from intentledger.domain.states import State
+from intentledger.domain.transport import ProviderAnswer, Verdict, classify
+from intentledger.engine.dispatcher import (
+    Dispatcher,
+    Submission,
+    provider_key,
+    request_for,
+    submit_result,
+)
+from intentledger.store.batches import BatchLedger, Settlement
+from intentledger.store.tables import Record
+
+log = logging.getLogger(__name__)
+
+FIRST_ATTEMPT = 1
+
+
+@dataclass(frozen=True)
+class Sent:
+    row: Record
+    submission: Submission
+    answer: ProviderAnswer
+
+
+async def deliver_submits(dispatcher: Dispatcher, rows: Sequence[Record]) -> None:
+    """Deliver leased `submit` rows; first attempts together, the rest one by one."""
+    batch, others = await _pre_submit(dispatcher, rows)
+    sending = asyncio.create_task(_send_all(dispatcher, batch))
+    one_by_one = await asyncio.gather(
+        *(dispatcher.deliver_submit(row) for row in others), return_exceptions=True
+    )
+    for failure in one_by_one:
+        if isinstance(failure, Exception):
+            log.error("delivery failed; its lease will make it due again", exc_info=failure)
+    sent = await sending
+    await _record(dispatcher, sent)
+
+
+async def _send_all(
+    dispatcher: Dispatcher, batch: Sequence[tuple[Record, Submission]]
+) -> list[Sent]:
+    answers = await asyncio.gather(
+        *(dispatcher.provider.submit(submission.request) for _, submission in batch)
+    )
+    return [
+        Sent(row, submission, answer)
+        for (row, submission), answer in zip(batch, answers, strict=True)
+    ]
+
+
+async def _pre_submit(
+    dispatcher: Dispatcher, rows: Sequence[Record]
+) -> tuple[list[tuple[Record, Submission]], list[Record]]:
+    """Commit SUBMITTING + attempt 1 for every row that is a plain first attempt;
+    return those with what to send, and the rows left to the reference path."""
+    if not rows:
+        return [], []
+    async with dispatcher.engine.begin() as conn:
+        ledger = BatchLedger(conn)
+        now = dispatcher.clock()
+        locked = await ledger.lock(row.operation_id for row in rows)
+        held = await ledger.leases_held((row.id for row in rows), dispatcher.worker_id, now)
+        attempted = await ledger.last_attempt_numbers(locked.operations.keys())
+        batch: list[tuple[Record, Submission]] = []
+        others: list[Record] = []
+        taken: set[str] = set()
+        for row in rows:
+            operation = locked.operations[row.operation_id]
+            mandate = locked.mandates.get(operation.mandate_id) if operation.mandate_id else None
+            plain = (
+                row.id in held
+                and row.decision_id is None
+                and operation.kind == "payment"
+                and State(operation.state) is State.ACCEPTED
+                and operation.operation_id not in attempted
+                and operation.operation_id not in taken
+                and (operation.mandate_id is None or (mandate and mandate.status == "active"))
+            )
+            if not plain:
+                others.append(row)
+                continue
+            taken.add(operation.operation_id)
+            key = provider_key(operation.operation_id)
+            batch.append((row, Submission(FIRST_ATTEMPT, request_for(operation, key))))
+        if batch:
+            await ledger.add_attempts(
+                [
+                    {
+                        "operation_id": submission.request.reference,
+                        "number": FIRST_ATTEMPT,
+                        "provider_idempotency_key": submission.key,
+                        "submitted_at": now,
+                        "relation": "original",
+                        "resubmission_of": None,
+                        "decision_id": None,
+                        "source": dispatcher.worker_id,
+                    }
+                    for _, submission in batch
+                ]
+            )
+            await ledger.start_submitting(
+                [locked.operations[row.operation_id] for row, _ in batch],
+                now=now,
+                reasons={
+                    row.operation_id: f"attempt {FIRST_ATTEMPT} committed before provider I/O"
+                    for row, _ in batch
+                },
+                source=dispatcher.worker_id,
+            )
+    return batch, others
+
+
+def _settles_plainly(operation: Record, last_attempt: int | None, verdict: Verdict) -> bool:
+    """A success or a decline answering the operation's only attempt, while it is
+    still SUBMITTING: the reference path settles it with no other step."""
+    return (
+        State(operation.state) is State.SUBMITTING
+        and last_attempt == FIRST_ATTEMPT
+        and verdict in (Verdict.SUCCEEDED, Verdict.FAILED)
+    )
+
+
+async def _record(dispatcher: Dispatcher, sent: Sequence[Sent]) -> None:
+    if not sent:
+        return
+    rest: list[Sent] = []
+    async with dispatcher.engine.begin() as conn:
+        ledger = BatchLedger(conn)
+        now = dispatcher.clock()
+        locked = await ledger.lock(item.row.operation_id for item in sent)
+        last_attempts = await ledger.last_attempt_numbers(locked.operations.keys())
+        observations = []
+        settlements = []
+        finished = []
+        for item in sent:
+            operation = locked.operations[item.row.operation_id]
+            classification = classify(item.answer)
+            verdict = classification.verdict
+            if not _settles_plainly(operation, last_attempts.get(operation.operation_id), verdict):
+                rest.append(item)
+                continue
+            answer = item.answer
+            retry_after = parse_retry_after(answer.retry_after, now)
+            observations.append(
+                submit_result(
+                    operation.operation_id,
+                    now,
+                    dispatcher.worker_id,
+                    item.submission.attempt_number,
+                    answer,
+                    classification,
+                    retry_after,
+                )
+            )
+            settlements.append(
+                Settlement(
+                    operation, verdict.value, answer.provider_reference, classification.reason
+                )
+            )
+            finished.append(item.row.id)
+        if settlements:
+            await ledger.add_observations(observations)
+            await ledger.settle(settlements, now=now, source=dispatcher.worker_id)
+            await ledger.finish_outbox_rows(finished, now)
+    for item in rest:
+        await dispatcher.record(item.row, item.submission, item.answer)

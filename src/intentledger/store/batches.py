@@ -1,0 +1,248 @@
+"""Set-at-a-time reads and writes for batched first attempts.
+
+The same rows `Ledger` writes one operation at a time, written for many
+operations in a few statements: one claim, one lock per table, one multi-row
+insert per append-only table, one update per kind of change. Locks are taken
+in the one order every writer uses (mandates, then operations, then outbox
+rows), each set sorted by key so two batches can never deadlock each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from intentledger.domain.states import NextAction, State, require_transition
+from intentledger.store.ledger import ConcurrentUpdate, Ledger
+from intentledger.store.tables import (
+    Record,
+    attempts,
+    mandates,
+    observations,
+    operations,
+    outbox,
+    transitions,
+)
+
+
+@dataclass(frozen=True)
+class Locked:
+    """Operations locked for a state change, and the mandates locked before them."""
+
+    operations: dict[str, Record]
+    mandates: dict[str, Record]
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """One operation's final outcome, from an answer to its attempt."""
+
+    operation: Record
+    outcome: str
+    provider_reference: str | None
+    reason: str
+
+
+class BatchLedger:
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+        self._is_postgres = conn.dialect.name == "postgresql"
+
+    async def claim_outbox_rows(
+        self, now: datetime, lease: timedelta, owner: str, limit: int
+    ) -> list[Record]:
+        """Lease up to `limit` due rows, earliest due first (see Ledger.claim_outbox_row)."""
+        due = (
+            select(outbox.c.id)
+            .where(outbox.c.done_at.is_(None), outbox.c.due_at <= now)
+            .order_by(outbox.c.due_at)
+            .limit(limit)
+        )
+        if self._is_postgres:
+            due = due.with_for_update(skip_locked=True)
+        result = await self.conn.execute(
+            update(outbox)
+            .where(outbox.c.id.in_(due.scalar_subquery()))
+            .values(lease_owner=owner, due_at=now + lease, deliveries=outbox.c.deliveries + 1)
+            .returning(outbox)
+        )
+        return sorted(result.all(), key=lambda row: (row.created_at, row.id))
+
+    async def lock(self, operation_ids: Iterable[str]) -> Locked:
+        """Lock the operations' mandates, then the operations (Ledger.lock_operation's order)."""
+        ids = sorted(set(operation_ids))
+        mandate_ids = (
+            await self.conn.execute(
+                select(operations.c.mandate_id)
+                .where(operations.c.operation_id.in_(ids), operations.c.mandate_id.is_not(None))
+                .distinct()
+            )
+        ).scalars()
+        locked_mandates: dict[str, Record] = {}
+        wanted = sorted(mandate_ids)
+        if wanted:
+            rows = await self.conn.execute(
+                select(mandates)
+                .where(mandates.c.mandate_id.in_(wanted))
+                .order_by(mandates.c.mandate_id)
+                .with_for_update()
+            )
+            locked_mandates = {row.mandate_id: row for row in rows}
+        rows = await self.conn.execute(
+            select(operations)
+            .where(operations.c.operation_id.in_(ids))
+            .order_by(operations.c.operation_id)
+            .with_for_update()
+        )
+        return Locked({row.operation_id: row for row in rows}, locked_mandates)
+
+    async def leases_held(self, row_ids: Iterable[int], owner: str, now: datetime) -> set[int]:
+        """Lock the outbox rows; the ones `owner` still holds an unexpired lease on."""
+        rows = await self.conn.execute(
+            select(outbox.c.id, outbox.c.lease_owner, outbox.c.due_at, outbox.c.done_at)
+            .where(outbox.c.id.in_(sorted(set(row_ids))))
+            .order_by(outbox.c.id)
+            .with_for_update()
+        )
+        return {
+            row.id
+            for row in rows
+            if row.done_at is None and row.lease_owner == owner and row.due_at > now
+        }
+
+    async def last_attempt_numbers(self, operation_ids: Iterable[str]) -> dict[str, int]:
+        """Each operation's highest attempt number; absent when it has none."""
+        rows = await self.conn.execute(
+            select(attempts.c.operation_id, func.max(attempts.c.number).label("number"))
+            .where(attempts.c.operation_id.in_(sorted(set(operation_ids))))
+            .group_by(attempts.c.operation_id)
+        )
+        return {row.operation_id: int(row.number) for row in rows}
+
+    async def add_attempts(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        await self.conn.execute(insert(attempts), list(rows))
+
+    async def add_observations(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        await self.conn.execute(insert(observations), list(rows))
+
+    async def start_submitting(
+        self, locked: Sequence[Record], *, now: datetime, reasons: Mapping[str, str], source: str
+    ) -> None:
+        """ACCEPTED -> SUBMITTING for operations this transaction has locked.
+
+        One update for all of them: the row locks make the versions we read the
+        current ones, so the version check of `Ledger.transition` holds by
+        construction; the row count still proves it.
+        """
+        require_transition(State.ACCEPTED, State.SUBMITTING)
+        assert all(State(op.state) is State.ACCEPTED for op in locked)
+        ids = [op.operation_id for op in locked]
+        result = await self.conn.execute(
+            update(operations)
+            .where(operations.c.operation_id.in_(ids), operations.c.state == State.ACCEPTED)
+            .values(
+                state=State.SUBMITTING,
+                next_action=NextAction.WAIT,
+                version=operations.c.version + 1,
+                updated_at=now,
+                first_attempt_at=func.coalesce(operations.c.first_attempt_at, now),
+            )
+        )
+        if result.rowcount != len(ids):
+            raise ConcurrentUpdate(", ".join(ids))
+        await self._log_transitions(
+            [(op.operation_id, reasons[op.operation_id]) for op in locked],
+            State.ACCEPTED,
+            State.SUBMITTING,
+            NextAction.WAIT,
+            now,
+            source,
+        )
+
+    async def settle(
+        self, settlements: Sequence[Settlement], *, now: datetime, source: str
+    ) -> None:
+        """SUBMITTING -> OUTCOME_KNOWN, as `engine.audit.settle` does one at a time,
+        for operations that never used a second provider key (so no duplicate
+        audit is due). Mandate reservations follow the outcome."""
+        require_transition(State.SUBMITTING, State.OUTCOME_KNOWN)
+        stmt = (
+            update(operations)
+            .where(
+                operations.c.operation_id == bindparam("b_operation_id"),
+                operations.c.version == bindparam("b_version"),
+                operations.c.state == State.SUBMITTING,
+            )
+            .values(
+                state=State.OUTCOME_KNOWN,
+                next_action=NextAction.NONE,
+                version=bindparam("b_new_version"),
+                updated_at=now,
+                outcome=bindparam("b_outcome"),
+                provider_reference=bindparam("b_provider_reference"),
+                last_observed_at=now,
+                retry_after_at=None,
+            )
+        )
+        params = [
+            {
+                "b_operation_id": s.operation.operation_id,
+                "b_version": s.operation.version,
+                "b_new_version": s.operation.version + 1,
+                "b_outcome": s.outcome,
+                "b_provider_reference": s.provider_reference,
+            }
+            for s in settlements
+        ]
+        result = await self.conn.execute(stmt, params)
+        if self.conn.dialect.supports_sane_multi_rowcount and result.rowcount != len(params):
+            raise ConcurrentUpdate(", ".join(p["b_operation_id"] for p in params))
+        ledger = Ledger(self.conn)
+        for s in settlements:
+            if s.operation.mandate_id is not None:
+                await ledger.settle_reservation(s.operation, s.outcome, now)
+        await self._log_transitions(
+            [(s.operation.operation_id, s.reason) for s in settlements],
+            State.SUBMITTING,
+            State.OUTCOME_KNOWN,
+            NextAction.NONE,
+            now,
+            source,
+        )
+
+    async def finish_outbox_rows(self, row_ids: Iterable[int], now: datetime) -> None:
+        await self.conn.execute(
+            update(outbox)
+            .where(outbox.c.id.in_(sorted(set(row_ids))), outbox.c.done_at.is_(None))
+            .values(done_at=now)
+        )
+
+    async def _log_transitions(
+        self,
+        entries: Sequence[tuple[str, str]],
+        from_state: State,
+        to_state: State,
+        next_action: NextAction,
+        now: datetime,
+        source: str,
+    ) -> None:
+        await self.conn.execute(
+            insert(transitions),
+            [
+                {
+                    "operation_id": operation_id,
+                    "at": now,
+                    "from_state": from_state,
+                    "to_state": to_state,
+                    "next_action": next_action,
+                    "reason": reason,
+                    "source": source,
+                }
+                for operation_id, reason in entries
+            ],
+        )

@@ -1,0 +1,177 @@
+"""Batched first attempts write what one-by-one delivery writes, on both databases.
+
+The one-at-a-time dispatcher is the reference; a batch must leave every
+operation with the same story (state, attempts, observations, transitions,
+decisions, outbox rows, provider requests) and hand anything unusual to it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.engine import mandates
+from intentledger.engine.batch_dispatch import deliver_submits
+from intentledger.engine.worker import Worker
+from intentledger.store.batches import BatchLedger
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import attempts, decisions, observations, outbox, transitions
+from tests.test_dispatch import (
+    MovableClock,
+    accept,
+    make_worker,
+    operation,
+    rows,
+    sandbox_charges,
+    sandbox_submits,
+)
+from tests.test_mandate_money import books, pay
+
+SCENARIOS = (
+    "pm_ok",
+    "pm_declined",
+    "pm_timeout_after_execute",
+    "pm_timeout_before_execute",
+    "pm_unavailable",
+    "pm_rate_limited",
+)
+
+
+async def story(engine: AsyncEngine, sandbox: str, operation_id: str) -> dict[str, Any]:
+    """Everything a reviewer would read about an operation, minus ids and times."""
+    op = await operation(engine, operation_id)
+    return {
+        "operation": (
+            op.state,
+            op.outcome,
+            op.next_action,
+            op.provider_reference is not None,
+            op.first_attempt_at is not None,
+            op.duplicate_detected,
+            op.version,
+        ),
+        "attempts": [
+            (a.number, a.relation, a.provider_idempotency_key.removeprefix(operation_id))
+            for a in await rows(engine, attempts, operation_id)
+        ],
+        "observations": [
+            (o.kind, o.attempt_number, o.transport, o.error_class, o.http_status, o.verdict)
+            for o in await rows(engine, observations, operation_id)
+        ]
+        + [o.reason for o in await rows(engine, observations, operation_id)],
+        "transitions": [
+            (t.from_state, t.to_state, t.next_action, t.reason)
+            for t in await rows(engine, transitions, operation_id)
+            if "next check" not in t.reason  # UNKNOWN's reason names a time
+        ],
+        "decisions": [(d.rule, d.next_action) for d in await rows(engine, decisions, operation_id)],
+        "outbox": [
+            (r.kind, r.done_at is not None) for r in await rows(engine, outbox, operation_id)
+        ],
+        "provider_submits": len(sandbox_submits(sandbox, operation_id)),
+        "provider_charges": len(sandbox_charges(sandbox, operation_id)),
+    }
+
+
+async def deliver_in_one_batch(worker: Worker, expected: int) -> None:
+    assert await worker.deliver_batch(limit=100) == expected
+
+
+async def test_a_batch_writes_what_one_by_one_delivery_writes(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    clock = MovableClock()
+    one_by_one = {m: await accept(engine, clock, m, key=f"single-{m}") for m in SCENARIOS}
+    await make_worker(engine, sandbox, clock, timeout=0.5, worker="w").drain()
+    batched = {m: await accept(engine, clock, m, key=f"batched-{m}") for m in SCENARIOS}
+    await deliver_in_one_batch(make_worker(engine, sandbox, clock, timeout=0.5, worker="w"), 6)
+
+    for method in SCENARIOS:
+        reference = await story(engine, sandbox, one_by_one[method])
+        assert await story(engine, sandbox, batched[method]) == reference, method
+    # And it was a batch: one pre-submit transaction, one record transaction
+    # for the answers that settle.
+    submitted = {
+        a.submitted_at for op in batched.values() for a in await rows(engine, attempts, op)
+    }
+    assert len(submitted) == 1
+    settled = {(await rows(engine, observations, batched[m]))[0].at for m in SCENARIOS[:2]}
+    assert len(settled) == 1
+    # The scenarios cover every way a first answer goes.
+    states = {(await operation(engine, op_id)).state for op_id in batched.values()}
+    assert states == {"OUTCOME_KNOWN", "UNKNOWN", "ACCEPTED"}
+
+
+async def test_a_batch_hands_a_resumed_submitting_to_the_reference_path(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    clock = MovableClock()
+    resumed = await accept(engine, clock, "pm_ok", key="resumed")
+    first = make_worker(engine, sandbox, clock, lease=timedelta(seconds=30), worker="first")
+    async with engine.begin() as conn:
+        row = await Ledger(conn).claim_outbox_row(clock(), timedelta(seconds=30), "first")
+    assert row is not None and await first.dispatcher._pre_submit(row) is not None  # then dies
+    plain = await accept(engine, clock, "pm_ok", key="plain")
+
+    clock.advance(timedelta(seconds=31))
+    await deliver_in_one_batch(make_worker(engine, sandbox, clock, worker="second"), 2)
+    op = await operation(engine, resumed)
+    assert (op.state, op.next_action) == ("UNKNOWN", "reconcile")
+    assert sandbox_submits(sandbox, resumed) == []  # never called again
+    assert [o.kind for o in await rows(engine, observations, resumed)] == ["resumed_submitting"]
+    assert (await operation(engine, plain)).outcome == "succeeded"
+
+
+async def test_a_batch_settles_mandate_reservations(engine: AsyncEngine, sandbox: str) -> None:
+    clock = MovableClock()
+    keyed = mandates.Keyed("ana", mandates.CREATE_ROUTE, "md", "h")
+    md, _ = await mandates.create_mandate(
+        engine, clock, keyed, {"currency": "EUR", "max_amount": 1000, "total_limit": 10_000}
+    )
+    await pay(engine, clock, md.mandate_id, "pm_ok", 100)
+    await pay(engine, clock, md.mandate_id, "pm_declined", 200)
+    lost = await pay(engine, clock, md.mandate_id, "pm_timeout_after_execute", 400)
+    assert await books(engine, md.mandate_id) == (700, 0)
+    await deliver_in_one_batch(make_worker(engine, sandbox, clock, timeout=0.3), 3)
+    assert (await operation(engine, lost)).state == "UNKNOWN"
+    assert await books(engine, md.mandate_id) == (400, 100)  # the unknown stays held
+
+
+async def test_a_suspended_mandate_cancels_instead_of_sending(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    clock = MovableClock()
+    keyed = mandates.Keyed("ana", mandates.CREATE_ROUTE, "md", "h")
+    md, _ = await mandates.create_mandate(
+        engine, clock, keyed, {"currency": "EUR", "max_amount": 1000, "total_limit": 10_000}
+    )
+    op_id = await pay(engine, clock, md.mandate_id, "pm_ok", 100)
+    worker = make_worker(engine, sandbox, clock, worker="w")
+    async with engine.begin() as conn:
+        claimed = await BatchLedger(conn).claim_outbox_rows(clock(), timedelta(minutes=5), "w", 10)
+    assert [r.operation_id for r in claimed] == [op_id]
+    # Suspended between the claim and the pre-submit: the payment is cancelled
+    # by the suspension, and the batch must not send it.
+    change = mandates.Keyed("ana", "POST /v1/mandates/{id}/suspend", "s", "h")
+    await mandates.change_status(engine, clock, change, md.mandate_id, "suspend")
+    await deliver_submits(worker.dispatcher, claimed)
+    assert (await operation(engine, op_id)).state == "CANCELLED"
+    assert sandbox_submits(sandbox, op_id) == []
+    assert await books(engine, md.mandate_id) == (0, 0)
+
+
+async def test_claims_take_the_earliest_due_rows_up_to_the_limit(engine: AsyncEngine) -> None:
+    clock = MovableClock()
+    created = [await accept(engine, clock, "pm_ok", key=f"k{i}") for i in range(5)]
+    async with engine.begin() as conn:
+        first = await BatchLedger(conn).claim_outbox_rows(clock(), timedelta(minutes=5), "a", 3)
+    async with engine.begin() as conn:
+        second = await BatchLedger(conn).claim_outbox_rows(clock(), timedelta(minutes=5), "b", 3)
+    assert [r.operation_id for r in first] == created[:3]
+    assert [r.operation_id for r in second] == created[3:]
+    async with engine.connect() as conn:
+        leased = (await conn.execute(select(outbox.c.lease_owner, outbox.c.deliveries))).all()
+    assert sorted(leased) == [("a", 1)] * 3 + [("b", 1)] * 2
