@@ -2,8 +2,9 @@
 
 One transaction writes the idempotency record, the operation (ACCEPTED) and its
 outbox row. An equal retry returns the original operation; the same key with a
-different request is refused. A lost race for the key is retried as a read, so
-it becomes a replay or a conflict like any other retry.
+different request is refused. The key is claimed first, by an INSERT that does
+nothing if the key has a record; a request that loses the race for its key
+becomes a replay or a conflict like any other retry (`claim_or_replay`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
 from intentledger.engine.mandates import reserve_for_payment
-from intentledger.engine.refusal import claim_key, find_replay, retry_key_races
+from intentledger.engine.refusal import claim_or_replay
 from intentledger.store.ledger import Ledger, new_operation_id
 from intentledger.store.tables import Record
 
@@ -95,35 +96,29 @@ async def accept(
     the request path; if that process dies, the lease runs out and a worker's
     resumed delivery (or the sweeper) makes the outcome UNKNOWN."""
 
-    async def attempt() -> IntakeResult:
-        async with engine.begin() as conn:
-            ledger = Ledger(conn)
-            original = await find_replay(
-                ledger, intent.actor, intent.route, intent.idempotency_key, intent.request_hash
-            )
-            if original is not None:
-                operation = await ledger.get_operation(original)
-                assert operation is not None, "an idempotency record names its operation"
-                return IntakeResult(operation, replayed=True)
-            now = clock()
-            values = _operation_values(intent, now)
-            await claim_key(
-                ledger,
-                intent.actor,
-                intent.route,
-                intent.idempotency_key,
-                intent.request_hash,
-                values["operation_id"],
-                now,
-            )
-            await prepare(ledger, now, values)
-            row_id = await ledger.insert_intent(values, outbox_kind="submit", due_at=now, hold=hold)
-            await ledger.record_initial_transition(
-                values["operation_id"], now, "intent accepted", source=f"api:{intent.actor}"
-            )
-            return IntakeResult(values, replayed=False, held_row_id=row_id if hold else None)
-
-    return await retry_key_races(attempt)
+    async with engine.begin() as conn:
+        ledger = Ledger(conn)
+        now = clock()
+        values = _operation_values(intent, now)
+        original = await claim_or_replay(
+            ledger,
+            intent.actor,
+            intent.route,
+            intent.idempotency_key,
+            intent.request_hash,
+            values["operation_id"],
+            now,
+        )
+        if original is not None:
+            operation = await ledger.get_operation(original)
+            assert operation is not None, "an idempotency record names its operation"
+            return IntakeResult(operation, replayed=True)
+        await prepare(ledger, now, values)
+        row_id = await ledger.insert_intent(values, outbox_kind="submit", due_at=now, hold=hold)
+        await ledger.record_initial_transition(
+            values["operation_id"], now, "intent accepted", source=f"api:{intent.actor}"
+        )
+        return IntakeResult(values, replayed=False, held_row_id=row_id if hold else None)
 
 
 async def accept_payment(engine: AsyncEngine, clock: Clock, intent: Intent) -> IntakeResult:

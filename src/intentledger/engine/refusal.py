@@ -69,6 +69,39 @@ async def claim_key(
     await ledger.add_idempotency_record(actor, route, key, request_hash, resource_id, now)
 
 
+async def claim_or_replay(
+    ledger: Ledger,
+    actor: str,
+    route: str,
+    key: str,
+    request_hash: str,
+    resource_id: str,
+    now: datetime,
+) -> str | None:
+    """Claim the key for `resource_id` (None), or find what an equal earlier
+    request made with it (its resource id); IdempotencyKeyReused when the key
+    came with a different request.
+
+    Like `claim_key`, call it before anything else the request locks or
+    checks. The claim is one INSERT that does nothing if the key has a record;
+    only then is the record read. On PostgreSQL that INSERT waits for a
+    concurrent transaction holding an uncommitted claim of the same key: if it
+    commits, the read that follows (a new snapshot under READ COMMITTED) sees
+    its record and this request is a replay; if it rolls back, this request
+    claims the key. On SQLite, BEGIN IMMEDIATE runs the two one after the
+    other. Either way a lost race needs no retry of the transaction.
+    """
+    # Records are never deleted; the loop only guards against one vanishing
+    # between the INSERT and the read, which would free the key again.
+    for _ in range(_MAX_KEY_RACES):
+        if await ledger.claim_idempotency_key(actor, route, key, request_hash, resource_id, now):
+            return None
+        original = await find_replay(ledger, actor, route, key, request_hash)
+        if original is not None:
+            return original
+    raise RuntimeError("idempotency key race did not settle")
+
+
 async def retry_key_races(attempt: Callable[[], Awaitable[T]]) -> T:
     """Run a keyed transaction, again if it lost the race for its key."""
     for _ in range(_MAX_KEY_RACES):

@@ -11,9 +11,10 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Insert, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.cards import CARD_KINDS, status_after
@@ -89,6 +90,38 @@ class Ledger:
         return await self.enqueue(
             operation["operation_id"], outbox_kind, due_at, operation["created_at"], hold=hold
         )
+
+    # Claim a key unless its record exists, on either database; RETURNING names
+    # the record only when this statement inserted it.
+    _claim_key_statements: ClassVar[Mapping[str, Insert]] = {
+        "postgresql": postgresql.insert(idempotency_records)
+        .on_conflict_do_nothing(index_elements=list(idempotency_records.primary_key))
+        .returning(idempotency_records.c.resource_id),
+        "sqlite": sqlite.insert(idempotency_records)
+        .on_conflict_do_nothing(index_elements=list(idempotency_records.primary_key))
+        .returning(idempotency_records.c.resource_id),
+    }
+
+    async def claim_idempotency_key(
+        self, actor: str, route: str, key: str, request_hash: str, resource_id: str, now: datetime
+    ) -> bool:
+        """Write the key's record unless (actor, route, key) has one; True if
+        this call wrote it. On PostgreSQL an uncommitted record of a concurrent
+        transaction makes this wait for it: if it commits, nothing is written
+        (and a SELECT after this one sees that record); if it rolls back, ours is.
+        """
+        result = await self.conn.execute(
+            self._claim_key_statements[self.conn.dialect.name],
+            {
+                "actor": actor,
+                "route": route,
+                "idempotency_key": key,
+                "request_hash": request_hash,
+                "resource_id": resource_id,
+                "created_at": now,
+            },
+        )
+        return result.first() is not None
 
     async def add_idempotency_record(
         self, actor: str, route: str, key: str, request_hash: str, resource_id: str, now: datetime
