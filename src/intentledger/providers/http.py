@@ -8,7 +8,10 @@ that nothing was sent. Everything else that goes wrong is "no response".
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import math
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -101,3 +104,53 @@ async def observe(call: Awaitable[httpx.Response], deadline: float | None = None
         retry_after=tuple(response.headers.get_list("retry-after")),
         detail=detail,
     )
+
+
+# httpcore's pool walks every one of its connections on each request and each
+# response (encode/httpcore#1035, still open in httpcore 1.0.9): at 200
+# connections that walk cost a worker more CPU than everything else it does.
+# Several small pools keep each walk short.
+SHARD_CONNECTIONS = 8
+
+
+@dataclass
+class _Shard:
+    client: httpx.AsyncClient
+    in_flight: int = 0
+
+
+class ShardedClient:
+    """`max_connections` connections to one provider, as several small httpx pools.
+
+    Each call takes the pool with the fewest calls in flight, so no call waits
+    for a connection while another pool has one free: a call that queued would
+    spend its deadline waiting and end as "no response".
+    """
+
+    def __init__(self, max_connections: int, **client_options: Any) -> None:
+        shards = max(1, math.ceil(max_connections / SHARD_CONNECTIONS))
+        per_shard = math.ceil(max_connections / shards)
+        self._shards = [
+            _Shard(
+                httpx.AsyncClient(
+                    limits=httpx.Limits(
+                        max_connections=per_shard, max_keepalive_connections=per_shard
+                    ),
+                    **client_options,
+                )
+            )
+            for _ in range(shards)
+        ]
+
+    @contextmanager
+    def lease(self) -> Iterator[httpx.AsyncClient]:
+        shard = min(self._shards, key=lambda s: s.in_flight)
+        shard.in_flight += 1
+        try:
+            yield shard.client
+        finally:
+            shard.in_flight -= 1
+
+    async def aclose(self) -> None:
+        for shard in self._shards:
+            await shard.client.aclose()

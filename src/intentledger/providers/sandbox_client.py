@@ -9,7 +9,7 @@ import httpx
 
 from intentledger.domain.transport import ChargeSeen, LookupAnswer, ProviderAnswer, Transport
 from intentledger.providers.base import ProviderLookup, ProviderRequest
-from intentledger.providers.http import call_deadline, observe
+from intentledger.providers.http import ShardedClient, call_deadline, observe
 
 # What a card must show for each card action to have taken effect.
 CARD_STATUS_AFTER = {"card_freeze": "frozen", "card_unfreeze": "active"}
@@ -25,17 +25,18 @@ class SandboxProvider:
     def __init__(self, base_url: str, timeout: timedelta, max_connections: int = 200) -> None:
         # The whole call, not just each phase of it, ends within `timeout`.
         self._deadline = call_deadline(timeout).total_seconds()
-        self._client = httpx.AsyncClient(
+        self._clients = ShardedClient(
+            max_connections,
             base_url=base_url.rstrip("/"),
             timeout=httpx.Timeout(timeout.total_seconds()),
-            limits=httpx.Limits(max_connections=max_connections),
         )
 
     async def submit(self, request: ProviderRequest) -> ProviderAnswer:
         path = self._write_path(request)
         body = {"reference": request.reference, **request.body}
         headers = {"Idempotency-Key": request.idempotency_key}
-        return await observe(self._client.post(path, json=body, headers=headers), self._deadline)
+        with self._clients.lease() as client:
+            return await observe(client.post(path, json=body, headers=headers), self._deadline)
 
     @staticmethod
     def _write_path(request: ProviderRequest) -> str:
@@ -60,9 +61,10 @@ class SandboxProvider:
         }.get(query.kind)
         if path is None:
             raise UnknownKind(f"the sandbox has no lookup for {query.kind!r}")
-        answer = await observe(
-            self._client.get(path, params={"reference": query.reference}), self._deadline
-        )
+        with self._clients.lease() as client:
+            answer = await observe(
+                client.get(path, params={"reference": query.reference}), self._deadline
+            )
         items = _listed(answer)
         if items is None:
             # A 200 without a readable list is no evidence of absence.
@@ -72,7 +74,8 @@ class SandboxProvider:
 
     async def _card_action_lookup(self, query: ProviderLookup) -> LookupAnswer:
         """A card action is evidenced by the card's state: frozen after a freeze."""
-        answer = await observe(self._client.get(f"/v1/cards/{query.target}"), self._deadline)
+        with self._clients.lease() as client:
+            answer = await observe(client.get(f"/v1/cards/{query.target}"), self._deadline)
         body = answer.detail.get("body")
         if answer.transport is not Transport.RESPONSE or answer.status != 200:
             return LookupAnswer(answer)
@@ -83,7 +86,7 @@ class SandboxProvider:
         return LookupAnswer(answer, seen)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._clients.aclose()
 
 
 def _listed(answer: ProviderAnswer) -> list[Any] | None:
