@@ -36,13 +36,21 @@ def bench_command(
     keep_logs: Annotated[
         bool, typer.Option("--keep-logs", help="Keep the processes' logs and scripts.")
     ] = False,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            "--only",
+            help="Run only these phases, comma-separated: "
+            "intake, dispatch, latency_bound, peer, scan.",
+        ),
+    ] = None,
 ) -> None:
     """Throughput against pgbench running our own SQL, a Procrastinate peer, recovery scan
     and memory (issue 6). Prints a table; the last line is one JSON object."""
     # Imported here: every `intentledger` process (workers too) loads this module.
     from intentledger.bench.processes import ProcessFailed
     from intentledger.bench.report import json_line, table, with_goals
-    from intentledger.bench.runner import Bench, BenchConfig, BenchError
+    from intentledger.bench.runner import PHASES, Bench, BenchConfig, BenchError
     from intentledger.bench.tools import ToolMissing
 
     err = Console(stderr=True)
@@ -52,8 +60,20 @@ def bench_command(
     except UnsupportedDatabase as exc:
         err.print(f"[red]{exc}: pass --database-url postgresql://...[/red]")
         raise typer.Exit(2) from exc
+    phases = None
+    if only is not None:
+        phases = frozenset(name.strip() for name in only.split(",") if name.strip())
+        unknown = phases - set(PHASES)
+        if not phases or unknown:
+            err.print(f"[red]--only takes phases from: {', '.join(PHASES)}[/red]")
+            raise typer.Exit(2)
     config = BenchConfig.for_run(
-        database_url, quick=quick, output=output, profile_dir=profile, keep_logs=keep_logs
+        database_url,
+        quick=quick,
+        output=output,
+        profile_dir=profile,
+        keep_logs=keep_logs,
+        phases=phases,
     )
     bench = Bench(config, err)
     failed = True

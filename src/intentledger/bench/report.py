@@ -92,7 +92,8 @@ def table(figures: dict[str, Any]) -> Table:
     )
     out.add_row(
         f"dispatch, {f.get('dispatch_payments')} payments, "
-        f"{f.get('dispatch_workers')} workers x {f.get('dispatch_concurrency')}",
+        f"{f.get('dispatch_workers')} workers x {f.get('dispatch_concurrency')} "
+        f"(batches of {f.get('dispatch_batch')})",
         _num(f.get("dispatch_per_s"), "/s"),
         f"pgbench {_num(f.get('dispatch_pgbench_per_s'), '/s')}",
         _num(f.get("dispatch_ratio")),
@@ -106,8 +107,8 @@ def table(figures: dict[str, Any]) -> Table:
         _met(f, "latency_bound_per_s"),
     )
     out.add_row(
-        f"claim {f.get('scan_due')} due: {f.get('scan_small_rows'):,} vs "
-        f"{f.get('scan_big_rows'):,} rows",
+        f"claim {f.get('scan_due')} due: {_num(f.get('scan_small_rows'))} vs "
+        f"{_num(f.get('scan_big_rows'))} rows",
         f"{_num(f.get('scan_big_s'), ' s')}",
         f"{_num(f.get('scan_small_s'), ' s')}",
         _num(f.get("scan_ratio")),

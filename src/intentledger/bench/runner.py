@@ -92,8 +92,10 @@ class BenchConfig:
     dispatch_payments: int
     workers: int
     worker_concurrency: int
+    worker_batch: int
     latency_payments: int
     latency_concurrency: int
+    latency_batch: int
     slow_seconds: float
     scan_small: int
     scan_big: int
@@ -101,6 +103,8 @@ class BenchConfig:
     peer_payments: int
     profile_dir: Path | None = None
     keep_logs: bool = False
+    # None: every phase; otherwise only these (for working on one of them).
+    phases: frozenset[str] | None = None
 
     @classmethod
     def for_run(
@@ -111,6 +115,7 @@ class BenchConfig:
         output: Path,
         profile_dir: Path | None = None,
         keep_logs: bool = False,
+        phases: frozenset[str] | None = None,
     ) -> BenchConfig:
         cores = os.cpu_count() or 1
         return cls(
@@ -126,8 +131,10 @@ class BenchConfig:
             # the concurrency the dispatch baseline runs at.
             workers=cores,
             worker_concurrency=16,
+            worker_batch=8,
             latency_payments=600 if quick else 5_000,
             latency_concurrency=200,
+            latency_batch=50,
             slow_seconds=0.2,
             scan_small=10_000,
             scan_big=100_000 if quick else 1_000_000,
@@ -135,11 +142,15 @@ class BenchConfig:
             peer_payments=1_000 if quick else 20_000,
             profile_dir=profile_dir,
             keep_logs=keep_logs,
+            phases=phases,
         )
 
     @property
     def dispatch_clients(self) -> int:
         return self.workers * self.worker_concurrency
+
+
+PHASES = ("intake", "dispatch", "latency_bound", "peer", "scan")
 
 
 def free_port() -> int:
@@ -272,12 +283,18 @@ class Bench:
         return proc, url
 
     def start_workers(
-        self, fleet: Fleet, prefix: str, count: int, concurrency: int, sandbox_url: str
+        self,
+        fleet: Fleet,
+        prefix: str,
+        count: int,
+        concurrency: int,
+        batch: int,
+        sandbox_url: str,
     ) -> list[Proc]:
         workers = [
             fleet.intentledger(
                 f"{prefix}{n}",
-                ["worker", "--concurrency", str(concurrency)],
+                ["worker", "--concurrency", str(concurrency), "--batch", str(batch)],
                 INTENTLEDGER_PROVIDER_URL=sandbox_url,
             )
             for n in range(count)
@@ -367,11 +384,16 @@ class Bench:
         try:
             self.prepare()
             self.capture()
-            self.intake()
-            self.dispatch()
-            self.latency_bound()
-            self.peer()
-            self.scan()
+            phases: dict[str, Callable[[], None]] = {
+                "intake": self.intake,
+                "dispatch": self.dispatch,
+                "latency_bound": self.latency_bound,
+                "peer": self.peer,
+                "scan": self.scan,
+            }
+            for name, phase in phases.items():
+                if self.config.phases is None or name in self.config.phases:
+                    phase()
         finally:
             try:
                 self.truncate()
@@ -534,7 +556,7 @@ class Bench:
         with self.fleet() as fleet:
             sandbox_proc, sandbox = self.start_sandbox(fleet, "dispatch-sandbox")
             workers = self.start_workers(
-                fleet, "worker", cfg.workers, cfg.worker_concurrency, sandbox
+                fleet, "worker", cfg.workers, cfg.worker_concurrency, cfg.worker_batch, sandbox
             )
             self.seed_accepted(n, "d", "pm_ok")
             watch = self.watch({"workers": [w.pid for w in workers], "sandbox": [sandbox_proc.pid]})
@@ -568,6 +590,7 @@ class Bench:
             dispatch_seconds=round(elapsed, 2),
             dispatch_workers=cfg.workers,
             dispatch_concurrency=cfg.worker_concurrency,
+            dispatch_batch=cfg.worker_batch,
             dispatch_cpu=cpu,
             dispatch_cpu_ms_per_payment=per_item_ms(cpu, n),
             dispatch_pgbench_cpu=baseline_cpu,
@@ -603,7 +626,9 @@ class Bench:
             )
             sandbox = f"http://127.0.0.1:{port}/_sandbox"
             slow.wait_http(sandbox + "/healthz")
-            [worker] = self.start_workers(fleet, "slow-worker", 1, cfg.latency_concurrency, sandbox)
+            [worker] = self.start_workers(
+                fleet, "slow-worker", 1, cfg.latency_concurrency, cfg.latency_batch, sandbox
+            )
             self.seed_accepted(n, "l", "pm_slow")
             watch = self.watch({"worker": [worker.pid], "sandbox": [slow.pid]})
             elapsed = self.drain(n, "latency-bound dispatch", [worker, slow], max(120.0, n / 20))
@@ -612,6 +637,7 @@ class Bench:
             latency_bound_per_s=round(n / elapsed, 1),
             latency_bound_payments=n,
             latency_bound_concurrency=cfg.latency_concurrency,
+            latency_bound_batch=cfg.latency_batch,
             latency_bound_provider_ms=round(cfg.slow_seconds * 1000),
             latency_bound_cpu=cpu,
             latency_bound_cpu_ms_per_payment=per_item_ms(cpu, n),
