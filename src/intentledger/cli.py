@@ -12,6 +12,7 @@ import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
 
+from intentledger import eventloop
 from intentledger.ops_cli import ops_app
 from intentledger.settings import Settings
 
@@ -188,7 +189,7 @@ def worker(
         finally:
             await engine.dispose()
 
-    asyncio.run(main())
+    eventloop.run(main())
 
 
 @app.command()

@@ -25,6 +25,8 @@ import procrastinate  # type: ignore[import-not-found,unused-ignore]
 import psycopg
 import psycopg_pool  # type: ignore[import-not-found,unused-ignore]
 
+from intentledger import eventloop
+
 SCHEMA = "bench_peer"
 TASK = "charge_payment"
 
@@ -186,7 +188,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sandbox-url", required=True)
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args(argv)
-    asyncio.run(run_worker(args.database_url, args.sandbox_url, args.concurrency))
+    # The same event loop as our workers (intentledger.eventloop): the comparison
+    # is between the two designs, not between event loops.
+    eventloop.run(run_worker(args.database_url, args.sandbox_url, args.concurrency))
 
 
 if __name__ == "__main__":
