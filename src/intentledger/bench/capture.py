@@ -2,7 +2,7 @@
 
 The bench does not keep a hand-written copy of the intake or dispatch SQL that
 could drift from the code: it runs `accept()` once and one real delivery
-(`Worker.deliver_next` against the sandbox) on the bench database and records
+(`Worker.deliver_batch` against the sandbox) on the bench database and records
 every statement SQLAlchemy hands psycopg, grouped into transactions. The
 pgbench scripts and the bulk loaders are rendered from these recordings.
 """
@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.canonical import request_hash
@@ -23,6 +23,7 @@ from intentledger.engine.intake import Intent, accept
 from intentledger.service import build_worker
 from intentledger.settings import Settings
 from intentledger.store.database import create_ledger_engine
+from intentledger.store.tables import outbox
 
 PAYMENTS_ROUTE = "POST /v1/payments"
 BENCH_ACTOR = "bench"
@@ -37,6 +38,8 @@ def payment_body(payment_method: str) -> dict[str, Any]:
 class Statement:
     sql: str  # psycopg's pyformat: %(name)s placeholders
     params: dict[str, Any]
+    # Sent by an executemany, which psycopg pipelines: one round trip for the lot.
+    pipelined: bool = False
 
     @property
     def table(self) -> str | None:
@@ -62,10 +65,13 @@ class Recording:
             self.transactions.append(self._open)
         self._open = None
 
-    def statement(self, sql: str, params: Any) -> None:
+    def statement(self, sql: str, params: Any, many: bool = False) -> None:
         # Only statements inside a transaction count: pool pings are not ours to copy.
-        if self._open is not None:
-            self._open.append(Statement(sql, dict(params or {})))
+        if self._open is None:
+            return
+        # psycopg sends an executemany as one statement per parameter set (pipelined).
+        for one in params if many else [params]:
+            self._open.append(Statement(sql, dict(one or {}), pipelined=many))
 
     @property
     def statements(self) -> list[Statement]:
@@ -84,9 +90,9 @@ def recording(engine: AsyncEngine) -> Iterator[Recording]:
         rec.end()
 
     def on_execute(
-        _conn: Any, _cursor: Any, sql: str, params: Any, _context: Any, _many: bool
+        _conn: Any, _cursor: Any, sql: str, params: Any, _context: Any, many: bool
     ) -> None:
-        rec.statement(sql, params)
+        rec.statement(sql, params, many)
 
     listeners: list[tuple[str, Any]] = [
         ("begin", on_begin),
@@ -118,11 +124,17 @@ class IntakeCapture:
 
 @dataclass(frozen=True)
 class DispatchCapture:
-    """One delivery: the claim, the pre-submit and the record transactions."""
+    """One batch delivery: the claim, the pre-submit and the record transactions.
+
+    `claimed` pairs each claimed outbox row id with its operation id, in row id order.
+    """
 
     transactions: list[list[Statement]]
-    operation_id: str
-    outbox_id: int
+    claimed: list[tuple[int, str]]
+
+    @property
+    def batch(self) -> int:
+        return len(self.claimed)
 
 
 async def capture_intake(engine: AsyncEngine, key: str = "bench-capture-key") -> IntakeCapture:
@@ -146,26 +158,25 @@ async def capture_intake(engine: AsyncEngine, key: str = "bench-capture-key") ->
     return IntakeCapture(rec.transactions[0], str(operation_id), key)
 
 
-async def capture_dispatch(database_url: str, sandbox_url: str) -> DispatchCapture:
-    """Deliver the one due submit row through a real worker and the sandbox."""
+async def capture_dispatch(database_url: str, sandbox_url: str, batch: int) -> DispatchCapture:
+    """Deliver the `batch` due submit rows as a worker loop does, through the sandbox."""
     settings = Settings(database_url=database_url, provider_url=sandbox_url)
     engine = create_ledger_engine(database_url)
     worker = build_worker(settings, engine, system_clock, None)
     try:
+        async with engine.connect() as conn:
+            claimable = (
+                await conn.execute(select(outbox.c.id, outbox.c.operation_id).order_by(outbox.c.id))
+            ).all()
         with recording(engine) as rec:
-            delivered = await worker.deliver_next()
+            delivered = await worker.deliver_batch(batch)
     finally:
         await worker.close()
         await engine.dispose()
-    if not delivered or len(rec.transactions) != 3:
+    if delivered != batch or len(claimable) != batch:
+        raise RuntimeError(f"expected to deliver {batch} rows, delivered {delivered}")
+    if len(rec.transactions) != 3:
         raise RuntimeError(
             f"expected claim, pre-submit and record transactions; saw {len(rec.transactions)}"
         )
-    # The pre-submit transaction names the claimed row (holds_lease) and its operation.
-    names = {k: v for s in rec.transactions[1] for k, v in s.params.items()}
-    if "operation_id" not in names or "id_1" not in names:
-        raise RuntimeError(
-            "the recorded pre-submit transaction no longer binds `operation_id` and `id_1`; "
-            f"update bench/capture.py (saw {sorted(names)})"
-        )
-    return DispatchCapture(rec.transactions, str(names["operation_id"]), int(names["id_1"]))
+    return DispatchCapture(rec.transactions, [(row.id, row.operation_id) for row in claimable])

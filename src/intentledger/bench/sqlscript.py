@@ -123,13 +123,36 @@ def _replacement(
     return None
 
 
+START_PIPELINE = "\\startpipeline"
+END_PIPELINE = "\\endpipeline"
+
+
 def transaction_block(lines: Sequence[str], gset_first: bool = False) -> list[str]:
-    """BEGIN; the statements; COMMIT; the first may end in `\\gset` instead of `;`."""
+    """BEGIN; the statements; COMMIT; the first may end in `\\gset` instead of `;`.
+    Meta-commands (`\\startpipeline`...) pass through as they are."""
     block = ["BEGIN;"]
     for n, line in enumerate(lines):
-        block.append(line + (" \\gset" if gset_first and n == 0 else ";"))
+        if line.startswith("\\"):
+            block.append(line)
+        else:
+            block.append(line + (" \\gset" if gset_first and n == 0 else ";"))
     block.append("COMMIT;")
     return block
+
+
+def pipelined(statements: Sequence[tuple[str, bool]]) -> list[str]:
+    """Lines with each run of executemany statements inside a pgbench pipeline,
+    as psycopg sends them: `(line, pipelined)` in, lines and meta-commands out."""
+    out: list[str] = []
+    inside = False
+    for line, in_pipeline in statements:
+        if in_pipeline != inside:
+            out.append(START_PIPELINE if in_pipeline else END_PIPELINE)
+            inside = in_pipeline
+        out.append(line)
+    if inside:
+        out.append(END_PIPELINE)
+    return out
 
 
 def insert_select(

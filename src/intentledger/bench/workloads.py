@@ -1,8 +1,8 @@
 """The bench's SQL workloads, all rendered from the recorded code paths.
 
 - the intake transaction as a pgbench script (a fresh operation id and key per run);
-- the claim, pre-submit and record transactions of one delivery as a pgbench
-  script (the claim's RETURNING feeds the next two through `\\gset`);
+- the claim, pre-submit and record transactions of one batch delivery as a
+  pgbench script (the claim's rows feed the next two through `\\gset`);
 - bulk loads of ledger rows shaped exactly like the intake's, by
   `INSERT ... SELECT ... FROM generate_series`.
 """
@@ -16,7 +16,13 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from intentledger.bench.capture import DispatchCapture, IntakeCapture, payment_body
-from intentledger.bench.sqlscript import Expr, insert_select, render, transaction_block
+from intentledger.bench.sqlscript import (
+    Expr,
+    insert_select,
+    pipelined,
+    render,
+    transaction_block,
+)
 
 # Operation ids are "op_" and 24 hex digits; bench ids keep that length.
 _ID_DIGITS = 24
@@ -46,15 +52,30 @@ def intake_script(conn: psycopg.Connection[Any], capture: IntakeCapture, tag: st
 
 
 def dispatch_script(conn: psycopg.Connection[Any], capture: DispatchCapture) -> str:
-    """One delivery: claim (its row into pgbench variables), pre-submit, record."""
-    substitute: dict[str | int, Expr] = {
-        capture.operation_id: Expr(":operation_id"),
-        capture.outbox_id: Expr(":id"),
-    }
-    out: list[str] = []
-    for n, transaction in enumerate(capture.transactions):
-        lines = [render(conn, s, substitute) for s in transaction]
-        out += transaction_block(lines, gset_first=n == 0)
+    """One batch delivery: claim, pre-submit, record, for `capture.batch` payments.
+
+    pgbench's `\\gset` takes one row, so the recorded claim runs inside a CTE
+    that hands its rows on as variables `id_k` and `op_k` (k = 1..batch, in row
+    id order); every later statement names the claimed rows through them.
+    """
+    substitute: dict[str | int, Expr] = {}
+    columns = []
+    for k, (outbox_id, operation_id) in enumerate(capture.claimed, start=1):
+        substitute[outbox_id] = Expr(f":id_{k}")
+        substitute[operation_id] = Expr(f":op_{k}")
+        columns.append(f"c.ids[{k}] AS id_{k}, c.ops[{k}] AS op_{k}")
+    claim, *rest = capture.transactions
+    if len(claim) != 1:
+        raise RuntimeError(f"expected the claim to be one statement, saw {len(claim)}")
+    claimed = (
+        f"WITH claimed AS ({render(conn, claim[0])}) SELECT {', '.join(columns)} "
+        "FROM (SELECT array_agg(id ORDER BY id) AS ids, "
+        "array_agg(operation_id ORDER BY id) AS ops FROM claimed) AS c"
+    )
+    out = transaction_block([claimed], gset_first=True)
+    for transaction in rest:
+        lines = pipelined([(render(conn, s, substitute), s.pipelined) for s in transaction])
+        out += transaction_block(lines)
     return "\n".join(out) + "\n"
 
 
