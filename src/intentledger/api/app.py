@@ -27,7 +27,8 @@ from intentledger.api.schemas import PaymentRequest
 from intentledger.api.validation import valid_idempotency_key
 from intentledger.domain.canonical import request_hash
 from intentledger.engine.clock import Clock
-from intentledger.engine.intake import PaymentIntent, accept_payment
+from intentledger.engine.group_intake import IntakeGroups
+from intentledger.engine.intake import PaymentIntent
 from intentledger.engine.sync_writes import SyncWriter
 from intentledger.store.ledger import Ledger
 
@@ -80,7 +81,8 @@ async def create_payment(
         provider=request.app.state.provider_name,
     )
     # Refusals (a reused key, a mandate's limits) become problem+json in one handler.
-    result = await accept_payment(request.app.state.engine, request.app.state.clock, intent)
+    groups: IntakeGroups = request.app.state.intake_groups
+    result = await groups.accept(intent)
     if result.replayed:
         document = await _load_document(request.app.state.engine, result.operation.operation_id)  # type: ignore[union-attr]
     else:
@@ -163,6 +165,8 @@ def create_app(
     app.state.engine = engine
     app.state.clock = clock
     app.state.provider_name = provider_name
+    # Concurrent payment intents share a commit (engine/group_intake.py).
+    app.state.intake_groups = IntakeGroups(engine, clock)
     # Beneficiary and card writes call the provider in the request path.
     app.state.sync_writer = sync_writer
     install_problem_handlers(app)

@@ -111,7 +111,7 @@ def recording(engine: AsyncEngine) -> Iterator[Recording]:
 
 @dataclass(frozen=True)
 class IntakeCapture:
-    """One `accept()`: a SELECT of the idempotency record, then four INSERTs."""
+    """One `accept()`: the key claimed (INSERT ... ON CONFLICT DO NOTHING), then three INSERTs."""
 
     transaction: list[Statement]
     operation_id: str
@@ -169,7 +169,11 @@ async def capture_dispatch(database_url: str, sandbox_url: str, batch: int) -> D
                 await conn.execute(select(outbox.c.id, outbox.c.operation_id).order_by(outbox.c.id))
             ).all()
         with recording(engine) as rec:
-            delivered = await worker.deliver_batch(batch)
+            # One row: the one-at-a-time path; more: one worker loop's batch.
+            if batch == 1:
+                delivered = int(await worker.deliver_next())
+            else:
+                delivered = await worker.deliver_batch(batch)
     finally:
         await worker.close()
         await engine.dispose()

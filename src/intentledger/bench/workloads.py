@@ -42,7 +42,7 @@ _ROW_COUNTER = "g::text"
 
 
 def intake_script(conn: psycopg.Connection[Any], capture: IntakeCapture, tag: str) -> str:
-    """`accept()`'s transaction: SELECT the idempotency record, then the four INSERTs."""
+    """`accept()`'s transaction, statement for statement."""
     substitute: dict[str | int, Expr] = {
         capture.operation_id: Expr(operation_id_expr(tag, _PGBENCH_COUNTER)),
         capture.idempotency_key: Expr(key_expr(tag, _PGBENCH_COUNTER)),

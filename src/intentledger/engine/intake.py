@@ -53,7 +53,15 @@ class IntakeResult:
     held_row_id: int | None = None
 
 
-def _operation_values(intent: Intent, now: datetime) -> dict[str, Any]:
+ACCEPTED_REASON = "intent accepted"
+
+
+def accepted_by(intent: Intent) -> str:
+    """The source of an intent's first transition."""
+    return f"api:{intent.actor}"
+
+
+def operation_values(intent: Intent, now: datetime) -> dict[str, Any]:
     return {
         "operation_id": new_operation_id(),
         "idempotency_key": intent.idempotency_key,
@@ -99,7 +107,7 @@ async def accept(
     async with engine.begin() as conn:
         ledger = Ledger(conn)
         now = clock()
-        values = _operation_values(intent, now)
+        values = operation_values(intent, now)
         original = await claim_or_replay(
             ledger,
             intent.actor,
@@ -116,7 +124,7 @@ async def accept(
         await prepare(ledger, now, values)
         row_id = await ledger.insert_intent(values, outbox_kind="submit", due_at=now, hold=hold)
         await ledger.record_initial_transition(
-            values["operation_id"], now, "intent accepted", source=f"api:{intent.actor}"
+            values["operation_id"], now, ACCEPTED_REASON, source=accepted_by(intent)
         )
         return IntakeResult(values, replayed=False, held_row_id=row_id if hold else None)
 

@@ -14,6 +14,7 @@ from typing import TypeVar
 from sqlalchemy.exc import IntegrityError
 
 from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record
 
 T = TypeVar("T")
 # Losing a race for a key costs one retry; more than a few means something else.
@@ -48,6 +49,12 @@ async def find_replay(
     existing = await ledger.find_idempotency_record(actor, route, key)
     if existing is None:
         return None
+    return replay_of(existing, request_hash)
+
+
+def replay_of(existing: Record, request_hash: str) -> str:
+    """What an equal earlier request made with this key; IdempotencyKeyReused
+    when the key's record is for a different request."""
     if existing.request_hash != request_hash:
         raise IdempotencyKeyReused(existing.resource_id)
     return str(existing.resource_id)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import NextAction, State, require_transition
@@ -22,6 +22,7 @@ from intentledger.store.ledger import ConcurrentUpdate, Ledger
 from intentledger.store.tables import (
     Record,
     attempts,
+    idempotency_records,
     mandates,
     observations,
     operations,
@@ -225,12 +226,29 @@ class BatchLedger:
     async def _log_transitions(
         self,
         entries: Sequence[tuple[str, str]],
-        from_state: State,
+        from_state: State | None,
         to_state: State,
         next_action: NextAction,
         now: datetime,
         source: str,
     ) -> None:
+        await self.log_transitions(
+            [(operation_id, reason, source) for operation_id, reason in entries],
+            from_state,
+            to_state,
+            next_action,
+            now,
+        )
+
+    async def log_transitions(
+        self,
+        entries: Sequence[tuple[str, str, str]],
+        from_state: State | None,
+        to_state: State,
+        next_action: NextAction,
+        now: datetime,
+    ) -> None:
+        """One transition row per (operation id, reason, source)."""
         await self.conn.execute(
             insert(transitions),
             [
@@ -243,6 +261,58 @@ class BatchLedger:
                     "reason": reason,
                     "source": source,
                 }
-                for operation_id, reason in entries
+                for operation_id, reason, source in entries
+            ],
+        )
+
+    # -- grouped intake -------------------------------------------------------
+
+    async def claim_keys(self, records: Sequence[Mapping[str, Any]]) -> set[str]:
+        """Write each idempotency record unless its key already has one (see
+        `Ledger.claim_idempotency_key`); the resource ids of the records written."""
+        statement = Ledger.claim_key_statements[self.conn.dialect.name]
+        result = await self.conn.execute(statement, list(records))
+        return {row.resource_id for row in result}
+
+    async def idempotency_records(
+        self, keys: Iterable[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], Record]:
+        """The records of (actor, route, idempotency key) triples that have one."""
+        wanted = sorted(set(keys))
+        rows = await self.conn.execute(
+            select(idempotency_records).where(
+                tuple_(
+                    idempotency_records.c.actor,
+                    idempotency_records.c.route,
+                    idempotency_records.c.idempotency_key,
+                ).in_(wanted)
+            )
+        )
+        return {(row.actor, row.route, row.idempotency_key): row for row in rows}
+
+    async def operations(self, operation_ids: Iterable[str]) -> dict[str, Record]:
+        rows = await self.conn.execute(
+            select(operations).where(operations.c.operation_id.in_(sorted(set(operation_ids))))
+        )
+        return {row.operation_id: row for row in rows}
+
+    async def insert_operations(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        await self.conn.execute(insert(operations), list(rows))
+
+    async def enqueue_submits(self, operation_ids: Sequence[str], now: datetime) -> None:
+        """A due `submit` row per operation, as `Ledger.enqueue` writes one."""
+        await self.conn.execute(
+            insert(outbox),
+            [
+                {
+                    "operation_id": operation_id,
+                    "kind": "submit",
+                    "due_at": now,
+                    "lease_owner": None,
+                    "deliveries": 0,
+                    "decision_id": None,
+                    "created_at": now,
+                }
+                for operation_id in operation_ids
             ],
         )

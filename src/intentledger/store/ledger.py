@@ -97,7 +97,7 @@ class Ledger:
 
     # Claim a key unless its record exists, on either database; RETURNING names
     # the record only when this statement inserted it.
-    _claim_key_statements: ClassVar[Mapping[str, Insert]] = {
+    claim_key_statements: ClassVar[Mapping[str, Insert]] = {
         "postgresql": postgresql.insert(idempotency_records)
         .on_conflict_do_nothing(index_elements=list(idempotency_records.primary_key))
         .returning(idempotency_records.c.resource_id),
@@ -115,7 +115,7 @@ class Ledger:
         (and a SELECT after this one sees that record); if it rolls back, ours is.
         """
         result = await self.conn.execute(
-            self._claim_key_statements[self.conn.dialect.name],
+            self.claim_key_statements[self.conn.dialect.name],
             {
                 "actor": actor,
                 "route": route,

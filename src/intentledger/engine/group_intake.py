@@ -1,0 +1,181 @@
+"""Group commit for intake: concurrent payment intents share one transaction.
+
+Every intent still gets exactly the rows `accept()` writes — its idempotency
+record (claimed first), its ACCEPTED operation, its due outbox row and its first
+transition — and its request still answers only after the commit that made
+those rows durable. What changes is that one commit makes a whole group durable:
+while a group's transaction runs, the intents that arrive queue up and form the
+next group, so a busy process commits often-many intents per round trip and an
+idle one commits each intent at once.
+
+Intents with work of their own inside the transaction (a mandate's reservation)
+take `accept()` itself. If a group's transaction fails, each of its intents is
+tried on its own with `accept()`, so one bad intent cannot fail the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.domain.states import NextAction, State
+from intentledger.engine.clock import Clock
+from intentledger.engine.intake import (
+    ACCEPTED_REASON,
+    IntakeResult,
+    Intent,
+    accept,
+    accepted_by,
+    operation_values,
+)
+from intentledger.engine.refusal import Refusal, replay_of
+from intentledger.store.batches import BatchLedger
+
+log = logging.getLogger(__name__)
+
+MAX_GROUP = 64
+
+Key = tuple[str, str, str]  # actor, route, Idempotency-Key
+
+
+@dataclass
+class _Waiting:
+    intent: Intent
+    answer: asyncio.Future[IntakeResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    @property
+    def key(self) -> Key:
+        return (self.intent.actor, self.intent.route, self.intent.idempotency_key)
+
+    def settle(self, outcome: IntakeResult | BaseException) -> None:
+        if self.answer.done():  # its request went away; the intent stays durable
+            return
+        if isinstance(outcome, BaseException):
+            self.answer.set_exception(outcome)
+        else:
+            self.answer.set_result(outcome)
+
+
+class IntakeGroups:
+    def __init__(self, engine: AsyncEngine, clock: Clock, max_group: int = MAX_GROUP) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.max_group = max_group
+        self._waiting: deque[_Waiting] = deque()
+        self._committer: asyncio.Task[None] | None = None
+
+    async def accept(self, intent: Intent) -> IntakeResult:
+        """`accept(engine, clock, intent)`, committed together with concurrent intents."""
+        if intent.body.get("mandate_id") is not None:
+            return await accept(self.engine, self.clock, intent)
+        waiting = _Waiting(intent)
+        self._waiting.append(waiting)
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_while_waiting())
+        return await waiting.answer
+
+    async def _commit_while_waiting(self) -> None:
+        while self._waiting:
+            group = self._next_group()
+            try:
+                outcomes = await self._commit(group)
+            except Exception:
+                log.exception(
+                    "a grouped intake failed; trying its %d intents one by one", len(group)
+                )
+                outcomes = await asyncio.gather(
+                    *(accept(self.engine, self.clock, w.intent) for w in group),
+                    return_exceptions=True,
+                )
+            for waiting, outcome in zip(group, outcomes, strict=True):
+                waiting.settle(outcome)
+
+    def _next_group(self) -> list[_Waiting]:
+        """Up to `max_group` waiting intents, one per key: a second request with
+        a key already in the group waits for the next one, where it finds the
+        first one's record (a replay or a conflict, like any retry)."""
+        group: list[_Waiting] = []
+        keys: set[Key] = set()
+        later: list[_Waiting] = []
+        while self._waiting and len(group) < self.max_group:
+            waiting = self._waiting.popleft()
+            if waiting.key in keys:
+                later.append(waiting)
+            else:
+                keys.add(waiting.key)
+                group.append(waiting)
+        self._waiting.extendleft(reversed(later))
+        return group
+
+    async def _commit(self, group: list[_Waiting]) -> list[IntakeResult | BaseException]:
+        async with self.engine.begin() as conn:
+            ledger = BatchLedger(conn)
+            now = self.clock()
+            values = [operation_values(w.intent, now) for w in group]
+            claimed = await ledger.claim_keys(
+                [
+                    {
+                        "actor": w.intent.actor,
+                        "route": w.intent.route,
+                        "idempotency_key": w.intent.idempotency_key,
+                        "request_hash": w.intent.request_hash,
+                        "resource_id": v["operation_id"],
+                        "created_at": now,
+                    }
+                    for w, v in zip(group, values, strict=True)
+                ]
+            )
+            new = [
+                (w, v) for w, v in zip(group, values, strict=True) if v["operation_id"] in claimed
+            ]
+            outcomes: dict[int, IntakeResult | BaseException] = {}
+            if len(new) < len(group):
+                await self._judge_retries(ledger, group, claimed, values, outcomes)
+            if new:
+                await ledger.insert_operations([v for _, v in new])
+                await ledger.enqueue_submits([v["operation_id"] for _, v in new], now)
+                await ledger.log_transitions(
+                    [(v["operation_id"], ACCEPTED_REASON, accepted_by(w.intent)) for w, v in new],
+                    None,
+                    State.ACCEPTED,
+                    NextAction.SUBMIT,
+                    now,
+                )
+                for w, v in new:
+                    outcomes[id(w)] = IntakeResult(v, replayed=False)
+        return [outcomes[id(w)] for w in group]
+
+    @staticmethod
+    async def _judge_retries(
+        ledger: BatchLedger,
+        group: list[_Waiting],
+        claimed: set[str],
+        values: list[dict[str, object]],
+        outcomes: dict[int, IntakeResult | BaseException],
+    ) -> None:
+        """Intents whose key already had a record: a replay of what the equal
+        earlier request made, or a refusal when the request differs."""
+        retries = [
+            w for w, v in zip(group, values, strict=True) if v["operation_id"] not in claimed
+        ]
+        records = await ledger.idempotency_records(w.key for w in retries)
+        originals: dict[int, str] = {}
+        for waiting in retries:
+            record = records.get(waiting.key)
+            if record is None:
+                # Records are never deleted: a key that could not be claimed has one.
+                raise RuntimeError(f"no idempotency record for a taken key {waiting.key}")
+            try:
+                originals[id(waiting)] = replay_of(record, waiting.intent.request_hash)
+            except Refusal as refusal:
+                outcomes[id(waiting)] = refusal
+        found = await ledger.operations(originals.values())
+        for waiting in retries:
+            if id(waiting) in originals:
+                outcomes[id(waiting)] = IntakeResult(found[originals[id(waiting)]], replayed=True)
