@@ -166,7 +166,11 @@ async def capture_dispatch(database_url: str, sandbox_url: str, batch: int) -> D
     try:
         async with engine.connect() as conn:
             claimable = (
-                await conn.execute(select(outbox.c.id, outbox.c.operation_id).order_by(outbox.c.id))
+                await conn.execute(
+                    select(outbox.c.id, outbox.c.operation_id)
+                    .where(outbox.c.done_at.is_(None))
+                    .order_by(outbox.c.id)
+                )
             ).all()
         with recording(engine) as rec:
             # One row: the one-at-a-time path; more: one worker loop's batch.
