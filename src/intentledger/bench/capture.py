@@ -9,7 +9,7 @@ pgbench scripts and the bulk loaders are rendered from these recordings.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,9 +69,13 @@ class Recording:
         # Only statements inside a transaction count: pool pings are not ours to copy.
         if self._open is None:
             return
-        # psycopg sends an executemany as one statement per parameter set (pipelined).
-        for one in params if many else [params]:
-            self._open.append(Statement(sql, dict(one or {}), pipelined=many))
+        if many and not isinstance(params, Mapping):
+            # psycopg sends an executemany as one statement per parameter set (pipelined).
+            for one in params:
+                self._open.append(Statement(sql, dict(one or {}), pipelined=True))
+        else:
+            # One statement; SQLAlchemy's multi-row INSERT ("insertmanyvalues") too.
+            self._open.append(Statement(sql, dict(params or {})))
 
     @property
     def statements(self) -> list[Statement]:
