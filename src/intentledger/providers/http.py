@@ -130,6 +130,9 @@ class ShardedClient:
     def __init__(self, max_connections: int, **client_options: Any) -> None:
         shards = max(1, math.ceil(max_connections / SHARD_CONNECTIONS))
         per_shard = math.ceil(max_connections / shards)
+        # One TLS context for all the pools: each costs tens of milliseconds to
+        # build (it loads the CA store), and they would all be the same.
+        client_options.setdefault("verify", httpx.create_ssl_context())
         self._shards = [
             _Shard(
                 httpx.AsyncClient(
