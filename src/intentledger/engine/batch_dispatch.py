@@ -41,10 +41,28 @@ FIRST_ATTEMPT = 1
 
 
 @dataclass(frozen=True)
-class Sent:
+class Prepared:
+    """A first attempt the pre-submit transaction committed, and the operation's
+    version it left behind: if the version is still that when the answer is
+    recorded, nothing else has touched the operation in between."""
+
     row: Record
     submission: Submission
+    version: int
+
+
+@dataclass(frozen=True)
+class Sent:
+    prepared: Prepared
     answer: ProviderAnswer
+
+    @property
+    def row(self) -> Record:
+        return self.prepared.row
+
+    @property
+    def submission(self) -> Submission:
+        return self.prepared.submission
 
 
 async def deliver_submits(dispatcher: Dispatcher, rows: Sequence[Record]) -> None:
@@ -61,21 +79,16 @@ async def deliver_submits(dispatcher: Dispatcher, rows: Sequence[Record]) -> Non
     await _record(dispatcher, sent)
 
 
-async def _send_all(
-    dispatcher: Dispatcher, batch: Sequence[tuple[Record, Submission]]
-) -> list[Sent]:
+async def _send_all(dispatcher: Dispatcher, batch: Sequence[Prepared]) -> list[Sent]:
     answers = await asyncio.gather(
-        *(dispatcher.provider.submit(submission.request) for _, submission in batch)
+        *(dispatcher.provider.submit(item.submission.request) for item in batch)
     )
-    return [
-        Sent(row, submission, answer)
-        for (row, submission), answer in zip(batch, answers, strict=True)
-    ]
+    return [Sent(item, answer) for item, answer in zip(batch, answers, strict=True)]
 
 
 async def _pre_submit(
     dispatcher: Dispatcher, rows: Sequence[Record]
-) -> tuple[list[tuple[Record, Submission]], list[Record]]:
+) -> tuple[list[Prepared], list[Record]]:
     """Commit SUBMITTING + attempt 1 for every row that is a plain first attempt;
     return those with what to send, and the rows left to the reference path."""
     if not rows:
@@ -85,8 +98,7 @@ async def _pre_submit(
         now = dispatcher.clock()
         locked = await ledger.lock(row.operation_id for row in rows)
         held = await ledger.leases_held((row.id for row in rows), dispatcher.worker_id, now)
-        attempted = await ledger.last_attempt_numbers(locked.operations.keys())
-        batch: list[tuple[Record, Submission]] = []
+        batch: list[Prepared] = []
         others: list[Record] = []
         taken: set[str] = set()
         for row in rows:
@@ -97,7 +109,9 @@ async def _pre_submit(
                 and row.decision_id is None
                 and operation.kind == "payment"
                 and State(operation.state) is State.ACCEPTED
-                and operation.operation_id not in attempted
+                # Written with attempt 1, by every path that adds attempts, in the
+                # same transaction: unset means no attempt was ever committed.
+                and operation.first_attempt_at is None
                 and operation.operation_id not in taken
                 and (operation.mandate_id is None or (mandate and mandate.status == "active"))
             )
@@ -106,7 +120,8 @@ async def _pre_submit(
                 continue
             taken.add(operation.operation_id)
             key = provider_key(operation.operation_id)
-            batch.append((row, Submission(FIRST_ATTEMPT, request_for(operation, key))))
+            submission = Submission(FIRST_ATTEMPT, request_for(operation, key))
+            batch.append(Prepared(row, submission, operation.version + 1))
         if batch:
             await ledger.add_attempts(
                 [
@@ -120,27 +135,27 @@ async def _pre_submit(
                         "decision_id": None,
                         "source": dispatcher.worker_id,
                     }
-                    for _, submission in batch
+                    for submission in (item.submission for item in batch)
                 ]
             )
             await ledger.start_submitting(
-                [locked.operations[row.operation_id] for row, _ in batch],
+                [locked.operations[item.row.operation_id] for item in batch],
                 now=now,
                 reasons={
-                    row.operation_id: f"attempt {FIRST_ATTEMPT} committed before provider I/O"
-                    for row, _ in batch
+                    item.row.operation_id: f"attempt {FIRST_ATTEMPT} committed before provider I/O"
+                    for item in batch
                 },
                 source=dispatcher.worker_id,
             )
     return batch, others
 
 
-def _settles_plainly(operation: Record, last_attempt: int | None, verdict: Verdict) -> bool:
+def _settles_plainly(operation: Record, item: Sent, verdict: Verdict) -> bool:
     """A success or a decline answering the operation's only attempt, while it is
-    still SUBMITTING: the reference path settles it with no other step."""
+    still as our pre-submit left it: the reference path settles it with no other step."""
     return (
         State(operation.state) is State.SUBMITTING
-        and last_attempt == FIRST_ATTEMPT
+        and operation.version == item.prepared.version
         and verdict in (Verdict.SUCCEEDED, Verdict.FAILED)
     )
 
@@ -153,7 +168,6 @@ async def _record(dispatcher: Dispatcher, sent: Sequence[Sent]) -> None:
         ledger = BatchLedger(conn)
         now = dispatcher.clock()
         locked = await ledger.lock(item.row.operation_id for item in sent)
-        last_attempts = await ledger.last_attempt_numbers(locked.operations.keys())
         observations = []
         settlements = []
         finished = []
@@ -161,7 +175,7 @@ async def _record(dispatcher: Dispatcher, sent: Sequence[Sent]) -> None:
             operation = locked.operations[item.row.operation_id]
             classification = classify(item.answer)
             verdict = classification.verdict
-            if not _settles_plainly(operation, last_attempts.get(operation.operation_id), verdict):
+            if not _settles_plainly(operation, item, verdict):
                 rest.append(item)
                 continue
             answer = item.answer

@@ -116,15 +116,6 @@ class BatchLedger:
             if row.done_at is None and row.lease_owner == owner and row.due_at > now
         }
 
-    async def last_attempt_numbers(self, operation_ids: Iterable[str]) -> dict[str, int]:
-        """Each operation's highest attempt number; absent when it has none."""
-        rows = await self.conn.execute(
-            select(attempts.c.operation_id, func.max(attempts.c.number).label("number"))
-            .where(attempts.c.operation_id.in_(sorted(set(operation_ids))))
-            .group_by(attempts.c.operation_id)
-        )
-        return {row.operation_id: int(row.number) for row in rows}
-
     async def add_attempts(self, rows: Sequence[Mapping[str, Any]]) -> None:
         await self.conn.execute(insert(attempts), list(rows))
 
@@ -143,9 +134,11 @@ class BatchLedger:
         require_transition(State.ACCEPTED, State.SUBMITTING)
         assert all(State(op.state) is State.ACCEPTED for op in locked)
         ids = [op.operation_id for op in locked]
+        # By key alone: a predicate on `state` could lead the planner to the state
+        # index and through every ACCEPTED operation.
         result = await self.conn.execute(
             update(operations)
-            .where(operations.c.operation_id.in_(ids), operations.c.state == State.ACCEPTED)
+            .where(operations.c.operation_id.in_(ids))
             .values(
                 state=State.SUBMITTING,
                 next_action=NextAction.WAIT,
@@ -217,10 +210,12 @@ class BatchLedger:
         )
 
     async def finish_outbox_rows(self, row_ids: Iterable[int], now: datetime) -> None:
+        """Mark delivered rows done. Only for rows whose operation this transaction
+        holds unchanged since their pre-submit: nobody else can have finished them.
+        (By key alone: `done_at IS NULL` would match the pending-rows index, and
+        the planner could walk every pending row.)"""
         await self.conn.execute(
-            update(outbox)
-            .where(outbox.c.id.in_(sorted(set(row_ids))), outbox.c.done_at.is_(None))
-            .values(done_at=now)
+            update(outbox).where(outbox.c.id.in_(sorted(set(row_ids)))).values(done_at=now)
         )
 
     async def _log_transitions(
