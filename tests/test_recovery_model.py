@@ -394,6 +394,13 @@ def check_attempts_are_authorised(snapshot: Snapshot) -> None:
                 f"decision {decision.id} replays a key {inputs['key_age_seconds']} s old, "
                 f"bound {inputs['replay_bound_seconds']} s"
             )
+    for operation_id, operation in snapshot.operations.items():
+        # The batched dispatcher reads "never attempted" from first_attempt_at.
+        tried = snapshot.attempts.get(operation_id, [])
+        assert (operation.first_attempt_at is None) == (not tried), (
+            f"{operation_id}: first_attempt_at {operation.first_attempt_at} "
+            f"with {len(tried)} attempt(s)"
+        )
     for operation_id, tried in snapshot.attempts.items():
         moves = snapshot.transitions[operation_id]
         assert [a.number for a in tried] == list(range(1, len(tried) + 1)), operation_id
@@ -648,6 +655,15 @@ class RecoveryModel(RuleBasedStateMachine):
     def deliver_one(self, submit: str, lookup: str) -> None:
         self._choose(submit, lookup)
         self.run(self.worker.deliver_next())
+        self.changed()
+
+    @precondition(lambda self: bool(self._due()))
+    @rule(submit=SUBMITS, lookup=LOOKUPS, limit=st.integers(min_value=2, max_value=8))
+    def deliver_a_batch(self, submit: str, lookup: str, limit: int) -> None:
+        """What a worker loop does: claim several due rows and deliver them at once."""
+        self._choose(submit, lookup)
+        delivered = self.run(self.worker.deliver_batch(limit))
+        event("batch delivery of several rows" if delivered > 1 else "batch delivery of one row")
         self.changed()
 
     @precondition(lambda self: bool(self._due()))
