@@ -274,9 +274,9 @@ class Load:
 async def _chaos_monkey(
     config: ChaosConfig, fleet: Fleet, tally: Tally, stop: asyncio.Event, rng: random.Random
 ) -> None:
-    restart_at = rng.uniform(0.3, 0.6)  # once, somewhere mid-run
-    started = time.monotonic()
-    expected = max(config.operations / 40, 10.0)  # rough run length, seconds
+    # Once, somewhere mid-load: measured by the payments sent, not by the clock,
+    # so a faster build cannot finish its load before the restart comes.
+    restart_at = rng.uniform(0.3, 0.6)
     while not stop.is_set():
         pause = config.kill_every * rng.uniform(0.5, 1.5)
         try:
@@ -287,7 +287,7 @@ async def _chaos_monkey(
         victim = rng.choice(fleet.victims())
         await asyncio.to_thread(fleet.kill_and_restart, victim)
         tally.kills += 1
-        progress = (time.monotonic() - started) / expected
+        progress = tally.sent / config.operations
         if config.restart_db_cmd and not tally.db_restarts and progress >= restart_at:
             done = await asyncio.to_thread(
                 subprocess.run, shlex.split(config.restart_db_cmd), capture_output=True
