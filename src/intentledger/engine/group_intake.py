@@ -128,7 +128,9 @@ class IntakeGroups:
                         "resource_id": v["operation_id"],
                         "created_at": now,
                     }
-                    for w, v in zip(group, values, strict=True)
+                    # In key order: two processes claiming the same keys wait
+                    # for each other in one order and cannot deadlock.
+                    for w, v in sorted(zip(group, values, strict=True), key=lambda wv: wv[0].key)
                 ]
             )
             new = [
