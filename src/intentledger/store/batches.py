@@ -149,13 +149,12 @@ class BatchLedger:
         )
         if result.rowcount != len(ids):
             raise ConcurrentUpdate(", ".join(ids))
-        await self._log_transitions(
-            [(op.operation_id, reasons[op.operation_id]) for op in locked],
+        await self.log_transitions(
+            [(op.operation_id, reasons[op.operation_id], source) for op in locked],
             State.ACCEPTED,
             State.SUBMITTING,
             NextAction.WAIT,
             now,
-            source,
         )
 
     async def settle(
@@ -200,13 +199,12 @@ class BatchLedger:
         for s in settlements:
             if s.operation.mandate_id is not None:
                 await ledger.settle_reservation(s.operation, s.outcome, now)
-        await self._log_transitions(
-            [(s.operation.operation_id, s.reason) for s in settlements],
+        await self.log_transitions(
+            [(s.operation.operation_id, s.reason, source) for s in settlements],
             State.SUBMITTING,
             State.OUTCOME_KNOWN,
             NextAction.NONE,
             now,
-            source,
         )
 
     async def finish_outbox_rows(self, row_ids: Iterable[int], now: datetime) -> None:
@@ -216,23 +214,6 @@ class BatchLedger:
         the planner could walk every pending row.)"""
         await self.conn.execute(
             update(outbox).where(outbox.c.id.in_(sorted(set(row_ids)))).values(done_at=now)
-        )
-
-    async def _log_transitions(
-        self,
-        entries: Sequence[tuple[str, str]],
-        from_state: State | None,
-        to_state: State,
-        next_action: NextAction,
-        now: datetime,
-        source: str,
-    ) -> None:
-        await self.log_transitions(
-            [(operation_id, reason, source) for operation_id, reason in entries],
-            from_state,
-            to_state,
-            next_action,
-            now,
         )
 
     async def log_transitions(
