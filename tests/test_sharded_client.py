@@ -11,8 +11,8 @@ from intentledger.providers.http import SHARD_CONNECTIONS, ShardedClient
 from tests.support import free_port
 
 
-def pool_limits(client: httpx.AsyncClient) -> int:
-    return int(client._transport._pool._max_connections)  # type: ignore[attr-defined]
+def pool_limits(transport: httpx.AsyncHTTPTransport) -> int:
+    return int(transport._pool._max_connections)
 
 
 async def test_every_call_in_flight_has_a_connection_of_its_own() -> None:
@@ -50,8 +50,7 @@ async def test_calls_go_over_the_wire() -> None:
     try:
 
         async def call() -> int:
-            with clients.lease() as client:
-                return (await client.get("/")).status_code
+            return (await clients.request("GET", "/")).status_code
 
         assert await asyncio.gather(*(call() for _ in range(10))) == [200] * 10
     finally:

@@ -33,16 +33,12 @@ def _qualified(exc: BaseException) -> str:
     return f"{module}.{type(exc).__name__}"
 
 
-def _error_code(response: httpx.Response) -> str | None:
+def _error_code(body: Any) -> str | None:
     """The provider's error code, or its error type when it gives no code.
 
     A key-conflict marker may sit in either field (Stripe: type
     `idempotency_error`), so when one of them names a key conflict, that wins.
     """
-    try:
-        body = response.json()
-    except ValueError:
-        return None
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
         error = body if isinstance(body, dict) else {}
@@ -52,11 +48,7 @@ def _error_code(response: httpx.Response) -> str | None:
     return chosen[0] if chosen else None
 
 
-def _reference(response: httpx.Response) -> str | None:
-    try:
-        body = response.json()
-    except ValueError:
-        return None
+def _reference(body: Any) -> str | None:
     return str(body["id"]) if isinstance(body, dict) and "id" in body else None
 
 
@@ -92,15 +84,16 @@ async def observe(call: Awaitable[httpx.Response], deadline: float | None = None
             Transport.NO_RESPONSE, error_class=_qualified(exc), detail={"error": str(exc)}
         )
     detail: dict[str, Any] = {}
+    body: Any = None  # what an unreadable body tells: nothing
     try:
-        detail["body"] = response.json()
+        body = detail["body"] = response.json()
     except ValueError:
         detail["body_text"] = response.text[:2000]
     return ProviderAnswer(
         Transport.RESPONSE,
         status=response.status_code,
-        error_code=_error_code(response) if response.status_code >= 400 else None,
-        provider_reference=_reference(response) if response.is_success else None,
+        error_code=_error_code(body) if response.status_code >= 400 else None,
+        provider_reference=_reference(body) if response.is_success else None,
         retry_after=tuple(response.headers.get_list("retry-after")),
         detail=detail,
     )
@@ -112,10 +105,13 @@ async def observe(call: Awaitable[httpx.Response], deadline: float | None = None
 # Several small pools keep each walk short.
 SHARD_CONNECTIONS = 8
 
+# Sent with every call in place of httpx.AsyncClient's defaults.
+_HEADERS = {"Accept": "application/json", "User-Agent": "intentledger"}
+
 
 @dataclass
 class _Shard:
-    client: httpx.AsyncClient
+    transport: httpx.AsyncHTTPTransport
     in_flight: int = 0
 
 
@@ -125,35 +121,73 @@ class ShardedClient:
     Each call takes the pool with the fewest calls in flight, so no call waits
     for a connection while another pool has one free: a call that queued would
     spend its deadline waiting and end as "no response".
+
+    Calls go straight to each pool's `httpx.AsyncHTTPTransport`, not through an
+    `httpx.AsyncClient`: the client's layers (URL merging, auth, redirects,
+    cookies, event hooks) do nothing for a provider API and cost a worker about
+    a tenth of its CPU (docs/benchmarks.md). The transport is where httpx maps
+    httpcore's errors to its own classes, so `observe` sees the same exceptions
+    (research S21, S22). Proxy variables from the environment are not read.
     """
 
-    def __init__(self, max_connections: int, **client_options: Any) -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        base_url: str = "",
+        timeout: httpx.Timeout = httpx.Timeout(5.0),
+    ) -> None:
         shards = max(1, math.ceil(max_connections / SHARD_CONNECTIONS))
         per_shard = math.ceil(max_connections / shards)
         # One TLS context for all the pools: each costs tens of milliseconds to
         # build (it loads the CA store), and they would all be the same.
-        client_options.setdefault("verify", httpx.create_ssl_context())
+        tls = httpx.create_ssl_context()
+        limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
         self._shards = [
-            _Shard(
-                httpx.AsyncClient(
-                    limits=httpx.Limits(
-                        max_connections=per_shard, max_keepalive_connections=per_shard
-                    ),
-                    **client_options,
-                )
-            )
-            for _ in range(shards)
+            _Shard(httpx.AsyncHTTPTransport(verify=tls, limits=limits)) for _ in range(shards)
         ]
+        self._base_url = base_url.rstrip("/")
+        # Without this extension httpcore would wait for ever: the per-phase timeouts
+        # are what name a slow phase (httpx.ReadTimeout, httpx.ConnectTimeout...).
+        self._extensions = {"timeout": timeout.as_dict()}
 
     @contextmanager
-    def lease(self) -> Iterator[httpx.AsyncClient]:
+    def lease(self) -> Iterator[httpx.AsyncHTTPTransport]:
         shard = min(self._shards, key=lambda s: s.in_flight)
         shard.in_flight += 1
         try:
-            yield shard.client
+            yield shard.transport
         finally:
             shard.in_flight -= 1
 
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """Send one request and read the whole answer, as `AsyncClient.request` would."""
+        request = httpx.Request(
+            method,
+            self._base_url + path,
+            json=json,
+            params=params,
+            headers=_HEADERS if headers is None else {**_HEADERS, **headers},
+            extensions=self._extensions,
+        )
+        with self.lease() as transport:
+            response = await transport.handle_async_request(request)
+            response.request = request
+            try:
+                await response.aread()
+            except BaseException:
+                # Gives the connection back (or drops it) whatever cut the read short.
+                await response.aclose()
+                raise
+        return response
+
     async def aclose(self) -> None:
         for shard in self._shards:
-            await shard.client.aclose()
+            await shard.transport.aclose()

@@ -26,17 +26,15 @@ class SandboxProvider:
         # The whole call, not just each phase of it, ends within `timeout`.
         self._deadline = call_deadline(timeout).total_seconds()
         self._clients = ShardedClient(
-            max_connections,
-            base_url=base_url.rstrip("/"),
-            timeout=httpx.Timeout(timeout.total_seconds()),
+            max_connections, base_url, httpx.Timeout(timeout.total_seconds())
         )
 
     async def submit(self, request: ProviderRequest) -> ProviderAnswer:
         path = self._write_path(request)
         body = {"reference": request.reference, **request.body}
         headers = {"Idempotency-Key": request.idempotency_key}
-        with self._clients.lease() as client:
-            return await observe(client.post(path, json=body, headers=headers), self._deadline)
+        call = self._clients.request("POST", path, json=body, headers=headers)
+        return await observe(call, self._deadline)
 
     @staticmethod
     def _write_path(request: ProviderRequest) -> str:
@@ -61,10 +59,8 @@ class SandboxProvider:
         }.get(query.kind)
         if path is None:
             raise UnknownKind(f"the sandbox has no lookup for {query.kind!r}")
-        with self._clients.lease() as client:
-            answer = await observe(
-                client.get(path, params={"reference": query.reference}), self._deadline
-            )
+        call = self._clients.request("GET", path, params={"reference": query.reference})
+        answer = await observe(call, self._deadline)
         items = _listed(answer)
         if items is None:
             # A 200 without a readable list is no evidence of absence.
@@ -74,8 +70,8 @@ class SandboxProvider:
 
     async def _card_action_lookup(self, query: ProviderLookup) -> LookupAnswer:
         """A card action is evidenced by the card's state: frozen after a freeze."""
-        with self._clients.lease() as client:
-            answer = await observe(client.get(f"/v1/cards/{query.target}"), self._deadline)
+        call = self._clients.request("GET", f"/v1/cards/{query.target}")
+        answer = await observe(call, self._deadline)
         body = answer.detail.get("body")
         if answer.transport is not Transport.RESPONSE or answer.status != 200:
             return LookupAnswer(answer)
