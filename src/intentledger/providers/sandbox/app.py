@@ -386,6 +386,18 @@ class Reply:
         return JSONResponse(self.body, status_code=self.status, headers=self.headers)
 
 
+@dataclass(frozen=True)
+class Withhold:
+    """An answer given only after `seconds`, and only if the client is still there."""
+
+    seconds: float
+    stored: StoredResponse
+
+
+# What a handler decided, inside the store's thread, to send back.
+Plan = Reply | Withhold
+
+
 def _replayed(stored: StoredResponse) -> Reply:
     return Reply.of(stored, {"Idempotent-Replayed": "true"})
 
@@ -418,26 +430,21 @@ class Sandbox:
     async def create_charge(self, request: Request) -> Response:
         payload = _parse_json_object(await request.body())
         key = request.headers.get("Idempotency-Key")
-        # Logged before anything else so tests can count every submit, even ones that hang.
-        request_id = await self._log(
-            ReceivedRequest(
-                "charge",
-                "submit",
-                _optional_str(payload, "reference"),
-                key,
-                self._clock(),
-                payment_method=_optional_str(payload, "payment_method"),
-            )
+        received = ReceivedRequest(
+            "charge",
+            "submit",
+            _optional_str(payload, "reference"),
+            key,
+            self._clock(),
+            payment_method=_optional_str(payload, "payment_method"),
         )
-        reply = await self._answer_submit(request, key, payload, request_id)
-        return await self._finish(request_id, reply)
+        return await self._handle(
+            request, received, lambda request_id: self._answer_submit(key, payload, request_id)
+        )
 
     async def lookup_charges(self, request: Request, reference: str | None = None) -> Response:
-        request_id = await self._log(
-            ReceivedRequest("charge", "lookup", reference, None, self._clock())
-        )
-        reply = await self._answer_lookup(request, reference)
-        return await self._finish(request_id, reply)
+        received = ReceivedRequest("charge", "lookup", reference, None, self._clock())
+        return await self._handle(request, received, lambda _: self._answer_lookup(reference))
 
     # -- beneficiaries and cards ------------------------------------------------------------
 
@@ -455,34 +462,37 @@ class Sandbox:
     async def unfreeze_card(self, request: Request, card_id: str) -> Response:
         return await self._act_on_card(request, card_id, "unfreeze")
 
-    async def lookup_beneficiaries(self, reference: str | None = None) -> Response:
-        request_id = await self._log(
-            ReceivedRequest("beneficiary", "lookup", reference, None, self._clock())
-        )
-        if not reference:
-            return await self._finish(request_id, Reply.of(REFERENCE_MISSING))
-        found = await self._db(self._store.beneficiaries, reference)
-        data = [beneficiary.as_provider_response() for beneficiary in found]
-        return await self._finish(request_id, Reply(200, {"data": data}))
+    async def lookup_beneficiaries(
+        self, request: Request, reference: str | None = None
+    ) -> Response:
+        def answer(_: int) -> Plan:
+            if not reference:
+                return Reply.of(REFERENCE_MISSING)
+            found = self._store.beneficiaries(reference)
+            return Reply(200, {"data": [item.as_provider_response() for item in found]})
 
-    async def lookup_cards(self, reference: str | None = None) -> Response:
-        request_id = await self._log(
-            ReceivedRequest("card", "lookup", reference, None, self._clock())
-        )
-        if not reference:
-            return await self._finish(request_id, Reply.of(REFERENCE_MISSING))
-        found = await self._db(self._store.cards, reference)
-        data = [card.as_provider_response() for card in found]
-        return await self._finish(request_id, Reply(200, {"data": data}))
+        received = ReceivedRequest("beneficiary", "lookup", reference, None, self._clock())
+        return await self._handle(request, received, answer)
 
-    async def retrieve_card(self, card_id: str) -> Response:
-        request_id = await self._log(
-            ReceivedRequest("card", "lookup", None, None, self._clock(), card_id=card_id)
-        )
-        card = await self._db(self._store.card, card_id)
-        if card is None:
-            return await self._finish(request_id, Reply.of(_no_such("card", card_id)))
-        return await self._finish(request_id, Reply(200, card.as_provider_response()))
+    async def lookup_cards(self, request: Request, reference: str | None = None) -> Response:
+        def answer(_: int) -> Plan:
+            if not reference:
+                return Reply.of(REFERENCE_MISSING)
+            found = self._store.cards(reference)
+            return Reply(200, {"data": [card.as_provider_response() for card in found]})
+
+        received = ReceivedRequest("card", "lookup", reference, None, self._clock())
+        return await self._handle(request, received, answer)
+
+    async def retrieve_card(self, request: Request, card_id: str) -> Response:
+        def answer(_: int) -> Plan:
+            card = self._store.card(card_id)
+            if card is None:
+                return Reply.of(_no_such("card", card_id))
+            return Reply(200, card.as_provider_response())
+
+        received = ReceivedRequest("card", "lookup", None, None, self._clock(), card_id=card_id)
+        return await self._handle(request, received, answer)
 
     # -- the truth, for tests: no faults, no lag, not logged --------------------------------
 
@@ -516,9 +526,7 @@ class Sandbox:
 
     # -- submit ---------------------------------------------------------------------------
 
-    async def _answer_submit(
-        self, request: Request, key: str | None, payload: JSONObject | None, request_id: int
-    ) -> Reply | None:
+    def _answer_submit(self, key: str | None, payload: JSONObject | None, request_id: int) -> Plan:
         problem = _key_problem(key)
         if problem is not None:
             return Reply.of(problem)
@@ -527,16 +535,13 @@ class Sandbox:
         if isinstance(charge_request, StoredResponse):
             return Reply.of(charge_request)
         method = charge_request.payment_method
-        outcome = await self._db(
-            self._store.submit,
+        outcome = self._store.submit(
             request_id,
             charge_request,
             self._clock(),
             lambda first_attempt: scenario_for(method, first_attempt).effect,
         )
-        return await self._reply_to(
-            request, outcome, lambda first_attempt: scenario_for(method, first_attempt)
-        )
+        return self._reply_to(outcome, lambda first_attempt: scenario_for(method, first_attempt))
 
     # -- other writes ---------------------------------------------------------------------
 
@@ -558,30 +563,29 @@ class Sandbox:
     ) -> Response:
         payload = _parse_json_object(await request.body())
         key = request.headers.get("Idempotency-Key")
-        # Logged first, like a charge submit, so every attempt counts, even ones that hang.
-        request_id = await self._log(
-            ReceivedRequest(
-                resource,
-                "submit",
-                _optional_str(payload, "reference"),
-                key,
-                self._clock(),
-                sandbox_scenario=_optional_str(payload, "sandbox_scenario"),
-                card_id=card_id,
-            )
+        received = ReceivedRequest(
+            resource,
+            "submit",
+            _optional_str(payload, "reference"),
+            key,
+            self._clock(),
+            sandbox_scenario=_optional_str(payload, "sandbox_scenario"),
+            card_id=card_id,
         )
-        reply = await self._answer_write(request, key, payload, request_id, parse, perform)
-        return await self._finish(request_id, reply)
 
-    async def _answer_write(
+        def answer(request_id: int) -> Plan:
+            return self._answer_write(key, payload, request_id, parse, perform)
+
+        return await self._handle(request, received, answer)
+
+    def _answer_write(
         self,
-        request: Request,
         key: str | None,
         payload: JSONObject | None,
         request_id: int,
         parse: Parse[W],
         perform: Perform[W],
-    ) -> Reply | None:
+    ) -> Plan:
         problem = _key_problem(key)
         if problem is not None:
             return Reply.of(problem)
@@ -592,23 +596,19 @@ class Sandbox:
         if isinstance(parsed, StoredResponse):
             return Reply.of(parsed)
         name = parsed.scenario
-        outcome = await self._db(
-            perform,
+        outcome = perform(
             request_id,
             parsed.request,
             self._clock(),
             lambda first_attempt: write_scenario_for(name, first_attempt).effect,
         )
-        return await self._reply_to(
-            request, outcome, lambda first_attempt: write_scenario_for(name, first_attempt)
+        return self._reply_to(
+            outcome, lambda first_attempt: write_scenario_for(name, first_attempt)
         )
 
-    async def _reply_to(
-        self,
-        request: Request,
-        outcome: WriteOutcome,
-        scenario_for_attempt: Callable[[bool], Scenario],
-    ) -> Reply | None:
+    def _reply_to(
+        self, outcome: WriteOutcome, scenario_for_attempt: Callable[[bool], Scenario]
+    ) -> Plan:
         match outcome:
             case Replayed(response=stored):
                 return _replayed(stored)
@@ -618,12 +618,10 @@ class Sandbox:
                 return Reply.of(_no_such(resource, missing_id))
             case Processed(first_attempt=first_attempt, response=stored):
                 delivery = scenario_for_attempt(first_attempt).delivery
-                return await self._deliver(request, delivery, stored)
+                return self._deliver(delivery, stored)
 
-    async def _deliver(
-        self, request: Request, delivery: Delivery, stored: StoredResponse | None
-    ) -> Reply | None:
-        """The reply the client gets, or None when it hung up before we answered."""
+    def _deliver(self, delivery: Delivery, stored: StoredResponse | None) -> Plan:
+        """The reply, or the reply to give only if the client waits long enough for it."""
         withhold = self._timing.withhold_seconds
         match delivery:
             case Delivery.ANSWER:
@@ -633,27 +631,20 @@ class Sandbox:
             case Delivery.RATE_LIMITED:
                 return Reply.of(RATE_LIMITED, {"Retry-After": "1"})
             case Delivery.WITHHOLD_THEN_TIMEOUT:
-                return await self._after(request, withhold, GATEWAY_TIMEOUT)
+                return Withhold(withhold, GATEWAY_TIMEOUT)
             case Delivery.WITHHOLD_THEN_ANSWER:
-                return await self._after(request, withhold, _required(stored))
+                return Withhold(withhold, _required(stored))
             case Delivery.SLOW:
-                return await self._after(request, self._timing.slow_seconds, _required(stored))
-
-    async def _after(
-        self, request: Request, seconds: float, stored: StoredResponse
-    ) -> Reply | None:
-        if await _hold(request, seconds):
-            return Reply.of(stored)
-        return None
+                return Withhold(self._timing.slow_seconds, _required(stored))
 
     # -- lookup ---------------------------------------------------------------------------
 
-    async def _answer_lookup(self, request: Request, reference: str | None) -> Reply | None:
+    def _answer_lookup(self, reference: str | None) -> Plan:
         if not reference:
             return Reply.of(REFERENCE_MISSING)
-        if await self._db(self._store.was_submitted_with, reference, BLACKHOLE_METHOD):
-            return await self._after(request, self._timing.withhold_seconds, GATEWAY_TIMEOUT)
-        charges = await self._db(self._store.charges, reference)
+        if self._store.was_submitted_with(reference, BLACKHOLE_METHOD):
+            return Withhold(self._timing.withhold_seconds, GATEWAY_TIMEOUT)
+        charges = self._store.charges(reference)
         now = self._clock()
         lag = timedelta(seconds=self._timing.lookup_lag_seconds)
         # A lagging provider has executed the charge but its read side does not know yet.
@@ -666,19 +657,39 @@ class Sandbox:
 
     # -- plumbing -------------------------------------------------------------------------
 
-    async def _finish(self, request_id: int, reply: Reply | None) -> Response:
-        if reply is None:
-            # Nobody is listening; the status stays NULL to say no answer was delivered.
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
+    async def _handle(
+        self, request: Request, received: ReceivedRequest, answer: Callable[[int], Plan]
+    ) -> Response:
+        """Log the request, work out its answer and, when that goes out at once, record its
+        status: all in one trip to a store thread, since each trip costs more CPU than the
+        SQLite work it carries."""
+        request_id, plan = await self._db(self._log_and_answer, received, answer)
+        if isinstance(plan, Reply):
+            return plan.to_response()
+        if await _hold(request, plan.seconds):
+            reply = Reply.of(plan.stored)
+            await self._db(self._record_status, request_id, reply.status)
+            return reply.to_response()
+        # Nobody is listening; the status stays NULL to say no answer was delivered.
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    def _log_and_answer(
+        self, received: ReceivedRequest, answer: Callable[[int], Plan]
+    ) -> tuple[int, Plan]:
+        # Logged (and committed) before anything else, so tests can count every request,
+        # even ones that hang or fail.
+        request_id = self._store.log_request(received)
+        plan = answer(request_id)
+        if isinstance(plan, Reply):
+            self._record_status(request_id, plan.status)
+        return request_id, plan
+
+    def _record_status(self, request_id: int, status: int) -> None:
         try:
-            await self._db(self._store.record_response_status, request_id, reply.status)
+            self._store.record_response_status(request_id, status)
         except sqlite3.Error:
             # Best effort: the request log is for observers; the answer matters more.
             logger.warning("could not record response status for request %s", request_id)
-        return reply.to_response()
-
-    async def _log(self, received: ReceivedRequest) -> int:
-        return await self._db(self._store.log_request, received)
 
     async def _db(self, function: Callable[[*Args], T], *args: *Args) -> T:
         # sqlite3 blocks; keep it off the event loop so withheld requests keep ticking.
