@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 from intentledger.api.app import create_app
 from intentledger.domain.retention import REGISTRY, RetentionPolicy, sandbox_policy
@@ -137,12 +139,10 @@ def build_service_app(
     return app
 
 
-def build_sandbox_app(settings: Settings) -> FastAPI:
+def build_sandbox_app(settings: Settings) -> Starlette:
     return create_sandbox_app(settings.sandbox_database, settings.sandbox_key_retention)
 
 
-def build_standalone_sandbox(settings: Settings) -> FastAPI:
+def build_standalone_sandbox(settings: Settings) -> Starlette:
     """`intentledger sandbox`: the provider alone, under the same /_sandbox prefix."""
-    outer = FastAPI(title="intentledger sandbox provider")
-    outer.mount(SANDBOX_MOUNT, build_sandbox_app(settings))
-    return outer
+    return Starlette(routes=[Mount(SANDBOX_MOUNT, build_sandbox_app(settings))])

@@ -10,19 +10,16 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 from intentledger.providers.sandbox import create_sandbox_app
 from intentledger.service import SANDBOX_MOUNT
 
 
-def build(database: str, slow_seconds: float) -> FastAPI:
-    outer = FastAPI(title="intentledger bench sandbox")
-    outer.mount(
-        SANDBOX_MOUNT,
-        create_sandbox_app(database, timedelta(hours=24), slow_seconds=slow_seconds),
-    )
-    return outer
+def build(database: str, slow_seconds: float) -> Starlette:
+    sandbox = create_sandbox_app(database, timedelta(hours=24), slow_seconds=slow_seconds)
+    return Starlette(routes=[Mount(SANDBOX_MOUNT, sandbox)])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
