@@ -8,7 +8,6 @@ import signal
 from typing import Annotated, Any
 
 import typer
-import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
 
@@ -131,7 +130,7 @@ def serve(
         f"intentledger serving on http://{host}:{port} (workers: {'off' if no_workers else 'on'})"
     )
     # A sandbox request may be withholding its answer on purpose: do not wait for it.
-    uvicorn.run(
+    eventloop.serve(
         service,
         host=host,
         port=port,
@@ -249,7 +248,7 @@ def sandbox(
     err.print(
         f"sandbox provider on http://{host}:{port}/_sandbox (truth in {settings.sandbox_database})"
     )
-    uvicorn.run(build_standalone_sandbox(settings), host=host, port=port, log_level="warning")
+    eventloop.serve(build_standalone_sandbox(settings), host=host, port=port, log_level="warning")
 
 
 @app.command()

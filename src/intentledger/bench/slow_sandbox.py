@@ -9,10 +9,10 @@ import argparse
 from collections.abc import Sequence
 from datetime import timedelta
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
+from intentledger import eventloop
 from intentledger.providers.sandbox import create_sandbox_app
 from intentledger.service import SANDBOX_MOUNT
 
@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--database", required=True)
     parser.add_argument("--slow-seconds", type=float, default=0.2)
     args = parser.parse_args(argv)
-    uvicorn.run(
+    eventloop.serve(
         build(args.database, args.slow_seconds),
         host="127.0.0.1",
         port=args.port,
