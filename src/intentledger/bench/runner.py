@@ -132,12 +132,13 @@ class BenchConfig:
             intake_seconds=5 if quick else 20,
             warmup_seconds=2 if quick else 5,
             dispatch_payments=1_000 if quick else 20_000,
-            # As many worker processes as cores, 64 deliveries each in loops that
-            # claim 32 rows at a time (two loops per process); the baselines run
+            # As many worker processes as cores, 128 deliveries each in loops that
+            # claim 32 rows at a time (four loops per process); the baselines run
             # with as many clients as loops and as deliveries, the faster counts.
-            # (16-64 deliveries and batches of 8-32 all measured 570-600/s here.)
+            # (On this machine 64/32: 782/s, 96/32: 847-878/s, 128/32: 873/s,
+            # 128/64: 863/s, one run each but 96/32.)
             workers=cores,
-            worker_concurrency=64,
+            worker_concurrency=128,
             worker_batch=32,
             latency_payments=600 if quick else 5_000,
             # One worker, 600 calls in flight in 12 loops of 50 (200/50: 425/s,
