@@ -20,7 +20,7 @@ def test_a_declared_thread_still_names_asyncio_to_anyio() -> None:
     import anyio
 
     async def sleep_a_tick() -> str:
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         return sniffio.current_async_library()
 
     assert eventloop.run(sleep_a_tick()) == "asyncio"

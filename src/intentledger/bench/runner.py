@@ -327,10 +327,19 @@ class Bench:
             conn.commit()
 
     def drain(self, total: int, what: str, watched: list[Proc], timeout: float) -> float:
-        """Seconds until no outbox row is pending; fails if a process dies or time runs out."""
+        """Seconds until no outbox row is pending; fails if a process dies or time runs out.
+
+        Also records, as `<phase>_seconds_to_99pct` and `<phase>_went_unknown`, when
+        the last 1 % began and how many payments went UNKNOWN on the way: a long
+        tail with payments gone UNKNOWN is a provider call that failed or timed
+        out, waiting for reconciliation, not a slow steady state.
+        """
         started = time.monotonic()
+        to_99pct: float | None = None
         while True:
             pending = self.scalar("SELECT count(*) FROM outbox WHERE done_at IS NULL")
+            if to_99pct is None and pending <= total // 100:
+                to_99pct = time.monotonic() - started
             if pending == 0:
                 elapsed = time.monotonic() - started
                 break
@@ -352,6 +361,17 @@ class Bench:
                 f"{what}: only {settled} of {total} payments succeeded ({states} states seen; "
                 f"logs in {self.workdir})"
             )
+        went_unknown = self.scalar(
+            "SELECT count(DISTINCT operation_id) FROM transitions WHERE to_state = 'UNKNOWN'"
+        )
+        if went_unknown:
+            self.say(
+                f"[yellow]{what}: {went_unknown} payment(s) went UNKNOWN on the way (a provider "
+                f"call failed or timed out) and waited for reconciliation[/yellow]"
+            )
+        phase = what.split()[0].replace("-", "_")
+        self.figures[f"{phase}_seconds_to_99pct"] = round(to_99pct or elapsed, 2)
+        self.figures[f"{phase}_went_unknown"] = went_unknown
         return elapsed
 
     def watch(self, roles: dict[str, list[int]]) -> CpuWatch:
