@@ -63,6 +63,19 @@ async def rows_of(engine: AsyncEngine, op_id: str) -> dict[str, list[tuple[Any, 
     }
 
 
+async def instants_of(engine: AsyncEngine, op_id: str) -> set[Any]:
+    """Every instant intake wrote for an operation: created, updated, due, logged."""
+    async with engine.connect() as conn:
+        op = (
+            await conn.execute(select(operations).where(operations.c.operation_id == op_id))
+        ).one()
+        box = (await conn.execute(select(outbox).where(outbox.c.operation_id == op_id))).one()
+        move = (
+            await conn.execute(select(transitions).where(transitions.c.operation_id == op_id))
+        ).one()
+    return {op.created_at, op.updated_at, box.due_at, box.created_at, move.at}
+
+
 async def test_concurrent_intents_share_commits_and_write_what_accept_writes(
     engine: AsyncEngine,
 ) -> None:
@@ -74,8 +87,9 @@ async def test_concurrent_intents_share_commits_and_write_what_accept_writes(
     ids = {operation_id(r) for r in results}
     assert len(ids) == 100 and not any(r.replayed for r in results)
     reference = await rows_of(engine, alone)
-    for op_id in ids:
+    for op_id in ids | {alone}:
         assert await rows_of(engine, op_id) == reference
+        assert len(await instants_of(engine, op_id)) == 1  # all written at one `now`
 
 
 async def test_a_group_answers_retries_conflicts_and_repeated_keys(engine: AsyncEngine) -> None:

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
 from intentledger.engine.intake import (
     ACCEPTED_REASON,
@@ -140,14 +139,8 @@ class IntakeGroups:
             if len(new) < len(group):
                 await self._judge_retries(ledger, group, claimed, values, outcomes)
             if new:
-                await ledger.insert_operations([v for _, v in new])
-                await ledger.enqueue_submits([v["operation_id"] for _, v in new], now)
-                await ledger.log_transitions(
-                    [(v["operation_id"], ACCEPTED_REASON, accepted_by(w.intent)) for w, v in new],
-                    None,
-                    State.ACCEPTED,
-                    NextAction.SUBMIT,
-                    now,
+                await ledger.add_accepted(
+                    [(v, accepted_by(w.intent)) for w, v in new], ACCEPTED_REASON, now
                 )
                 for w, v in new:
                     outcomes[id(w)] = IntakeResult(v, replayed=False)
