@@ -117,33 +117,17 @@ class IntakeGroups:
             ledger = BatchLedger(conn)
             now = self.clock()
             values = [operation_values(w.intent, now) for w in group]
-            claimed = await ledger.claim_keys(
-                [
-                    {
-                        "actor": w.intent.actor,
-                        "route": w.intent.route,
-                        "idempotency_key": w.intent.idempotency_key,
-                        "request_hash": w.intent.request_hash,
-                        "resource_id": v["operation_id"],
-                        "created_at": now,
-                    }
-                    # In key order: two processes claiming the same keys wait
-                    # for each other in one order and cannot deadlock.
-                    for w, v in sorted(zip(group, values, strict=True), key=lambda wv: wv[0].key)
-                ]
+            claimed = await ledger.claim_and_accept(
+                [(v, accepted_by(w.intent)) for w, v in zip(group, values, strict=True)],
+                ACCEPTED_REASON,
+                now,
             )
-            new = [
-                (w, v) for w, v in zip(group, values, strict=True) if v["operation_id"] in claimed
-            ]
             outcomes: dict[int, IntakeResult | BaseException] = {}
-            if len(new) < len(group):
-                await self._judge_retries(ledger, group, claimed, values, outcomes)
-            if new:
-                await ledger.add_accepted(
-                    [(v, accepted_by(w.intent)) for w, v in new], ACCEPTED_REASON, now
-                )
-                for w, v in new:
+            for w, v in zip(group, values, strict=True):
+                if v["operation_id"] in claimed:
                     outcomes[id(w)] = IntakeResult(v, replayed=False)
+            if len(claimed) < len(group):
+                await self._judge_retries(ledger, group, claimed, values, outcomes)
         return [outcomes[id(w)] for w in group]
 
     @staticmethod

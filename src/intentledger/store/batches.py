@@ -276,35 +276,27 @@ class BatchLedger:
         )
         return {row.operation_id: row for row in rows}
 
-    async def add_accepted(
+    async def claim_and_accept(
         self, accepted: Sequence[tuple[Mapping[str, Any], str]], reason: str, now: datetime
-    ) -> None:
-        """New ACCEPTED operations — (operation row, source of its first transition)
-        pairs — each with its due submit row and its first transition.
+    ) -> set[str]:
+        """For each (ACCEPTED operation row, source of its first transition): claim
+        its idempotency key (see `claim_keys`), and for the keys claimed write the
+        operation, its due submit row and its first transition, as `accept()`
+        does. The operation ids whose keys were claimed.
 
-        On PostgreSQL that is one statement: the group goes over as one JSON
-        parameter and three inserts read it (`_ACCEPTED_SQL`). Three pipelined
-        executemany statements cost an API process about a fifth of its CPU
-        during grouped intake, mostly in psycopg's pipeline (docs/benchmarks.md);
-        SQLAlchemy's own multi-row INSERT cost more still.
+        On PostgreSQL all of it is one statement: the group goes over as one JSON
+        parameter that the inserts read (`_claim_and_accept_sql`). Four statements
+        per group, three of them pipelined executemany, were a quarter of an API
+        process's CPU (docs/benchmarks.md).
         """
         if not accepted:
-            return
+            return set()
         if self.conn.dialect.name != "postgresql":
-            await self.insert_operations([row for row, _ in accepted])
-            await self.enqueue_submits([row["operation_id"] for row, _ in accepted], now)
-            await self.log_transitions(
-                [(row["operation_id"], reason, source) for row, source in accepted],
-                None,
-                State.ACCEPTED,
-                NextAction.SUBMIT,
-                now,
-            )
-            return
+            return await self._claim_and_accept_stepwise(accepted, reason, now)
         columns = tuple(accepted[0][0])
         rows = [{**row, _SOURCE: source} for row, source in accepted]
-        await self.conn.execute(
-            _accepted_sql(self.conn.dialect, columns),
+        result = await self.conn.execute(
+            _claim_and_accept_sql(self.conn.dialect, columns),
             {
                 "rows": json.dumps(rows, default=_json_instant),
                 "now": now,
@@ -313,6 +305,38 @@ class BatchLedger:
                 "next_action": NextAction.SUBMIT.value,
             },
         )
+        return {row.resource_id for row in result}
+
+    async def _claim_and_accept_stepwise(
+        self, accepted: Sequence[tuple[Mapping[str, Any], str]], reason: str, now: datetime
+    ) -> set[str]:
+        claimed = await self.claim_keys(
+            [
+                {
+                    "actor": row["actor"],
+                    "route": row["route"],
+                    "idempotency_key": row["idempotency_key"],
+                    "request_hash": row["request_hash"],
+                    "resource_id": row["operation_id"],
+                    "created_at": now,
+                }
+                # In key order: two processes claiming the same keys wait for
+                # each other in one order and cannot deadlock.
+                for row, _ in sorted(accepted, key=lambda pair: _key_of(pair[0]))
+            ]
+        )
+        new = [(row, source) for row, source in accepted if row["operation_id"] in claimed]
+        if new:
+            await self.insert_operations([row for row, _ in new])
+            await self.enqueue_submits([row["operation_id"] for row, _ in new], now)
+            await self.log_transitions(
+                [(row["operation_id"], reason, source) for row, source in new],
+                None,
+                State.ACCEPTED,
+                NextAction.SUBMIT,
+                now,
+            )
+        return claimed
 
     async def insert_operations(self, rows: Sequence[Mapping[str, Any]]) -> None:
         await self.conn.execute(insert(operations), list(rows))
@@ -336,7 +360,7 @@ class BatchLedger:
         )
 
 
-# The column of `add_accepted`'s JSON rows that carries each transition's source.
+# The column of `claim_and_accept`'s JSON rows that carries each transition's source.
 _SOURCE = "transition_source"
 
 
@@ -347,15 +371,22 @@ def _json_instant(value: object) -> str:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+def _key_of(row: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (row["actor"], row["route"], row["idempotency_key"])
+
+
 @cache
-def _accepted_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextClause:
-    """One statement for `add_accepted` on PostgreSQL, for rows with these columns.
+def _claim_and_accept_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextClause:
+    """`claim_and_accept` on PostgreSQL as one statement, for rows with these columns.
 
     The record's column types come from the table definition, so the rows are
-    typed exactly as an INSERT of the same values would type them. The outbox
-    row and the transition read the operation ids from the same rows; their
-    foreign keys are checked at the end of the statement, after all three
-    inserts.
+    typed exactly as an INSERT of the same values would type them. Keys are
+    claimed in key order (the same order in every process, so two groups
+    cannot deadlock on each other's keys); an uncommitted record of another
+    transaction makes the claim wait for it, as `Ledger.claim_idempotency_key`
+    does. Only rows whose key was claimed go on; the foreign keys of the outbox
+    rows and transitions are checked at the end of the statement, after every
+    insert in it.
     """
     record = ", ".join(
         f"{name} {operations.c[name].type.compile(dialect=dialect)}" for name in columns
@@ -365,15 +396,28 @@ def _accepted_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextClause:
         WITH accepted AS (
             SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb))
                 AS r({record}, {_SOURCE} text)
+        ), claimed AS (
+            INSERT INTO idempotency_records
+                (actor, route, idempotency_key, request_hash, resource_id, created_at)
+            SELECT actor, route, idempotency_key, request_hash, operation_id, :now
+            FROM accepted
+            ORDER BY actor, route, idempotency_key
+            ON CONFLICT (actor, route, idempotency_key) DO NOTHING
+            RETURNING resource_id
+        ), new AS (
+            SELECT accepted.* FROM accepted
+            JOIN claimed ON claimed.resource_id = accepted.operation_id
         ), new_operations AS (
-            INSERT INTO operations ({names}) SELECT {names} FROM accepted
+            INSERT INTO operations ({names}) SELECT {names} FROM new
         ), new_outbox AS (
             INSERT INTO outbox (operation_id, kind, due_at, deliveries, created_at)
-            SELECT operation_id, 'submit', :now, 0, :now FROM accepted
+            SELECT operation_id, 'submit', :now, 0, :now FROM new
+        ), new_transitions AS (
+            INSERT INTO transitions
+                (operation_id, at, from_state, to_state, next_action, reason, source)
+            SELECT operation_id, :now, NULL, :to_state, :next_action, :reason, {_SOURCE}
+            FROM new
         )
-        INSERT INTO transitions (operation_id, at, from_state, to_state, next_action, reason,
-                                 source)
-        SELECT operation_id, :now, NULL, :to_state, :next_action, :reason, {_SOURCE}
-        FROM accepted
+        SELECT resource_id FROM claimed
     """
     return text(sql).bindparams(bindparam("now", type_=UTCDateTime()))
