@@ -6,6 +6,7 @@ import asyncio
 from contextlib import ExitStack
 
 import httpx
+import pytest
 
 from intentledger.providers.http import SHARD_CONNECTIONS, ShardedClient
 from tests.support import free_port
@@ -66,3 +67,10 @@ async def _answer_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         writer.close()
+
+
+async def test_a_closed_client_refuses_calls() -> None:
+    clients = ShardedClient(4, base_url="http://127.0.0.1:9")
+    await clients.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        await clients.request("GET", "/")

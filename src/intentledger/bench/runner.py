@@ -364,15 +364,32 @@ class Bench:
         went_unknown = self.scalar(
             "SELECT count(DISTINCT operation_id) FROM transitions WHERE to_state = 'UNKNOWN'"
         )
-        if went_unknown:
-            self.say(
-                f"[yellow]{what}: {went_unknown} payment(s) went UNKNOWN on the way (a provider "
-                f"call failed or timed out) and waited for reconciliation[/yellow]"
-            )
         phase = what.split()[0].replace("-", "_")
-        self.figures[f"{phase}_seconds_to_99pct"] = round(to_99pct or elapsed, 2)
+        if went_unknown:
+            causes = self.unknown_causes()
+            self.figures[f"{phase}_unknown_causes"] = causes
+            self.say(
+                f"[yellow]{what}: {went_unknown} payment(s) went UNKNOWN on the way and waited "
+                f"for reconciliation; what the calls showed: {causes}[/yellow]"
+            )
+        self.figures[f"{phase}_seconds_to_99pct"] = round(
+            elapsed if to_99pct is None else to_99pct, 2
+        )
         self.figures[f"{phase}_went_unknown"] = went_unknown
         return elapsed
+
+    def unknown_causes(self) -> dict[str, int]:
+        """What the submits of the payments that went UNKNOWN observed, counted
+        by "kind transport error class" (the ledger is emptied after a phase)."""
+        with self.admin() as conn:
+            rows = conn.execute(
+                "SELECT concat_ws(' ', kind, transport, error_class), count(*) FROM observations"
+                " WHERE operation_id IN"
+                " (SELECT operation_id FROM transitions WHERE to_state = 'UNKNOWN')"
+                " AND kind IN ('submit_result', 'resumed_submitting')"
+                " GROUP BY 1 ORDER BY 2 DESC"
+            ).fetchall()
+        return {str(cause): int(count) for cause, count in rows}
 
     def watch(self, roles: dict[str, list[int]]) -> CpuWatch:
         return CpuWatch(roles, self.postmaster, self.sessions)

@@ -149,6 +149,7 @@ class ShardedClient:
         # Without this extension httpcore would wait for ever: the per-phase timeouts
         # are what name a slow phase (httpx.ReadTimeout, httpx.ConnectTimeout...).
         self._extensions = {"timeout": timeout.as_dict()}
+        self._closed = False
 
     @contextmanager
     def lease(self) -> Iterator[httpx.AsyncHTTPTransport]:
@@ -169,6 +170,9 @@ class ShardedClient:
         headers: dict[str, str] | None = None,
     ) -> httpx.Response:
         """Send one request and read the whole answer, as `AsyncClient.request` would."""
+        if self._closed:
+            # A closed transport would quietly open a new pool that nothing closes.
+            raise RuntimeError("the provider client is closed")
         request = httpx.Request(
             method,
             self._base_url + path,
@@ -189,5 +193,6 @@ class ShardedClient:
         return response
 
     async def aclose(self) -> None:
+        self._closed = True
         for shard in self._shards:
             await shard.transport.aclose()

@@ -298,7 +298,7 @@ class BatchLedger:
         result = await self.conn.execute(
             _claim_and_accept_sql(self.conn.dialect, columns),
             {
-                "rows": json.dumps(rows, default=_json_instant),
+                "rows": json.dumps(rows, default=_json_instant, ensure_ascii=False),
                 "now": now,
                 "reason": reason,
                 "to_state": State.ACCEPTED.value,
