@@ -12,11 +12,11 @@ import hashlib
 import json
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Generic, TypeVar, TypeVarTuple
+from typing import Generic, Protocol, TypeVar, TypeVarTuple
 
 import anyio
 import anyio.to_thread
@@ -388,6 +388,12 @@ class Reply:
         return JSONResponse(self.body, status_code=self.status, headers=self.headers)
 
 
+class ProviderView(Protocol):
+    """A resource as the provider's API shows it."""
+
+    def as_provider_response(self) -> JSONObject: ...
+
+
 @dataclass(frozen=True)
 class Withhold:
     """An answer given only after `seconds`, and only if the client is still there."""
@@ -466,27 +472,25 @@ class Sandbox:
         return await self._act_on_card(request, request.path_params["card_id"], "unfreeze")
 
     async def lookup_beneficiaries(self, request: Request) -> Response:
-        reference = request.query_params.get("reference")
-
-        def answer(_: int) -> Plan:
-            if not reference:
-                return Reply.of(REFERENCE_MISSING)
-            found = self._store.beneficiaries(reference)
-            return Reply(200, {"data": [item.as_provider_response() for item in found]})
-
-        received = ReceivedRequest("beneficiary", "lookup", reference, None, self._clock())
-        return await self._handle(request, received, answer)
+        return await self._lookup_by_reference(request, "beneficiary", self._store.beneficiaries)
 
     async def lookup_cards(self, request: Request) -> Response:
+        return await self._lookup_by_reference(request, "card", self._store.cards)
+
+    async def _lookup_by_reference(
+        self,
+        request: Request,
+        resource: Resource,
+        find: Callable[[str], Sequence[ProviderView]],
+    ) -> Response:
         reference = request.query_params.get("reference")
 
         def answer(_: int) -> Plan:
             if not reference:
                 return Reply.of(REFERENCE_MISSING)
-            found = self._store.cards(reference)
-            return Reply(200, {"data": [card.as_provider_response() for card in found]})
+            return Reply(200, {"data": [item.as_provider_response() for item in find(reference)]})
 
-        received = ReceivedRequest("card", "lookup", reference, None, self._clock())
+        received = ReceivedRequest(resource, "lookup", reference, None, self._clock())
         return await self._handle(request, received, answer)
 
     async def retrieve_card(self, request: Request) -> Response:
