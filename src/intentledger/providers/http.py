@@ -72,9 +72,9 @@ async def observe(call: Awaitable[httpx.Response], deadline: float | None = None
     """
     try:
         async with asyncio.timeout(deadline):
+            # `call` reads the whole body (`ShardedClient.request`); a read that
+            # fails mid-stream raises here too: still no (whole) answer.
             response = await call
-            # Reading the body can itself fail mid-stream: still no (whole) answer.
-            await response.aread()
     except NEVER_SENT as exc:
         return ProviderAnswer(
             Transport.NOT_SENT, error_class=_qualified(exc), detail={"error": str(exc)}
