@@ -40,6 +40,40 @@ SCENARIOS = (
 )
 
 
+# Differ between any two operations: their ids and instants, and what names them
+# (the `detail` of an answer is the provider's charge, ids and instants included).
+UNCOMPARED = {
+    "id",
+    "operation_id",
+    "at",
+    "submitted_at",
+    "retry_after_at",
+    "provider_reference",
+    "detail",
+}
+
+
+def columns(row: Any, operation_id: str) -> dict[str, Any]:
+    """A row's columns but the uncompared; the operation's id cut out of the rest."""
+    return {
+        name: value.removeprefix(operation_id) if isinstance(value, str) else value
+        for name, value in row._mapping.items()
+        if name not in UNCOMPARED
+    }
+
+
+async def sql_null_details(engine: AsyncEngine, operation_id: str) -> list[bool]:
+    """Per observation, whether `detail` is SQL NULL (the JSON type reads a JSON
+    null back as None too)."""
+    async with engine.connect() as conn:
+        result = await conn.execute(
+            select(observations.c.detail.is_(None))
+            .where(observations.c.operation_id == operation_id)
+            .order_by(observations.c.id)
+        )
+        return list(result.scalars())
+
+
 async def story(engine: AsyncEngine, sandbox: str, operation_id: str) -> dict[str, Any]:
     """Everything a reviewer would read about an operation, minus ids and times."""
     op = await operation(engine, operation_id)
@@ -53,17 +87,19 @@ async def story(engine: AsyncEngine, sandbox: str, operation_id: str) -> dict[st
             op.duplicate_detected,
             op.version,
         ),
-        "attempts": [
-            (a.number, a.relation, a.provider_idempotency_key.removeprefix(operation_id))
-            for a in await rows(engine, attempts, operation_id)
-        ],
+        "attempts": [columns(a, operation_id) for a in await rows(engine, attempts, operation_id)],
         "observations": [
-            (o.kind, o.attempt_number, o.transport, o.error_class, o.http_status, o.verdict)
+            {
+                **columns(o, operation_id),
+                "has_provider_reference": o.provider_reference is not None,
+                "has_retry_after_at": o.retry_after_at is not None,
+                "detail": sorted(o.detail) if isinstance(o.detail, dict) else o.detail,
+            }
             for o in await rows(engine, observations, operation_id)
-        ]
-        + [o.reason for o in await rows(engine, observations, operation_id)],
+        ],
+        "observation_details_sql_null": await sql_null_details(engine, operation_id),
         "transitions": [
-            (t.from_state, t.to_state, t.next_action, t.reason)
+            columns(t, operation_id)
             for t in await rows(engine, transitions, operation_id)
             if "next check" not in t.reason  # UNKNOWN's reason names a time
         ],

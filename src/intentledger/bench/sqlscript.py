@@ -3,7 +3,8 @@
 A recorded statement is rendered with psycopg's own client-side binding, so
 every value reaches the server exactly as the code path sends it. Only the
 values that must differ per row (the operation id, the idempotency key, the
-outbox row id) become pgbench variables or per-row SQL expressions.
+outbox row id) become pgbench variables or per-row SQL expressions, also
+inside a JSON parameter of rows (the batch statements send their rows so).
 
 pgbench reads `:name` (a colon, then a letter or underscore) as a variable
 anywhere in a statement, quoted or not. Literals that contain such a sequence
@@ -13,6 +14,7 @@ colon spelled `\\x3a`, which the server reads back as the same text.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -112,6 +114,8 @@ def _replacement(
         return None
     if value in substitute:
         return f"({substitute[value].sql})"
+    if isinstance(value, str) and value.startswith("[{"):
+        return _json_rows_replacement(conn, value, substitute)
     if isinstance(value, str):
         for needle, expr in substitute.items():
             if isinstance(needle, str) and needle and needle in value:
@@ -121,6 +125,57 @@ def _replacement(
                 parts += [literal(conn, p) for p in (after,) if p]
                 return "(" + " || ".join(parts) + ")"
     return None
+
+
+_JSON_SENTINEL = re.compile(r'"__pgbench_value_(\d+)__"|__pgbench_part_(\d+)__')
+
+
+def _json_rows_replacement(
+    conn: psycopg.Connection[Any], value: str, substitute: Mapping[str | int, Expr]
+) -> str | None:
+    """A JSON parameter holding rows (as `jsonb_to_recordset` reads them) with
+    every substituted value inside it replaced: a value equal to one becomes
+    the substitute as JSON, a string containing one has it spliced in. None if
+    nothing in it is substituted."""
+    try:
+        rows = json.loads(value)
+    except ValueError:
+        return None
+    exprs: list[str] = []
+
+    def swap(node: Any) -> Any:
+        if isinstance(node, list):
+            return [swap(item) for item in node]
+        if isinstance(node, dict):
+            return {key: swap(item) for key, item in node.items()}
+        if isinstance(node, bool) or not isinstance(node, str | int):
+            return node
+        if node in substitute:
+            exprs.append(
+                f"to_jsonb(CAST({substitute[node].sql} AS text))::text"
+                if isinstance(node, str)
+                else f"CAST(CAST({substitute[node].sql} AS bigint) AS text)"
+            )
+            return f"__pgbench_value_{len(exprs) - 1}__"
+        if isinstance(node, str):
+            for needle, expr in substitute.items():
+                if isinstance(needle, str) and needle and needle in node:
+                    # Ids and keys need no JSON escaping: spliced in as they are.
+                    exprs.append(f"CAST({expr.sql} AS text)")
+                    return node.replace(needle, f"__pgbench_part_{len(exprs) - 1}__")
+        return node
+
+    text = json.dumps(swap(rows), ensure_ascii=False)
+    if not exprs:
+        return None
+    parts: list[str] = []
+    at = 0
+    for match in _JSON_SENTINEL.finditer(text):
+        parts.append(literal(conn, text[at : match.start()]))
+        parts.append(exprs[int(match.group(1) or match.group(2))])
+        at = match.end()
+    parts.append(literal(conn, text[at:]))
+    return "(" + " || ".join(parts) + ")"
 
 
 START_PIPELINE = "\\startpipeline"

@@ -123,7 +123,7 @@ async def _pre_submit(
             submission = Submission(FIRST_ATTEMPT, request_for(operation, key))
             batch.append(Prepared(row, submission, operation.version + 1))
         if batch:
-            await ledger.add_attempts(
+            await ledger.begin_attempts(
                 [
                     {
                         "operation_id": submission.request.reference,
@@ -136,9 +136,7 @@ async def _pre_submit(
                         "source": dispatcher.worker_id,
                     }
                     for submission in (item.submission for item in batch)
-                ]
-            )
-            await ledger.start_submitting(
+                ],
                 [locked.operations[item.row.operation_id] for item in batch],
                 now=now,
                 reasons={
@@ -168,9 +166,7 @@ async def _record(dispatcher: Dispatcher, sent: Sequence[Sent]) -> None:
         ledger = BatchLedger(conn)
         now = dispatcher.clock()
         locked = await ledger.lock(item.row.operation_id for item in sent)
-        observations = []
         settlements = []
-        finished = []
         for item in sent:
             operation = locked.operations[item.row.operation_id]
             classification = classify(item.answer)
@@ -180,26 +176,26 @@ async def _record(dispatcher: Dispatcher, sent: Sequence[Sent]) -> None:
                 continue
             answer = item.answer
             retry_after = parse_retry_after(answer.retry_after, now)
-            observations.append(
-                submit_result(
-                    operation.operation_id,
-                    now,
-                    dispatcher.worker_id,
-                    item.submission.attempt_number,
-                    answer,
-                    classification,
-                    retry_after,
-                )
+            observation = submit_result(
+                operation.operation_id,
+                now,
+                dispatcher.worker_id,
+                item.submission.attempt_number,
+                answer,
+                classification,
+                retry_after,
             )
             settlements.append(
                 Settlement(
-                    operation, verdict.value, answer.provider_reference, classification.reason
+                    operation,
+                    verdict.value,
+                    answer.provider_reference,
+                    classification.reason,
+                    observation,
+                    item.row.id,
                 )
             )
-            finished.append(item.row.id)
         if settlements:
-            await ledger.add_observations(observations)
             await ledger.settle(settlements, now=now, source=dispatcher.worker_id)
-            await ledger.finish_outbox_rows(finished, now)
     for item in rest:
         await dispatcher.record(item.row, item.submission, item.answer)

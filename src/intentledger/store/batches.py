@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
-from sqlalchemy import TextClause, bindparam, func, insert, select, text, tuple_, update
+from sqlalchemy import Table, TextClause, bindparam, func, insert, select, text, tuple_, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -45,12 +45,15 @@ class Locked:
 
 @dataclass(frozen=True)
 class Settlement:
-    """One operation's final outcome, from an answer to its attempt."""
+    """One operation's final outcome, from an answer to its attempt: the
+    observation of that answer, and the outbox row that delivered it."""
 
     operation: Record
     outcome: str
     provider_reference: str | None
     reason: str
+    observation: Mapping[str, Any]
+    outbox_row_id: int
 
 
 class BatchLedger:
@@ -120,26 +123,62 @@ class BatchLedger:
             if row.done_at is None and row.lease_owner == owner and row.due_at > now
         }
 
-    async def add_attempts(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        await self.conn.execute(insert(attempts), list(rows))
-
-    async def add_observations(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        await self.conn.execute(insert(observations), list(rows))
-
-    async def start_submitting(
-        self, locked: Sequence[Record], *, now: datetime, reasons: Mapping[str, str], source: str
+    async def begin_attempts(
+        self,
+        attempt_rows: Sequence[Mapping[str, Any]],
+        locked: Sequence[Record],
+        *,
+        now: datetime,
+        reasons: Mapping[str, str],
+        source: str,
     ) -> None:
-        """ACCEPTED -> SUBMITTING for operations this transaction has locked.
+        """Write each attempt and move its operation ACCEPTED -> SUBMITTING, for
+        operations this transaction has locked (one attempt row per operation).
 
         One update for all of them: the row locks make the versions we read the
         current ones, so the version check of `Ledger.transition` holds by
-        construction; the row count still proves it.
+        construction; the row count still proves it. On PostgreSQL the attempts,
+        the update and the transitions are one statement (`_begin_attempts_sql`).
         """
         require_transition(State.ACCEPTED, State.SUBMITTING)
         assert all(State(op.state) is State.ACCEPTED for op in locked)
         ids = [op.operation_id for op in locked]
-        # By key alone: a predicate on `state` could lead the planner to the state
-        # index and through every ACCEPTED operation.
+        assert sorted(ids) == sorted(row["operation_id"] for row in attempt_rows)
+        begin = self._begin_in_one_statement if self._is_postgres else self._begin_stepwise
+        if await begin(attempt_rows, now, reasons, source) != len(ids):
+            raise ConcurrentUpdate(", ".join(ids))
+
+    async def _begin_in_one_statement(
+        self,
+        attempt_rows: Sequence[Mapping[str, Any]],
+        now: datetime,
+        reasons: Mapping[str, str],
+        source: str,
+    ) -> int:
+        rows = [{**row, _REASON: reasons[row["operation_id"]]} for row in attempt_rows]
+        result = await self.conn.execute(
+            _begin_attempts_sql(self.conn.dialect, tuple(attempt_rows[0])),
+            {
+                "rows": _json_rows(rows),
+                "now": now,
+                "source": source,
+                **_states(State.ACCEPTED, State.SUBMITTING, NextAction.WAIT),
+            },
+        )
+        return int(result.scalar_one())
+
+    async def _begin_stepwise(
+        self,
+        attempt_rows: Sequence[Mapping[str, Any]],
+        now: datetime,
+        reasons: Mapping[str, str],
+        source: str,
+    ) -> int:
+        """`begin_attempts` as three statements; the number of operations updated."""
+        ids = [row["operation_id"] for row in attempt_rows]
+        await self.conn.execute(insert(attempts), list(attempt_rows))
+        # By key alone: a predicate on `state` could lead the planner to the
+        # state index and through every ACCEPTED operation.
         result = await self.conn.execute(
             update(operations)
             .where(operations.c.operation_id.in_(ids))
@@ -151,23 +190,68 @@ class BatchLedger:
                 first_attempt_at=func.coalesce(operations.c.first_attempt_at, now),
             )
         )
-        if result.rowcount != len(ids):
-            raise ConcurrentUpdate(", ".join(ids))
         await self.log_transitions(
-            [(op.operation_id, reasons[op.operation_id], source) for op in locked],
+            [(operation_id, reasons[operation_id], source) for operation_id in ids],
             State.ACCEPTED,
             State.SUBMITTING,
             NextAction.WAIT,
             now,
         )
+        return result.rowcount
 
     async def settle(
         self, settlements: Sequence[Settlement], *, now: datetime, source: str
     ) -> None:
         """SUBMITTING -> OUTCOME_KNOWN, as `engine.audit.settle` does one at a time,
         for operations that never used a second provider key (so no duplicate
-        audit is due). Mandate reservations follow the outcome."""
+        audit is due): the answer's observation, the outcome (if the operation's
+        version is still the one settled from), the transition and the outbox row
+        done. Mandate reservations follow the outcome. On PostgreSQL all but the
+        reservations are one statement (`_settle_sql`).
+        """
         require_transition(State.SUBMITTING, State.OUTCOME_KNOWN)
+        write = self._settle_in_one_statement if self._is_postgres else self._settle_stepwise
+        settled = await write(settlements, now, source)
+        if settled is not None and settled != len(settlements):
+            raise ConcurrentUpdate(", ".join(s.operation.operation_id for s in settlements))
+        ledger = Ledger(self.conn)
+        for s in settlements:
+            if s.operation.mandate_id is not None:
+                await ledger.settle_reservation(s.operation, s.outcome, now)
+
+    async def _settle_in_one_statement(
+        self, settlements: Sequence[Settlement], now: datetime, source: str
+    ) -> int:
+        observed = [dict(s.observation) for s in settlements]
+        outcomes = [
+            {
+                "operation_id": s.operation.operation_id,
+                "version": s.operation.version,
+                "outcome": s.outcome,
+                "provider_reference": s.provider_reference,
+                _REASON: s.reason,
+                "outbox_row_id": s.outbox_row_id,
+            }
+            for s in settlements
+        ]
+        result = await self.conn.execute(
+            _settle_sql(self.conn.dialect, tuple(observed[0])),
+            {
+                "observations": _json_rows(observed),
+                "outcomes": _json_rows(outcomes),
+                "now": now,
+                "source": source,
+                **_states(State.SUBMITTING, State.OUTCOME_KNOWN, NextAction.NONE),
+            },
+        )
+        return int(result.scalar_one())
+
+    async def _settle_stepwise(
+        self, settlements: Sequence[Settlement], now: datetime, source: str
+    ) -> int | None:
+        """`settle` as four statements; the count of outcomes written, where the
+        driver can report it for an executemany."""
+        await self.conn.execute(insert(observations), [dict(s.observation) for s in settlements])
         stmt = (
             update(operations)
             .where(
@@ -197,12 +281,6 @@ class BatchLedger:
             for s in settlements
         ]
         result = await self.conn.execute(stmt, params)
-        if self.conn.dialect.supports_sane_multi_rowcount and result.rowcount != len(params):
-            raise ConcurrentUpdate(", ".join(p["b_operation_id"] for p in params))
-        ledger = Ledger(self.conn)
-        for s in settlements:
-            if s.operation.mandate_id is not None:
-                await ledger.settle_reservation(s.operation, s.outcome, now)
         await self.log_transitions(
             [(s.operation.operation_id, s.reason, source) for s in settlements],
             State.SUBMITTING,
@@ -210,6 +288,8 @@ class BatchLedger:
             NextAction.NONE,
             now,
         )
+        await self.finish_outbox_rows((s.outbox_row_id for s in settlements), now)
+        return result.rowcount if self.conn.dialect.supports_sane_multi_rowcount else None
 
     async def finish_outbox_rows(self, row_ids: Iterable[int], now: datetime) -> None:
         """Mark delivered rows done. Only for rows whose operation this transaction
@@ -298,11 +378,10 @@ class BatchLedger:
         result = await self.conn.execute(
             _claim_and_accept_sql(self.conn.dialect, columns),
             {
-                "rows": json.dumps(rows, default=_json_instant, ensure_ascii=False),
+                "rows": _json_rows(rows),
                 "now": now,
                 "reason": reason,
-                "to_state": State.ACCEPTED.value,
-                "next_action": NextAction.SUBMIT.value,
+                **_states(None, State.ACCEPTED, NextAction.SUBMIT),
             },
         )
         return {row.resource_id for row in result}
@@ -360,8 +439,14 @@ class BatchLedger:
         )
 
 
-# The column of `claim_and_accept`'s JSON rows that carries each transition's source.
+# The columns of the JSON rows below that carry each transition's source or reason.
 _SOURCE = "transition_source"
+_REASON = "transition_reason"
+
+
+def _json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Rows as one JSON parameter, for `jsonb_to_recordset` to read back."""
+    return json.dumps(rows, default=_json_instant, ensure_ascii=False)
 
 
 def _json_instant(value: object) -> str:
@@ -369,6 +454,23 @@ def _json_instant(value: object) -> str:
         # Aware and with microseconds, so PostgreSQL reads back the same instant.
         return value.astimezone(UTC).isoformat()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _states(
+    from_state: State | None, to_state: State, next_action: NextAction
+) -> dict[str, str | None]:
+    """A transition's states, as the parameters of the statements below."""
+    return {
+        "from_state": from_state.value if from_state else None,
+        "to_state": to_state.value,
+        "next_action": next_action.value,
+    }
+
+
+def _record(dialect: Dialect, table: Table, columns: Iterable[str]) -> str:
+    """A `jsonb_to_recordset` column list typed from `table`'s definition, so
+    the rows are typed exactly as an INSERT of the same values would type them."""
+    return ", ".join(f"{name} {table.c[name].type.compile(dialect=dialect)}" for name in columns)
 
 
 def _key_of(row: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -388,9 +490,7 @@ def _claim_and_accept_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextCla
     rows and transitions are checked at the end of the statement, after every
     insert in it.
     """
-    record = ", ".join(
-        f"{name} {operations.c[name].type.compile(dialect=dialect)}" for name in columns
-    )
+    record = _record(dialect, operations, columns)
     names = ", ".join(columns)
     sql = f"""
         WITH accepted AS (
@@ -415,9 +515,89 @@ def _claim_and_accept_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextCla
         ), new_transitions AS (
             INSERT INTO transitions
                 (operation_id, at, from_state, to_state, next_action, reason, source)
-            SELECT operation_id, :now, NULL, :to_state, :next_action, :reason, {_SOURCE}
+            SELECT operation_id, :now, :from_state, :to_state, :next_action, :reason, {_SOURCE}
             FROM new
         )
         SELECT resource_id FROM claimed
+    """
+    return text(sql).bindparams(bindparam("now", type_=UTCDateTime()))
+
+
+@cache
+def _begin_attempts_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextClause:
+    """`begin_attempts` on PostgreSQL as one statement, for attempt rows with
+    these columns: the attempts, ACCEPTED -> SUBMITTING by key alone (see the
+    stepwise update), a transition each; the number of operations updated."""
+    names = ", ".join(columns)
+    sql = f"""
+        WITH batch AS (
+            SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb))
+                AS r({_record(dialect, attempts, columns)}, {_REASON} text)
+        ), new_attempts AS (
+            INSERT INTO attempts ({names}) SELECT {names} FROM batch
+        ), submitting AS (
+            UPDATE operations
+            SET state = :to_state, next_action = :next_action, version = version + 1,
+                updated_at = :now, first_attempt_at = COALESCE(first_attempt_at, :now)
+            WHERE operation_id IN (SELECT operation_id FROM batch)
+            RETURNING operation_id
+        ), new_transitions AS (
+            INSERT INTO transitions
+                (operation_id, at, from_state, to_state, next_action, reason, source)
+            SELECT operation_id, :now, :from_state, :to_state, :next_action, {_REASON}, :source
+            FROM batch
+        )
+        SELECT count(*) FROM submitting
+    """
+    return text(sql).bindparams(bindparam("now", type_=UTCDateTime()))
+
+
+@cache
+def _settle_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextClause:
+    """`settle` on PostgreSQL, but for mandate reservations, as one statement, for
+    observation rows with these columns; the number of outcomes written.
+
+    An outcome is written only while the operation is SUBMITTING at the version
+    settled from, as the stepwise update checks; the outbox rows are marked done
+    by key alone, as in `finish_outbox_rows`. `detail` goes in as the JSON
+    type writes a Python None: JSON null, not SQL NULL (`jsonb_to_recordset`
+    reads a JSON null as SQL NULL).
+    """
+    names = ", ".join(columns)
+    values = ", ".join(
+        "COALESCE(detail, 'null'::jsonb)" if name == "detail" else name for name in columns
+    )
+    sql = f"""
+        WITH answers AS (
+            SELECT * FROM jsonb_to_recordset(CAST(:observations AS jsonb))
+                AS r({_record(dialect, observations, columns)})
+        ), settled AS (
+            SELECT * FROM jsonb_to_recordset(CAST(:outcomes AS jsonb)) AS r(
+                {
+        _record(dialect, operations, ("operation_id", "version", "outcome", "provider_reference"))
+    },
+                {_REASON} text, outbox_row_id bigint)
+        ), new_observations AS (
+            INSERT INTO observations ({names}) SELECT {values} FROM answers
+        ), outcomes AS (
+            UPDATE operations AS o
+            SET state = :to_state, next_action = :next_action, version = s.version + 1,
+                updated_at = :now, outcome = s.outcome,
+                provider_reference = s.provider_reference, last_observed_at = :now,
+                retry_after_at = NULL
+            FROM settled AS s
+            WHERE o.operation_id = s.operation_id AND o.version = s.version
+              AND o.state = :from_state
+            RETURNING o.operation_id
+        ), new_transitions AS (
+            INSERT INTO transitions
+                (operation_id, at, from_state, to_state, next_action, reason, source)
+            SELECT operation_id, :now, :from_state, :to_state, :next_action, {_REASON}, :source
+            FROM settled
+        ), done AS (
+            UPDATE outbox SET done_at = :now
+            WHERE id IN (SELECT outbox_row_id FROM settled)
+        )
+        SELECT count(*) FROM outcomes
     """
     return text(sql).bindparams(bindparam("now", type_=UTCDateTime()))

@@ -1,0 +1,153 @@
+"""A batch's pre-submit and record writes, as one statement each on PostgreSQL,
+write exactly what the stepwise statements write (the path SQLite takes).
+
+Both paths get the same instant, worker and answers, each for its own pair of
+operations; every row they leave must match column for column but for ids and
+what names the operation. On SQLite both sides are the stepwise path.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.store.batches import BatchLedger, Settlement
+from intentledger.store.tables import attempts, observations, operations, outbox, transitions
+from tests.test_dispatch import MovableClock, accept
+
+SOURCE = "worker:test"
+# What differs between two operations accepted one after the other.
+NAMING = {"id", "operation_id", "idempotency_key", "created_at", "provider_idempotency_key"}
+
+
+def answer(operation_id: str, detail: dict[str, Any] | None) -> dict[str, Any]:
+    """A success's observation row; `detail` None is what an empty body leaves."""
+    return {
+        "operation_id": operation_id,
+        "at": NOW,
+        "kind": "submit_result",
+        "source": SOURCE,
+        "attempt_number": 1,
+        "transport": "response",
+        "error_class": None,
+        "http_status": 200,
+        "verdict": "succeeded",
+        "reason": "provider answered 200",
+        "provider_reference": f"ch_{operation_id[-6:]}",
+        "retry_after_raw": None,
+        "retry_after_at": None,
+        "retry_after_problem": None,
+        "detail": detail,
+    }
+
+
+NOW = datetime(2026, 11, 30, 9, 0, 0, 123456, tzinfo=UTC)
+DETAILS = (None, {"id": "ch_1", "amount": 500, "note": "café"})
+
+
+async def submit_and_settle(engine: AsyncEngine, ids: list[str], one_statement: bool) -> None:
+    async with engine.begin() as conn:
+        ledger = BatchLedger(conn)
+        locked = list((await ledger.lock(ids)).operations.values())
+        begin = ledger._begin_in_one_statement if one_statement else ledger._begin_stepwise
+        written = await begin(
+            [
+                {
+                    "operation_id": op.operation_id,
+                    "number": 1,
+                    "provider_idempotency_key": f"{op.operation_id}:1",
+                    "submitted_at": NOW,
+                    "relation": "original",
+                    "resubmission_of": None,
+                    "decision_id": None,
+                    "source": SOURCE,
+                }
+                for op in locked
+            ],
+            NOW,
+            {op.operation_id: "attempt 1 committed before provider I/O" for op in locked},
+            SOURCE,
+        )
+        assert written == len(ids)
+    async with engine.begin() as conn:
+        ledger = BatchLedger(conn)
+        submitting = (await ledger.lock(ids)).operations
+        row_ids = {
+            row.operation_id: row.id
+            for row in await conn.execute(
+                select(outbox.c.operation_id, outbox.c.id).where(outbox.c.operation_id.in_(ids))
+            )
+        }
+        write = ledger._settle_in_one_statement if one_statement else ledger._settle_stepwise
+        settled = await write(
+            [
+                Settlement(
+                    submitting[operation_id],
+                    "succeeded",
+                    f"ch_{operation_id[-6:]}",
+                    "provider answered 200",
+                    answer(operation_id, detail),
+                    row_ids[operation_id],
+                )
+                for operation_id, detail in zip(ids, DETAILS, strict=True)
+            ],
+            NOW,
+            SOURCE,
+        )
+        assert settled in (len(ids), None)  # None: SQLite reports no executemany count
+
+
+def comparable(value: Any, operation_id: str) -> Any:
+    """A column's value with what differs between the two operations taken out:
+    their ids, and the instants of their intake (everything after is NOW)."""
+    if isinstance(value, str):
+        return value.replace(operation_id[-6:], "")
+    if isinstance(value, datetime) and value != NOW:
+        return "the intake's instant"
+    return value
+
+
+async def written(engine: AsyncEngine, operation_id: str) -> dict[str, Any]:
+    """Every row of the operation, its naming columns left out, and whether each
+    observation's `detail` is SQL NULL (the JSON type reads JSON null as None too)."""
+    found: dict[str, Any] = {}
+    async with engine.connect() as conn:
+        for table in (operations, attempts, observations, transitions, outbox):
+            result = await conn.execute(select(table).where(table.c.operation_id == operation_id))
+            found[table.name] = sorted(
+                (
+                    {
+                        name: comparable(value, operation_id)
+                        for name, value in row._mapping.items()
+                        if name not in NAMING
+                    }
+                    for row in result
+                ),
+                key=repr,
+            )
+        nulls = await conn.execute(
+            select(observations.c.detail.is_(None)).where(
+                observations.c.operation_id == operation_id
+            )
+        )
+        found["detail_is_sql_null"] = list(nulls.scalars())
+    return found
+
+
+async def test_one_statement_writes_what_the_stepwise_statements_write(
+    engine: AsyncEngine,
+) -> None:
+    clock = MovableClock()
+    stepwise = [await accept(engine, clock, "pm_ok") for _ in DETAILS]
+    single = [await accept(engine, clock, "pm_ok") for _ in DETAILS]
+    await submit_and_settle(engine, stepwise, one_statement=False)
+    await submit_and_settle(engine, single, one_statement=engine.dialect.name == "postgresql")
+
+    for reference, candidate in zip(stepwise, single, strict=True):
+        expected = await written(engine, reference)
+        assert expected["operations"][0]["state"] == "OUTCOME_KNOWN"
+        assert expected["outbox"][0]["done_at"] == NOW
+        assert await written(engine, candidate) == expected
