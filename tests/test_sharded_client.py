@@ -7,7 +7,9 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
+import uvicorn
 
+from intentledger.providers import http
 from intentledger.providers.http import SHARD_CONNECTIONS, ShardedClient
 from tests.support import free_port
 
@@ -67,6 +69,40 @@ async def _answer_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         writer.close()
+
+
+async def test_a_connection_idle_longer_than_the_client_keeps_one_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client, not the server, ends an idle connection: a server closing one
+    as a request arrives on it loses the request (docs/benchmarks.md)."""
+    # Shortened so the test does not wait seconds; the rule is the same.
+    monkeypatch.setattr(http, "IDLE_CONNECTION_SECONDS", 0.3)
+    connections = 0
+
+    async def count_and_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await _answer_ok(reader, writer)
+
+    port = free_port()
+    server = await asyncio.start_server(count_and_answer, "127.0.0.1", port)
+    clients = http.ShardedClient(1, base_url=f"http://127.0.0.1:{port}")
+    try:
+        await clients.request("GET", "/")
+        await clients.request("GET", "/")
+        assert connections == 1  # kept while in use
+        await asyncio.sleep(0.5)
+        await clients.request("GET", "/")
+        assert connections == 2  # idle too long: dropped, a new one opened
+    finally:
+        await clients.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+def test_the_client_drops_idle_connections_before_the_sandbox_server_would() -> None:
+    assert uvicorn.Config(app=None).timeout_keep_alive > http.IDLE_CONNECTION_SECONDS
 
 
 async def test_a_closed_client_refuses_calls() -> None:

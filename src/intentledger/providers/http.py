@@ -105,6 +105,15 @@ async def observe(call: Awaitable[httpx.Response], deadline: float | None = None
 # Several small pools keep each walk short.
 SHARD_CONNECTIONS = 8
 
+# An idle connection is dropped by the client after this long, before the
+# server would close it: a server that closes an idle connection just as the
+# client sends on it discards the request and hangs up ("Server disconnected
+# without sending a response"), and a submit sent so ends UNKNOWN although it
+# never reached the provider. httpx's default (5 s) equals uvicorn's and Node's
+# keep-alive, so the two timers raced (docs/benchmarks.md, "the tails");
+# nginx keeps 75 s, Apache 5 s.
+IDLE_CONNECTION_SECONDS = 4.0
+
 # Sent with every call in place of httpx.AsyncClient's defaults.
 _HEADERS = {"Accept": "application/json", "User-Agent": "intentledger"}
 
@@ -141,7 +150,11 @@ class ShardedClient:
         # One TLS context for all the pools: each costs tens of milliseconds to
         # build (it loads the CA store), and they would all be the same.
         tls = httpx.create_ssl_context()
-        limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
+        limits = httpx.Limits(
+            max_connections=per_shard,
+            max_keepalive_connections=per_shard,
+            keepalive_expiry=IDLE_CONNECTION_SECONDS,
+        )
         self._shards = [
             _Shard(httpx.AsyncHTTPTransport(verify=tls, limits=limits)) for _ in range(shards)
         ]
