@@ -16,10 +16,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Generic, Protocol, TypeVar, TypeVarTuple
+from typing import Generic, Protocol, TypeVar
 
 import anyio
-import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -53,8 +52,6 @@ from intentledger.providers.sandbox.store import (
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-Args = TypeVarTuple("Args")
 W = TypeVar("W", bound=KeyedRequest)
 B = TypeVar("B", bound=BaseModel)
 
@@ -508,31 +505,27 @@ class Sandbox:
     # -- the truth, for tests: no faults, no lag, not logged --------------------------------
 
     async def truth(self, request: Request) -> Response:
-        charges = await self._db(self._store.charges, _param(request, "reference"))
+        charges = self._store.charges(_param(request, "reference"))
         return _listing(charge.as_truth_entry() for charge in charges)
 
     async def beneficiaries_truth(self, request: Request) -> Response:
-        found = await self._db(self._store.beneficiaries, _param(request, "reference"))
+        found = self._store.beneficiaries(_param(request, "reference"))
         return _listing(beneficiary.as_truth_entry() for beneficiary in found)
 
     async def cards_truth(self, request: Request) -> Response:
-        cards = await self._db(self._store.cards, _param(request, "reference"))
+        cards = self._store.cards(_param(request, "reference"))
         return _listing(card.as_truth_entry() for card in cards)
 
     async def card_actions_truth(self, request: Request) -> Response:
-        actions = await self._db(
-            self._store.card_actions, _param(request, "reference"), _param(request, "card_id")
-        )
+        actions = self._store.card_actions(_param(request, "reference"), _param(request, "card_id"))
         return _listing(action.as_truth_entry() for action in actions)
 
     async def received(self, request: Request) -> Response:
-        records = await self._db(
-            self._store.requests, _param(request, "reference"), _param(request, "resource")
-        )
+        records = self._store.requests(_param(request, "reference"), _param(request, "resource"))
         return _listing(record.as_entry() for record in records)
 
     async def healthz(self, request: Request) -> Response:
-        await self._db(self._store.ping)
+        self._store.ping()
         return JSONResponse({"status": "ok"})
 
     # -- submit ---------------------------------------------------------------------------
@@ -672,14 +665,13 @@ class Sandbox:
         self, request: Request, received: ReceivedRequest, answer: Callable[[int], Plan]
     ) -> Response:
         """Log the request, work out its answer and, when that goes out at once, record its
-        status: all in one trip to a store thread, since each trip costs more CPU than the
-        SQLite work it carries."""
-        request_id, plan = await self._db(self._log_and_answer, received, answer)
+        status. The store's work runs on the event loop (see `SandboxStore`)."""
+        request_id, plan = self._log_and_answer(received, answer)
         if isinstance(plan, Reply):
             return plan.to_response()
         if await _hold(request, plan.seconds):
             reply = Reply.of(plan.stored)
-            await self._db(self._record_status, request_id, reply.status)
+            self._record_status(request_id, reply.status)
             return reply.to_response()
         # Nobody is listening; the status stays NULL to say no answer was delivered.
         return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -701,10 +693,6 @@ class Sandbox:
         except sqlite3.Error:
             # Best effort: the request log is for observers; the answer matters more.
             logger.warning("could not record response status for request %s", request_id)
-
-    async def _db(self, function: Callable[[*Args], T], *args: *Args) -> T:
-        # sqlite3 blocks; keep it off the event loop so withheld requests keep ticking.
-        return await anyio.to_thread.run_sync(function, *args)
 
 
 def _param(request: Request, name: str) -> str | None:

@@ -262,6 +262,18 @@ WriteOutcome = Replayed | KeyReused | TargetMissing | Processed
 
 
 class SandboxStore:
+    """The sandbox's truth in SQLite.
+
+    The app calls it on its event loop: a call is a statement or two, well under
+    a millisecond under WAL, and a trip to a worker thread cost more CPU than
+    that (a third of the sandbox's CPU per charge, docs/benchmarks.md step 19).
+    A withheld answer waits with `await`, never in here. Another process writing
+    the same file (several `serve` processes sharing one sandbox file) can make a
+    call wait on the loop in SQLite's busy handler while that process's short
+    write finishes. The lock and the per-thread connections keep the store safe
+    to call from any thread as well.
+    """
+
     def __init__(self, database_path: str, key_retention: timedelta) -> None:
         self._path = database_path
         self._key_retention = key_retention
