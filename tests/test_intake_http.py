@@ -228,6 +228,8 @@ def test_health_and_openapi_are_served(service: Service) -> None:
     post = spec["paths"]["/v1/payments"]["post"]
     schema = post["requestBody"]["content"]["application/json"]["schema"]
     assert set(schema["required"]) == {"amount", "currency", "payment_method"}
+    headers = {p["name"]: p for p in post["parameters"] if p["in"] == "header"}
+    assert headers["Idempotency-Key"]["required"] is True
     assert "/v1/operations/{operation_id}/events" in spec["paths"]
 
 
