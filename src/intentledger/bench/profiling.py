@@ -30,6 +30,9 @@ def start(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes] | None
         "--format",
         "raw",
         "--nonblocking",
+        # Only samples of a thread holding the GIL: where the CPU goes. Wall time
+        # would also count a process waiting for one of the shared cores.
+        "--gil",
         "-o",
         str(out),
     ]
@@ -90,7 +93,7 @@ def summarise(collapsed: str, top: int = 40) -> str:
         rows = [f"  {100 * k / samples:5.1f}%  {name}" for name, k in counter.most_common(n)]
         return ["", title, *rows]
 
-    lines = [f"{samples} samples of a non-idle thread (py-spy: wall time, not CPU time)"]
+    lines = [f"{samples} samples of a thread holding the GIL (py-spy --gil: Python CPU time)"]
     lines += block("self time by package:", own_package, 15)
     lines += block("self time by function:", own, top)
     lines += block("total time of intentledger functions:", ours, 25)
