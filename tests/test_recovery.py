@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.domain.retention import REGISTRY
+from intentledger.domain.retention import REGISTRY, sandbox_policy
 from intentledger.domain.safety import SafetyRules
 from intentledger.domain.states import Outcome
 from intentledger.engine.operator import (
@@ -221,7 +221,13 @@ async def test_two_executed_attempts_are_flagged_as_a_duplicate(
     await worker.drain()  # the lookup lags: not found, and the key is too old to replay
     assert (await operation(engine, op_id)).state == "MANUAL_REVIEW"
     action = OperatorAction(op_id, "olive", "dashboard search showed nothing")
-    await perform(engine, clock, lambda ledger, now: approve_resubmission(ledger, now, action))
+    await perform(
+        engine,
+        clock,
+        lambda ledger, now: approve_resubmission(
+            ledger, now, action, lambda _p: sandbox_policy(timedelta(hours=24))
+        ),
+    )
     await worker.drain()  # the new-key request executes a second time
     op = await operation(engine, op_id)
     assert (op.state, op.outcome, op.duplicate_detected) == ("OUTCOME_KNOWN", "succeeded", False)

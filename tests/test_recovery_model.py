@@ -87,6 +87,12 @@ from tests.test_dispatch import accept
 T = TypeVar("T")
 
 RETENTION = timedelta(hours=24)
+
+
+def POLICY_FOR(_provider: str) -> Any:
+    return sandbox_policy(RETENTION)
+
+
 RULES = SafetyRules()
 REPLAY_BOUND = replay_bound(sandbox_policy(RETENTION), RULES)  # 21 h 36 min
 LEASE = timedelta(minutes=5)
@@ -749,7 +755,9 @@ class RecoveryModel(RuleBasedStateMachine):
     def operator_approves_a_new_request(self, pick: int) -> None:
         operation_id = self._pick(frozenset({State.MANUAL_REVIEW}), pick)
         action = OperatorAction(operation_id, OPERATOR, "customer asked to try again")
-        self._act(lambda ledger, now: operator.approve_resubmission(ledger, now, action))
+        self._act(
+            lambda ledger, now: operator.approve_resubmission(ledger, now, action, POLICY_FOR)
+        )
         event("operator approved a new request")
 
     @precondition(lambda self: bool(self.snapshot().states(ESCALATABLE)))
@@ -965,7 +973,9 @@ async def test_declined_new_request_does_not_hide_an_executed_first_attempt(
     await scene.drain()
     assert (await scene.operation(op_id)).state == State.MANUAL_REVIEW
     action = OperatorAction(op_id, OPERATOR, "customer asked to try again")
-    await scene.act(lambda ledger, now: operator.approve_resubmission(ledger, now, action))
+    await scene.act(
+        lambda ledger, now: operator.approve_resubmission(ledger, now, action, POLICY_FOR)
+    )
     scene.provider.submit_behaviour = "decline"
     await scene.drain()
     # Its duplicate audit looks with an honest provider, and changes nothing.
@@ -987,7 +997,9 @@ async def test_a_duplicate_is_flagged_even_when_the_audit_lookup_lags(
     await scene.drain()
     action = OperatorAction(op_id, OPERATOR, "customer asked to try again")
     await scene.act(lambda ledger, now: operator.escalate(ledger, now, action))
-    await scene.act(lambda ledger, now: operator.approve_resubmission(ledger, now, action))
+    await scene.act(
+        lambda ledger, now: operator.approve_resubmission(ledger, now, action, POLICY_FOR)
+    )
     scene.provider.submit_behaviour = "ok"
     await scene.drain()  # the new key executes: two charges
     op = await scene.operation(op_id)

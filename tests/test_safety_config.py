@@ -39,7 +39,8 @@ def test_defaults_and_per_provider_overrides(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("[default]\nmargn = 0.1\n", "unknown setting 'margn'"),
-        ("[default]\nmargin = 1.5\n", "margin must be in [0, 1)"),
+        ("[default]\nmargin = 1.5\n", "margin must be more than 0 and less than 1"),
+        ("[default]\nmargin = 0\n", "margin must be more than 0 and less than 1"),
         ("[default]\nallow_new_request = 'yes'\n", "must be true or false"),
         ("[default]\nmax_checks = 'ten'\n", "must be a number"),
         ("[default]\nmax_age = 'a week'\n", "a week"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import getpass
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from intentledger.api.documents import event_documents, json_value
+from intentledger.domain.retention import policy_for_provider
 from intentledger.domain.states import Outcome, State
 from intentledger.engine import operator
 from intentledger.engine.clock import system_clock
@@ -176,7 +178,14 @@ def approve_resubmission(
 ) -> None:
     """Approve a deliberate new request (a new provider key) for an operation in MANUAL_REVIEW."""
     action = operator.OperatorAction(operation_id, _who(by), reason)
-    _act(database_url, lambda ledger, now: operator.approve_resubmission(ledger, now, action))
+    settings = _settings(database_url)
+    policy_for = functools.partial(
+        policy_for_provider, sandbox_retention=settings.sandbox_key_retention
+    )
+    _act(
+        database_url,
+        lambda ledger, now: operator.approve_resubmission(ledger, now, action, policy_for),
+    )
 
 
 @ops_app.command()

@@ -46,8 +46,10 @@ def _rules(base: SafetyRules, table: Mapping[str, Any], where: str) -> SafetyRul
             raise SafetyConfigError(f"{where}.{name} must be a number")
         changes[name] = value
     rules = replace(base, **changes)
-    if not 0 <= rules.margin < 1:
-        raise SafetyConfigError(f"{where}.margin must be in [0, 1)")
+    # A margin of 0 would replay up to the very instant the provider may prune
+    # the key, with no room for a backlog or a clock that runs behind.
+    if not 0 < rules.margin < 1:
+        raise SafetyConfigError(f"{where}.margin must be more than 0 and less than 1")
     return rules
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 import socket
@@ -15,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from intentledger.api.app import create_app
-from intentledger.domain.retention import REGISTRY, RetentionPolicy, sandbox_policy
+from intentledger.domain.retention import RetentionPolicy, policy_for_provider
 from intentledger.engine.clock import Clock, system_clock
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings
 from intentledger.engine.reconciler import Reconciler
@@ -30,8 +31,6 @@ from intentledger.settings import Settings
 from intentledger.store.database import create_ledger_engine
 
 SANDBOX_MOUNT = "/_sandbox"
-# Which provider API (and so which documented key retention) each adapter speaks.
-PROVIDER_APIS = {"stripe": "stripe-v1"}
 
 
 def worker_id(role: str) -> str:
@@ -39,12 +38,7 @@ def worker_id(role: str) -> str:
 
 
 def retention_policy_for(settings: Settings) -> Callable[[str], RetentionPolicy]:
-    def policy_for(provider: str) -> RetentionPolicy:
-        if provider == "sandbox":
-            return sandbox_policy(settings.sandbox_key_retention)
-        return REGISTRY[PROVIDER_APIS[provider]]
-
-    return policy_for
+    return functools.partial(policy_for_provider, sandbox_retention=settings.sandbox_key_retention)
 
 
 def build_dispatcher(
@@ -133,7 +127,14 @@ def build_service_app(
             await sync_dispatcher.provider.aclose()
             await engine.dispose()
 
-    app = create_app(engine, clock, settings.provider, lifespan=lifespan, sync_writer=sync_writer)
+    app = create_app(
+        engine,
+        clock,
+        settings.provider,
+        lifespan=lifespan,
+        sync_writer=sync_writer,
+        policy_for=retention_policy_for(settings),
+    )
     if settings.provider == "sandbox":
         app.mount(SANDBOX_MOUNT, build_sandbox_app(settings))
     return app

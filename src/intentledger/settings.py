@@ -9,6 +9,7 @@ from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from intentledger.domain.durations import parse_duration
+from intentledger.domain.retention import DEFAULT_SANDBOX_RETENTION
 from intentledger.providers.http import call_deadline
 
 
@@ -32,7 +33,7 @@ class Settings(BaseSettings):
     lease: Duration = timedelta(minutes=5)
     recheck_backoff: Duration = timedelta(seconds=30)
     stale_submitting: Duration = timedelta(minutes=2)
-    sandbox_key_retention: Duration = timedelta(hours=24)
+    sandbox_key_retention: Duration = DEFAULT_SANDBOX_RETENTION
     # Not in DESIGN.md's table: where the sandbox keeps its truth.
     sandbox_database: str = "intentledger-sandbox.db"
     # How many outbox deliveries one worker process runs at once.

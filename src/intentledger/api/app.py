@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any
@@ -27,6 +28,11 @@ from intentledger.api.resource_routes import router as resource_router
 from intentledger.api.schemas import PaymentRequest
 from intentledger.api.validation import valid_idempotency_key
 from intentledger.domain.canonical import request_hash
+from intentledger.domain.retention import (
+    DEFAULT_SANDBOX_RETENTION,
+    RetentionPolicy,
+    policy_for_provider,
+)
 from intentledger.engine.clock import Clock
 from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.intake import PaymentIntent
@@ -165,6 +171,7 @@ def create_app(
     provider_name: str,
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
     sync_writer: SyncWriter | None = None,
+    policy_for: Callable[[str], RetentionPolicy] | None = None,
 ) -> FastAPI:
     app = FastAPI(
         lifespan=lifespan,
@@ -180,6 +187,10 @@ def create_app(
     app.state.intake_groups = IntakeGroups(engine, clock)
     # Beneficiary and card writes call the provider in the request path.
     app.state.sync_writer = sync_writer
+    # The key-retention policy operators weigh when they approve a new request.
+    app.state.policy_for = policy_for or functools.partial(
+        policy_for_provider, sandbox_retention=DEFAULT_SANDBOX_RETENTION
+    )
     install_problem_handlers(app)
     # Served without FastAPI's dependency solving; the APIRoute below documents it.
     app.router.routes.append(Route("/v1/payments", create_payment, methods=["POST"]))

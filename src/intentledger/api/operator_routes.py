@@ -165,7 +165,9 @@ async def approve_resubmission(
         "approve-resubmission",
         body.model_dump(),
         idempotency_key,
-        lambda ledger, now: operator.approve_resubmission(ledger, now, action),
+        lambda ledger, now: operator.approve_resubmission(
+            ledger, now, action, request.app.state.policy_for
+        ),
     )
 
 

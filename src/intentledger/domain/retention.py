@@ -106,6 +106,10 @@ REGISTRY: dict[str, RetentionPolicy] = {
 }
 
 
+# The sandbox's key retention unless INTENTLEDGER_SANDBOX_KEY_RETENTION says otherwise.
+DEFAULT_SANDBOX_RETENTION = timedelta(hours=24)
+
+
 def sandbox_policy(retention: timedelta) -> RetentionPolicy:
     """The built-in sandbox honours keys for exactly its configured retention."""
     return RetentionPolicy(
@@ -116,3 +120,14 @@ def sandbox_policy(retention: timedelta) -> RetentionPolicy:
         "intentledger sandbox, INTENTLEDGER_SANDBOX_KEY_RETENTION",
         "",
     )
+
+
+# Which provider API (and so which documented key retention) each adapter speaks.
+PROVIDER_APIS = {"stripe": "stripe-v1"}
+
+
+def policy_for_provider(provider: str, sandbox_retention: timedelta) -> RetentionPolicy:
+    """The retention policy the safety review and operators weigh for `provider`."""
+    if provider == "sandbox":
+        return sandbox_policy(sandbox_retention)
+    return REGISTRY[PROVIDER_APIS[provider]]

@@ -118,6 +118,9 @@ class LookupJudgement:
     provider_reference: str | None = None
     # More than one executed charge under one reference is a duplicate to refund.
     executed_charges: int = 0
+    # Every charge the lookup listed as executed, and as finally failed.
+    executed: frozenset[str] = frozenset()
+    failed: frozenset[str] = frozenset()
 
 
 # Only these words are final failures; anything unrecognised is not an outcome.
@@ -138,20 +141,27 @@ def judge_lookup(lookup: LookupAnswer) -> LookupJudgement:
     if not lookup.charges:
         return LookupJudgement(LookupVerdict.NOT_FOUND, "no charge carries our reference")
     succeeded = [c for c in lookup.charges if c.status == "succeeded"]
+    failed = [c for c in lookup.charges if c.status in _FAILED_WORDS]
+    executed = frozenset(c.provider_reference for c in succeeded)
+    failed_refs = frozenset(c.provider_reference for c in failed)
     if succeeded:
-        extra = f" ({len(succeeded)} executed charges: a duplicate)" if len(succeeded) > 1 else ""
+        distinct = len(executed)
+        extra = f" ({distinct} executed charges: a duplicate)" if distinct > 1 else ""
         return LookupJudgement(
             LookupVerdict.SUCCEEDED,
             f"charge {succeeded[0].provider_reference} succeeded{extra}",
             succeeded[0].provider_reference,
-            executed_charges=len(succeeded),
+            executed_charges=distinct,
+            executed=executed,
+            failed=failed_refs,
         )
-    failed = [c for c in lookup.charges if c.status in _FAILED_WORDS]
     if failed and len(failed) == len(lookup.charges):
         return LookupJudgement(
             LookupVerdict.FAILED,
             f"charge {failed[0].provider_reference} is {failed[0].status}",
             failed[0].provider_reference,
+            executed=executed,
+            failed=failed_refs,
         )
     # Still processing, or a status we do not know: neither is an outcome.
     other = next(c for c in lookup.charges if c.status not in _FAILED_WORDS)
@@ -159,4 +169,6 @@ def judge_lookup(lookup: LookupAnswer) -> LookupJudgement:
         LookupVerdict.PROCESSING,
         f"charge {other.provider_reference} is {other.status!r}: not final",
         other.provider_reference,
+        executed=executed,
+        failed=failed_refs,
     )

@@ -21,13 +21,16 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
+from intentledger.domain.evidence import AttemptFacts, Facts, Limits, Move, SubmitAnswer, judge
 from intentledger.domain.retry_after import parse_retry_after
 from intentledger.domain.states import State
-from intentledger.domain.transport import ProviderAnswer, Verdict, classify
+from intentledger.domain.transport import ProviderAnswer, classify
 from intentledger.engine.dispatcher import (
     Dispatcher,
     Submission,
+    as_evidence,
     provider_key,
     request_for,
     submit_result,
@@ -148,34 +151,67 @@ async def _pre_submit(
     return batch, others
 
 
-def _settles_plainly(operation: Record, item: Sent, verdict: Verdict) -> bool:
-    """A success or a decline answering the operation's only attempt, while it is
-    still as our pre-submit left it: the reference path settles it with no other step."""
+def _plain_effect(
+    operation: Record, item: Sent, evidence: SubmitAnswer, now: datetime, limits: Limits
+) -> bool:
+    """Does the funnel settle this answer with nothing but the outcome? Only for
+    an operation still as our pre-submit left it (one attempt, no other
+    evidence: what the ledger knows is what this batch holds)."""
+    if State(operation.state) is not State.SUBMITTING:
+        return False
+    if operation.version != item.prepared.version:
+        return False
+    facts = Facts(
+        state=State.SUBMITTING,
+        attempts=(AttemptFacts(FIRST_ATTEMPT, item.submission.key),),
+        unresolved_since=operation.first_attempt_at,
+    )
+    effect = judge(facts, evidence, now, limits)
     return (
-        State(operation.state) is State.SUBMITTING
-        and operation.version == item.prepared.version
-        and verdict in (Verdict.SUCCEEDED, Verdict.FAILED)
+        effect.move is Move.SETTLE
+        and not (effect.duplicate or effect.contradiction or effect.verify)
+        and effect.adopt_reference == evidence.reference
     )
 
 
 async def _record(dispatcher: Dispatcher, sent: Sequence[Sent]) -> None:
     if not sent:
         return
+    try:
+        rest = await _record_together(dispatcher, sent)
+    except Exception:
+        # One bad row must not turn every answer of the batch into UNKNOWN (their
+        # leases would expire into resumed deliveries): record each on its own.
+        log.exception("batch record failed; recording its %d answers one by one", len(sent))
+        rest = list(sent)
+    for item in rest:
+        try:
+            await dispatcher.record(item.row, item.submission, item.answer)
+        except Exception:
+            log.exception("recording %s failed; its lease will make it due again", item.row.id)
+
+
+async def _record_together(dispatcher: Dispatcher, sent: Sequence[Sent]) -> list[Sent]:
+    """Settle, in one transaction, every answer the funnel settles plainly; return
+    the others for the one-by-one path."""
     rest: list[Sent] = []
     async with dispatcher.engine.begin() as conn:
         ledger = BatchLedger(conn)
         now = dispatcher.clock()
+        limits = Limits(dispatcher.settings.recheck_backoff)
         locked = await ledger.lock(item.row.operation_id for item in sent)
         settlements = []
         for item in sent:
             operation = locked.operations[item.row.operation_id]
-            classification = classify(item.answer)
-            verdict = classification.verdict
-            if not _settles_plainly(operation, item, verdict):
+            answer = item.answer
+            classification = classify(answer)
+            retry_after = parse_retry_after(answer.retry_after, now)
+            evidence = as_evidence(
+                item.submission.attempt_number, answer, classification, retry_after
+            )
+            if not _plain_effect(operation, item, evidence, now, limits):
                 rest.append(item)
                 continue
-            answer = item.answer
-            retry_after = parse_retry_after(answer.retry_after, now)
             observation = submit_result(
                 operation.operation_id,
                 now,
@@ -188,7 +224,7 @@ async def _record(dispatcher: Dispatcher, sent: Sequence[Sent]) -> None:
             settlements.append(
                 Settlement(
                     operation,
-                    verdict.value,
+                    classification.verdict.value,
                     answer.provider_reference,
                     classification.reason,
                     observation,
@@ -197,5 +233,4 @@ async def _record(dispatcher: Dispatcher, sent: Sequence[Sent]) -> None:
             )
         if settlements:
             await ledger.settle(settlements, now=now, source=dispatcher.worker_id)
-    for item in rest:
-        await dispatcher.record(item.row, item.submission, item.answer)
+    return rest

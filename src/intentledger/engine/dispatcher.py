@@ -20,12 +20,12 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.domain.backoff import next_check_at, recheck_delay
+from intentledger.domain.evidence import Effect, Limits, SubmitAnswer
 from intentledger.domain.retry_after import RetryAfter, parse_retry_after
-from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
+from intentledger.domain.states import NextAction, State
 from intentledger.domain.transport import Classification, ProviderAnswer, Verdict, classify
-from intentledger.engine.audit import settle
 from intentledger.engine.clock import Clock
+from intentledger.engine.evidence import weigh
 from intentledger.engine.unknown import mark_unknown
 from intentledger.providers.base import Provider, ProviderRequest
 from intentledger.store.ledger import Ledger
@@ -111,14 +111,19 @@ def submit_result(
     }
 
 
-def _second_execution(operation: Record, verdict: Verdict, answer: ProviderAnswer) -> bool:
-    """A late success for a settled-as-succeeded operation under another charge
-    id means two attempts executed: a duplicate to flag for a refund."""
-    return (
-        operation.outcome == Outcome.SUCCEEDED
-        and verdict is Verdict.SUCCEEDED
-        and answer.provider_reference is not None
-        and answer.provider_reference != operation.provider_reference
+def as_evidence(
+    attempt_number: int,
+    answer: ProviderAnswer,
+    classification: Classification,
+    retry_after: RetryAfter,
+) -> SubmitAnswer:
+    """A classified answer, as the evidence funnel reads it."""
+    return SubmitAnswer(
+        attempt_number,
+        classification.verdict,
+        classification.reason,
+        answer.provider_reference,
+        retry_after,
     )
 
 
@@ -160,7 +165,11 @@ class Dispatcher:
                 return None
             state = State(operation.state)
             if state is State.SUBMITTING:
-                await self._mark_resumed_unknown(ledger, operation, now)
+                # Only the row that committed the live attempt may call it resumed;
+                # a superseded decision's row has nothing left to deliver.
+                live = await ledger.last_attempt(operation.operation_id)
+                if live is not None and live.decision_id == row.decision_id:
+                    await self._mark_resumed_unknown(ledger, operation, live.number, now)
                 await ledger.finish_outbox_row(row.id, now)
                 return None
             if state is State.ACCEPTED and not await self._mandate_allows(ledger, operation, now):
@@ -313,28 +322,47 @@ class Dispatcher:
         )
         return False
 
-    async def _mark_resumed_unknown(self, ledger: Ledger, operation: Record, now: datetime) -> None:
-        attempt = await ledger.last_attempt(operation.operation_id)
+    async def _mark_resumed_unknown(
+        self, ledger: Ledger, operation: Record, attempt_number: int, now: datetime
+    ) -> None:
         reason = (
             "delivery resumed while SUBMITTING: the previous holder's provider call "
             "may or may not have executed; not calling the provider again"
         )
-        await ledger.add_observation(
+        observation_id = await ledger.add_observation(
             operation_id=operation.operation_id,
             at=now,
             kind="resumed_submitting",
             source=self.worker_id,
-            attempt_number=attempt.number if attempt is not None else None,
+            attempt_number=attempt_number,
             verdict=Verdict.UNKNOWN,
             reason=reason,
         )
-        await mark_unknown(
+        await self.weigh(
             ledger,
             operation,
+            SubmitAnswer(attempt_number, Verdict.UNKNOWN, reason),
+            now,
+            observation_id,
+        )
+
+    async def weigh(
+        self,
+        ledger: Ledger,
+        operation: Record,
+        answer: SubmitAnswer,
+        now: datetime,
+        observation_id: int,
+    ) -> Effect:
+        """The funnel's judgement of a submit's answer, carried out."""
+        return await weigh(
+            ledger,
+            operation,
+            answer,
             now=now,
-            check_at=now + self._backoff(),
-            reason=reason,
+            limits=Limits(self.settings.recheck_backoff, jitter=self.jitter()),
             source=self.worker_id,
+            observation_id=observation_id,
         )
 
     # -- step 5: record -----------------------------------------------------
@@ -358,152 +386,11 @@ class Dispatcher:
                     retry_after,
                 )
             )
-            await self._apply(
+            await self.weigh(
                 ledger,
                 operation,
+                as_evidence(submission.attempt_number, answer, classification, retry_after),
                 now,
-                submission,
-                classification.verdict,
-                classification.reason,
-                answer,
-                retry_after,
                 observation_id,
             )
             await ledger.finish_outbox_row(row.id, now)
-
-    async def _apply(
-        self,
-        ledger: Ledger,
-        operation: Record,
-        now: datetime,
-        submission: Submission,
-        verdict: Verdict,
-        reason: str,
-        answer: ProviderAnswer,
-        retry_after: RetryAfter,
-        observation_id: int,
-    ) -> None:
-        state = State(operation.state)
-        if state is not State.SUBMITTING and state not in UNRESOLVED:
-            if _second_execution(operation, verdict, answer):
-                await ledger.update_operation(operation, now=now, duplicate_detected=True)
-            elif verdict is Verdict.SUCCEEDED and operation.outcome != Outcome.SUCCEEDED:
-                # Settled failed or cancelled, and now a success: never hide it.
-                await ledger.update_operation(
-                    operation, now=now, outcome_contradicted=True, next_action=NextAction.OPERATOR
-                )
-            # Otherwise recorded as an observation only: nothing here changes the outcome.
-            return
-        # An answer speaks for its own attempt. Earlier attempts whose outcome is
-        # still unknown may have executed: a decline under another key, or a
-        # refusal (429, no connection) under any key, says nothing about them.
-        open_attempts = await self._unresolved_other_attempts(ledger, operation, submission)
-        other_keys = [a for a in open_attempts if a.provider_idempotency_key != submission.key]
-        late = "" if state is State.SUBMITTING else "late evidence: "
-        if verdict is Verdict.SUCCEEDED or (verdict is Verdict.FAILED and not other_keys):
-            await self._settle(
-                ledger, operation, now, Outcome(verdict.value), late + reason, answer
-            )
-        elif state is not State.SUBMITTING:
-            return  # late evidence that settles nothing: recorded as an observation only
-        elif verdict is Verdict.NOT_EXECUTED and not open_attempts:
-            await self._requeue_not_executed(
-                ledger, operation, now, reason, retry_after, observation_id
-            )
-        else:
-            if verdict is not Verdict.UNKNOWN:
-                numbers = ", ".join(str(a.number) for a in open_attempts)
-                reason = f"{reason}; but attempt(s) {numbers} may have executed"
-            await mark_unknown(
-                ledger,
-                operation,
-                now=now,
-                check_at=next_check_at(now, retry_after, self._backoff()),
-                reason=reason,
-                source=self.worker_id,
-            )
-
-    async def _settle(
-        self,
-        ledger: Ledger,
-        operation: Record,
-        now: datetime,
-        outcome: Outcome,
-        reason: str,
-        answer: ProviderAnswer,
-    ) -> None:
-        await settle(
-            ledger,
-            operation,
-            outcome,
-            now=now,
-            reason=reason,
-            source=self.worker_id,
-            audit_after=self.settings.recheck_backoff,
-            provider_reference=answer.provider_reference,
-        )
-
-    @staticmethod
-    async def _unresolved_other_attempts(
-        ledger: Ledger, operation: Record, submission: Submission
-    ) -> list[Record]:
-        """Other attempts with no answer, or an answer that proved nothing."""
-        settled = {
-            result.attempt_number
-            for result in await ledger.submit_results_of(operation.operation_id)
-            if result.verdict != Verdict.UNKNOWN
-        }
-        return [
-            attempt
-            for attempt in await ledger.attempts_of(operation.operation_id)
-            if attempt.number != submission.attempt_number and attempt.number not in settled
-        ]
-
-    async def _requeue_not_executed(
-        self,
-        ledger: Ledger,
-        operation: Record,
-        now: datetime,
-        reason: str,
-        retry_after: RetryAfter,
-        observation_id: int,
-    ) -> None:
-        """Evidence that the provider did not execute: back to ACCEPTED, sent
-        again (same provider key) no earlier than the provider asked."""
-        attempt = await ledger.last_attempt(operation.operation_id)
-        attempt_number = attempt.number if attempt is not None else 1
-        due = retry_after.at or now + self._backoff(attempt_number)
-        decision_id = await ledger.add_decision(
-            operation_id=operation.operation_id,
-            at=now,
-            rule="non_execution_evidence",
-            inputs={
-                "observation_id": observation_id,
-                "evidence": reason,
-                "attempt_number": attempt_number,
-                "retry_after_raw": retry_after.raw,
-                "provider_idempotency_key": attempt.provider_idempotency_key
-                if attempt is not None
-                else provider_key(operation.operation_id),
-            },
-            next_action=NextAction.SUBMIT,
-            reason=(
-                f"attempt {attempt_number} proved not executed ({reason}); submit again with "
-                f"the same provider key no earlier than {due.isoformat()}"
-            ),
-            source=self.worker_id,
-        )
-        await ledger.transition(
-            operation,
-            State.ACCEPTED,
-            now=now,
-            next_action=NextAction.SUBMIT,
-            reason=reason,
-            source=self.worker_id,
-            last_observed_at=now,
-            retry_after_at=due,
-        )
-        await ledger.enqueue(operation.operation_id, "submit", due, now, decision_id=decision_id)
-
-    def _backoff(self, check_number: int = 1) -> timedelta:
-        return recheck_delay(check_number, self.settings.recheck_backoff, jitter=self.jitter())

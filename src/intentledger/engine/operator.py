@@ -15,14 +15,19 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.domain.evidence import Limits, OperatorStatement
+from intentledger.domain.retention import RetentionPolicy
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
-from intentledger.engine.audit import settle
 from intentledger.engine.clock import Clock
+from intentledger.engine.evidence import weigh
 from intentledger.engine.refusal import Refusal, claim_key, find_replay, retry_key_races
+from intentledger.engine.safety_review import policy_document
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record, operations
 
 ESCALATABLE = frozenset({State.UNKNOWN, State.RECONCILIATION_DUE, State.SAFETY_REVIEW})
+# After a person's resolution the provider is asked once more, this soon.
+VERIFY_AFTER = timedelta(seconds=30)
 
 
 class OperationNotFound(Refusal):
@@ -65,7 +70,12 @@ def _require_text(value: str, what: str) -> str:
 
 
 async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome: Outcome) -> str:
-    """Settle an unresolved operation on evidence a person found (OUTCOME_KNOWN)."""
+    """Settle an unresolved operation on evidence a person found (OUTCOME_KNOWN).
+
+    The statement is evidence like any other: the funnel settles the operation
+    and asks the provider once more (the audit), so a wrong statement meets the
+    provider's truth and is flagged, and the mandate's books follow the charges.
+    """
     evidence = _require_text(action.reason, "the evidence")
     operation = await _locked(ledger, action.operation_id, UNRESOLVED, "resolve")
     observation_id = await ledger.add_observation(
@@ -91,21 +101,27 @@ async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome
         reason=f"{action.by} resolved it as {outcome.value}: {evidence}",
         source=f"operator:{action.by}",
     )
-    await settle(
+    await weigh(
         ledger,
         operation,
-        outcome,
+        OperatorStatement(outcome, action.by, evidence),
         now=now,
-        reason=f"resolved by {action.by}: {evidence}",
+        limits=Limits(VERIFY_AFTER),
         source=f"operator:{action.by}",
-        audit_after=timedelta(0),
+        observation_id=observation_id,
     )
     return f"resolved as {outcome.value}"
 
 
-async def approve_resubmission(ledger: Ledger, now: datetime, action: OperatorAction) -> str:
+async def approve_resubmission(
+    ledger: Ledger,
+    now: datetime,
+    action: OperatorAction,
+    policy_for: Callable[[str], RetentionPolicy],
+) -> str:
     """A deliberate new request with a new provider key, linked to the unresolved
-    attempt."""
+    attempt, recorded with what every resubmission decision records: who and
+    why, the key's age against the provider's retention policy, and the link."""
     reason = _require_text(action.reason, "the reason")
     operation = await _locked(
         ledger,
@@ -116,6 +132,9 @@ async def approve_resubmission(ledger: Ledger, now: datetime, action: OperatorAc
     last = await ledger.last_attempt(action.operation_id)
     assert last is not None, "only an attempted operation reaches MANUAL_REVIEW"
     key = f"{action.operation_id}:{last.number + 1}"
+    policy = policy_for(operation.provider)
+    first_use = await ledger.first_use_of_key(action.operation_id, last.provider_idempotency_key)
+    key_age = now - first_use
     decision_id = await ledger.add_decision(
         operation_id=action.operation_id,
         at=now,
@@ -127,12 +146,27 @@ async def approve_resubmission(ledger: Ledger, now: datetime, action: OperatorAc
             "same_key": False,
             "unresolved_attempt": last.number,
             "previous_key": last.provider_idempotency_key,
+            "previous_key_first_used_at": first_use.isoformat(),
+            "key_age_seconds": key_age.total_seconds(),
+            "provider_retention_note": policy.note,
+            "policy": policy_document(policy),
         },
         next_action=NextAction.RESUBMIT,
-        reason=f"{action.by} approved a new request with key {key}: {reason}",
+        reason=(
+            f"{action.by} approved a new request with key {key} (attempt "
+            f"{last.number}'s key is {key_age} old; {policy.provider_api} honours keys "
+            f"for at least {policy.minimum}): {reason}"
+        ),
+        key_age_at_decision=key_age,
         source=f"operator:{action.by}",
     )
-    await ledger.update_operation(operation, now=now, next_action=NextAction.RESUBMIT)
+    await ledger.update_operation(
+        operation,
+        now=now,
+        next_action=NextAction.RESUBMIT,
+        key_age_at_decision=key_age,
+        provider_retention_note=policy.note,
+    )
     await ledger.enqueue(action.operation_id, "submit", now, now, decision_id=decision_id)
     return f"new request approved with key {key}"
 

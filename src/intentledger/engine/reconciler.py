@@ -2,13 +2,16 @@
 
     UNKNOWN --retry_after_at reached--> RECONCILIATION_DUE   (a transition, recorded)
             --lookup by our reference, outside any transaction-->
+            --the evidence funnel (domain/evidence.py) judges what it showed-->
     found succeeded / failed  -> OUTCOME_KNOWN, with the evidence
-    still processing          -> UNKNOWN, the next look scheduled
+    still processing          -> UNKNOWN, the next look scheduled; past the
+                                 checks/age limits, MANUAL_REVIEW and still looking
     not found, lookup failed  -> SAFETY_REVIEW (which may order a resubmission)
 
 `reconciliation_status` records what each check produced; it never means
 "safe to resubmit". A lookup that arrives for an operation waiting anywhere
-unresolved is still recorded, and a definite one settles it.
+unresolved is still recorded, and a definite one settles it. The audit is the
+same lookup of a settled operation, judged by the same funnel.
 """
 
 from __future__ import annotations
@@ -19,24 +22,16 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.domain.backoff import next_check_at, recheck_delay
-from intentledger.domain.retry_after import RetryAfter, parse_retry_after
-from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
-from intentledger.domain.transport import (
-    LookupAnswer,
-    LookupJudgement,
-    LookupVerdict,
-    judge_lookup,
-)
-from intentledger.engine.audit import AUDIT_ATTEMPTS, settle
+from intentledger.domain.evidence import Limits, LookupResult
+from intentledger.domain.retry_after import parse_retry_after
+from intentledger.domain.states import NextAction, State
+from intentledger.domain.transport import LookupAnswer, judge_lookup
 from intentledger.engine.clock import Clock
+from intentledger.engine.evidence import weigh
 from intentledger.engine.safety_review import PolicyFor, RulesFor, run_safety_review
-from intentledger.engine.unknown import mark_unknown
 from intentledger.providers.base import Provider, ProviderLookup, ProviderRequest
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
-
-_SETTLING = {LookupVerdict.SUCCEEDED: Outcome.SUCCEEDED, LookupVerdict.FAILED: Outcome.FAILED}
 
 
 def operation_lookup(operation: Record) -> ProviderLookup:
@@ -81,7 +76,9 @@ class Reconciler:
         await self._record_check(row, lookup)
 
     async def deliver_audit(self, row: Record) -> None:
-        """Count executed charges under a settled operation's reference."""
+        """Look at a settled operation again: every charge the provider shows
+        under our reference meets the recorded outcome in the funnel (a second
+        execution, a contradiction, a charge a person's statement did not name)."""
         async with self.engine.begin() as conn:
             if not await Ledger(conn).holds_lease(row.id, self.worker_id, self.clock()):
                 return
@@ -89,43 +86,7 @@ class Reconciler:
             settled = await Ledger(conn).get_operation(row.operation_id)
         assert settled is not None
         lookup = await self.provider.lookup(operation_lookup(settled))
-        async with self.engine.begin() as conn:
-            ledger = Ledger(conn)
-            now = self.clock()
-            operation = await ledger.lock_operation(row.operation_id)
-            assert operation is not None
-            judgement = judge_lookup(lookup)
-            await ledger.add_observation(
-                operation_id=operation.operation_id,
-                at=now,
-                kind="audit_lookup",
-                source=self.worker_id,
-                transport=lookup.answer.transport,
-                error_class=lookup.answer.error_class,
-                http_status=lookup.answer.status,
-                verdict=judgement.verdict,
-                reason=judgement.reason,
-                detail={"charges": [c.provider_reference for c in lookup.charges]},
-            )
-            seen = {charge.provider_reference for charge in lookup.charges}
-            # A lookup that does not even show the charge we know of is lagging,
-            # not evidence that there is no second one: look again.
-            lagging = operation.provider_reference is not None and (
-                operation.provider_reference not in seen
-            )
-            if judgement.executed_charges > 1 and not operation.duplicate_detected:
-                await ledger.update_operation(operation, now=now, duplicate_detected=True)
-            elif judgement.executed_charges and operation.outcome != Outcome.SUCCEEDED:
-                # Settled failed, yet the provider shows an executed charge.
-                await ledger.update_operation(
-                    operation, now=now, outcome_contradicted=True, next_action=NextAction.OPERATOR
-                )
-            elif judgement.verdict is LookupVerdict.LOOKUP_FAILED or lagging:
-                audits = len(await ledger.observations_of_kind(row.operation_id, "audit_lookup"))
-                if audits < AUDIT_ATTEMPTS:
-                    delay = recheck_delay(audits, self.recheck_backoff, jitter=self.jitter())
-                    await ledger.enqueue(row.operation_id, "audit", now + delay, now)
-            await ledger.finish_outbox_row(row.id, now)
+        await self._record_lookup(row, lookup, kind="audit_lookup")
 
     async def _blind_retry(self, operation: Record) -> None:
         """THE BUG the chaos harness must catch (settings.break_for_tests): a timer
@@ -156,14 +117,20 @@ class Reconciler:
                     reason=f"check due at {_iso(operation.retry_after_at)}: asking the provider",
                     source=self.worker_id,
                 )
-            elif state is not State.RECONCILIATION_DUE:
+            elif state not in (State.RECONCILIATION_DUE, State.MANUAL_REVIEW):
                 # Settled or moved on since this check was scheduled. (A resumed
-                # RECONCILIATION_DUE simply looks again: lookups are reads.)
+                # RECONCILIATION_DUE simply looks again: lookups are reads. A
+                # person's queue is looked at while it stays there: the funnel
+                # keeps checking what the provider still calls processing.)
                 await ledger.finish_outbox_row(row.id, now)
                 return None
             return operation
 
     async def _record_check(self, row: Record, lookup: LookupAnswer) -> None:
+        await self._record_lookup(row, lookup, kind="lookup_result")
+
+    async def _record_lookup(self, row: Record, lookup: LookupAnswer, kind: str) -> None:
+        """Record what the lookup showed, and let the funnel judge it."""
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()
@@ -172,10 +139,10 @@ class Reconciler:
             judgement = judge_lookup(lookup)
             answer = lookup.answer
             retry_after = parse_retry_after(answer.retry_after, now)
-            await ledger.add_observation(
+            observation_id = await ledger.add_observation(
                 operation_id=operation.operation_id,
                 at=now,
-                kind="lookup_result",
+                kind=kind,
                 source=self.worker_id,
                 transport=answer.transport,
                 error_class=answer.error_class,
@@ -186,52 +153,37 @@ class Reconciler:
                 retry_after_raw=retry_after.raw,
                 retry_after_at=retry_after.at,
                 retry_after_problem=retry_after.problem,
-                detail={"charges": [c.provider_reference for c in lookup.charges]},
+                detail={
+                    "charges": [
+                        {"reference": c.provider_reference, "status": c.status}
+                        for c in lookup.charges
+                    ]
+                },
             )
-            state = State(operation.state)
-            judgement = await _conclusive(ledger, operation, judgement)
-            outcome = _SETTLING.get(judgement.verdict)
-            if outcome is not None and (state in UNRESOLVED):
-                await settle(
-                    ledger,
-                    operation,
-                    outcome,
-                    now=now,
-                    reason=f"lookup evidence: {judgement.reason}",
-                    source=self.worker_id,
-                    audit_after=self.recheck_backoff,
-                    provider_reference=judgement.provider_reference,
-                    reconciliation_status=judgement.verdict,
-                    duplicate_detected=judgement.executed_charges > 1,
-                )
-            elif state is State.RECONCILIATION_DUE:
-                await self._unresolved(
-                    ledger, operation, now, judgement.verdict, judgement.reason, retry_after
-                )
-            await ledger.finish_outbox_row(row.id, now)
-
-    async def _unresolved(
-        self,
-        ledger: Ledger,
-        operation: Record,
-        now: datetime,
-        verdict: LookupVerdict,
-        reason: str,
-        retry_after: RetryAfter,
-    ) -> None:
-        if verdict is LookupVerdict.PROCESSING:
-            checks = len(await ledger.lookups_of(operation.operation_id))
-            delay = recheck_delay(checks, self.recheck_backoff, jitter=self.jitter())
-            await mark_unknown(
+            evidence = LookupResult(
+                judgement.verdict,
+                judgement.reason,
+                executed=judgement.executed,
+                failed=judgement.failed,
+                retry_after=retry_after,
+                audit=kind == "audit_lookup",
+            )
+            rules = self.rules_for(operation.provider)
+            await weigh(
                 ledger,
                 operation,
+                evidence,
                 now=now,
-                check_at=next_check_at(now, retry_after, delay),
-                reason=f"still processing: {reason}",
+                limits=Limits.of(rules, self.recheck_backoff, self.jitter()),
                 source=self.worker_id,
-                reconciliation_status=verdict,
+                review=self._review,
+                observation_id=observation_id,
             )
-            return
+            await ledger.finish_outbox_row(row.id, now)
+
+    async def _review(
+        self, ledger: Ledger, operation: Record, now: datetime, reason: str, status: str
+    ) -> None:
         await run_safety_review(
             ledger,
             operation,
@@ -239,25 +191,9 @@ class Reconciler:
             policy=self.policy_for(operation.provider),
             rules=self.rules_for(operation.provider),
             source=self.worker_id,
-            reason=f"no evidence: {reason}",
-            reconciliation_status=verdict,
+            reason=reason,
+            reconciliation_status=status,
         )
-
-
-async def _conclusive(
-    ledger: Ledger, operation: Record, judgement: LookupJudgement
-) -> LookupJudgement:
-    """Only failed charges under our reference prove failure only if one provider
-    key was ever used: a charge under another key may not be listed yet."""
-    if judgement.verdict is not LookupVerdict.FAILED:
-        return judgement
-    keys = await ledger.distinct_keys(operation.operation_id)
-    if len(keys) <= 1:
-        return judgement
-    return LookupJudgement(
-        LookupVerdict.NOT_FOUND,
-        f"{judgement.reason}, but {len(keys)} provider keys were used: not conclusive",
-    )
 
 
 def _iso(value: datetime | None) -> str:

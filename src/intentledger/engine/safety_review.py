@@ -30,8 +30,17 @@ RulesFor = Callable[[str], SafetyRules]
 
 
 async def gather_evidence(ledger: Ledger, operation_id: str) -> Evidence:
+    """The checks so far. Not-found lookups count only when made after the last
+    attempt: one from before it says nothing about what that attempt did. A
+    lookup that failed is never a not-found."""
     lookups = await ledger.lookups_of(operation_id)
-    not_found = [o for o in lookups if o.verdict == LookupVerdict.NOT_FOUND]
+    last = await ledger.last_attempt(operation_id)
+    since = last.submitted_at if last is not None else None
+    not_found = [
+        o
+        for o in lookups
+        if o.verdict == LookupVerdict.NOT_FOUND and (since is None or o.at > since)
+    ]
     return Evidence(
         lookups=len(lookups),
         not_found=len(not_found),
@@ -40,6 +49,17 @@ async def gather_evidence(ledger: Ledger, operation_id: str) -> Evidence:
         last_not_found_at=not_found[-1].at if not_found else None,
         last_result=lookups[-1].reason if lookups else "no lookup yet",
     )
+
+
+def policy_document(policy: RetentionPolicy) -> dict[str, object]:
+    """A retention policy as a decision row records it."""
+    return {
+        "provider_api": policy.provider_api,
+        "minimum_seconds": policy.minimum.total_seconds(),
+        "deduplicates_by_key": policy.deduplicates_by_key,
+        "source": policy.source,
+        "note": policy.note,
+    }
 
 
 def _inputs_document(
@@ -57,13 +77,7 @@ def _inputs_document(
         "replay_bound_seconds": decision.replay_bound.total_seconds(),
         "unresolved_since": inputs.unresolved_since.isoformat(),
         "provider_retention_note": inputs.policy.note,
-        "policy": {
-            "provider_api": inputs.policy.provider_api,
-            "minimum_seconds": inputs.policy.minimum.total_seconds(),
-            "deduplicates_by_key": inputs.policy.deduplicates_by_key,
-            "source": inputs.policy.source,
-            "note": inputs.policy.note,
-        },
+        "policy": policy_document(inputs.policy),
         "rules": {
             "margin": rules.margin,
             "max_checks": rules.max_checks,

@@ -13,11 +13,11 @@ from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.domain.backoff import recheck_delay
+from intentledger.domain.evidence import Limits, SubmitAnswer
 from intentledger.domain.states import State
 from intentledger.domain.transport import Verdict
 from intentledger.engine.clock import Clock
-from intentledger.engine.unknown import mark_unknown
+from intentledger.engine.evidence import weigh
 from intentledger.store.ledger import Ledger
 
 BATCH = 100
@@ -57,27 +57,29 @@ class Sweeper:
                 if operation.updated_at > cutoff:
                     continue
                 attempt = await ledger.last_attempt(operation_id)
+                assert attempt is not None, "SUBMITTING is committed with its attempt"
                 reason = (
                     f"SUBMITTING since {operation.updated_at.isoformat()}, longer than "
                     f"{self.stale_after}: the caller died mid-call; not sending again"
                 )
-                await ledger.add_observation(
+                observation_id = await ledger.add_observation(
                     operation_id=operation_id,
                     at=now,
                     kind="sweeper",
                     source=self.worker_id,
-                    attempt_number=attempt.number if attempt is not None else None,
+                    attempt_number=attempt.number,
                     verdict=Verdict.UNKNOWN,
                     reason=reason,
                 )
-                delay = recheck_delay(1, self.recheck_backoff, jitter=self.jitter())
-                await mark_unknown(
+                # No answer is evidence of nothing: the funnel makes it UNKNOWN.
+                await weigh(
                     ledger,
                     operation,
+                    SubmitAnswer(attempt.number, Verdict.UNKNOWN, reason),
                     now=now,
-                    check_at=now + delay,
-                    reason=reason,
+                    limits=Limits(self.recheck_backoff, jitter=self.jitter()),
                     source=self.worker_id,
+                    observation_id=observation_id,
                 )
                 swept += 1
         return swept

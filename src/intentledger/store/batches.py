@@ -216,8 +216,12 @@ class BatchLedger:
             raise ConcurrentUpdate(", ".join(s.operation.operation_id for s in settlements))
         ledger = Ledger(self.conn)
         for s in settlements:
-            if s.operation.mandate_id is not None:
-                await ledger.settle_reservation(s.operation, s.outcome, now)
+            await ledger.rebook(
+                s.operation,
+                State.OUTCOME_KNOWN,
+                {"outcome": s.outcome, "provider_reference": s.provider_reference},
+                now,
+            )
 
     async def _settle_in_one_statement(
         self, settlements: Sequence[Settlement], now: datetime, source: str

@@ -18,6 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.cards import CARD_KINDS, status_after
+from intentledger.domain.evidence import Share, mandate_share, recorded_executions
 from intentledger.domain.states import FINAL, NextAction, Outcome, State, require_transition
 from intentledger.store.tables import (
     Record,
@@ -196,8 +197,7 @@ class Ledger:
         )
         if result.rowcount != 1:
             raise ConcurrentUpdate(operation.operation_id)
-        if operation.mandate_id is not None and target in FINAL:
-            await self.settle_reservation(operation, fields.get("outcome"), now)
+        await self.rebook(operation, target, fields, now)
         if operation.kind in CARD_KINDS and target in FINAL:
             await self._settle_card(operation, fields, now)
         await self.conn.execute(
@@ -269,6 +269,20 @@ class Ledger:
             .distinct()
         )
         return [row.provider_idempotency_key for row in result]
+
+    async def evidence_rows(self, operation_id: str) -> Sequence[Record]:
+        """What the evidence funnel reads of an operation's observations."""
+        result = await self.conn.execute(
+            select(
+                observations.c.kind,
+                observations.c.attempt_number,
+                observations.c.verdict,
+                observations.c.provider_reference,
+            )
+            .where(observations.c.operation_id == operation_id)
+            .order_by(observations.c.id)
+        )
+        return result.all()
 
     async def observations_of_kind(self, operation_id: str, kind: str) -> Sequence[Record]:
         result = await self.conn.execute(
@@ -405,6 +419,9 @@ class Ledger:
         )
         if result.rowcount != 1:
             raise ConcurrentUpdate(operation.operation_id)
+        await self.rebook(operation, State(operation.state), fields, now)
+        if operation.kind == "card_issue" and fields.get("provider_reference"):
+            await self._adopt_card_reference(operation, fields["provider_reference"], now)
 
     async def stale_submitting(self, cutoff: datetime, limit: int) -> list[str]:
         result = await self.conn.execute(
@@ -432,6 +449,13 @@ class Ledger:
             .where(cards.c.card_id == card_id)
             .values(version=cards.c.version + 1, updated_at=now, **values)
         )
+
+    async def _adopt_card_reference(self, operation: Record, reference: str, now: datetime) -> None:
+        """A card settled issued without the provider's card id (a person's word)
+        takes the id later evidence names."""
+        card = await self.get_card(operation.request_context["card_id"], for_update=True)
+        if card is not None and card.provider_card_id is None:
+            await self.update_card(card.card_id, now, provider_card_id=reference)
 
     async def _settle_card(
         self, operation: Record, fields: Mapping[str, Any], now: datetime
@@ -472,17 +496,24 @@ class Ledger:
             .values(version=mandates.c.version + 1, updated_at=now, **values)
         )
 
-    async def settle_reservation(
-        self, operation: Record, outcome: Outcome | str | None, now: datetime
+    async def rebook(
+        self, operation: Record, target: State, fields: Mapping[str, Any], now: datetime
     ) -> None:
-        """Money held stays held until the outcome is final: then a success is
-        spent and a failure or cancellation gives the reservation back."""
-        spent = operation.amount if outcome == Outcome.SUCCEEDED else 0
+        """Bring the mandate's books in line with the operation's change: its share
+        (domain.evidence.mandate_share) before the change and after it differ by
+        exactly what moves between reserved, spent and free. Evidence counted
+        twice changes nothing, because the share is a function of the record."""
+        if operation.mandate_id is None:
+            return
+        before = _share(operation, State(operation.state), {})
+        after = _share(operation, target, fields)
+        if before == after:
+            return
         await self.update_mandate(
             operation.mandate_id,
             now,
-            reserved=mandates.c.reserved - operation.amount,
-            spent=mandates.c.spent + spent,
+            reserved=mandates.c.reserved + (after.reserved - before.reserved),
+            spent=mandates.c.spent + (after.spent - before.spent),
         )
 
     async def accepted_under_mandate(self, mandate_id: str) -> Sequence[Record]:
@@ -501,3 +532,16 @@ class Ledger:
             .where(outbox.c.operation_id == operation_id, outbox.c.done_at.is_(None))
             .values(done_at=now)
         )
+
+
+def _share(operation: Record, state: State, changes: Mapping[str, Any]) -> Share:
+    """The operation's part of its mandate's books, with `changes` applied."""
+
+    def field(name: str) -> Any:
+        return changes.get(name, getattr(operation, name))
+
+    outcome = field("outcome")
+    executed = recorded_executions(
+        field("executed_references"), outcome, field("provider_reference")
+    )
+    return mandate_share(operation.amount, state, Outcome(outcome) if outcome else None, executed)

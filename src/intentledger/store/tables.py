@@ -120,6 +120,10 @@ operations = Table(
     Column(
         "outcome_contradicted", Boolean, nullable=False, default=False, server_default=text("false")
     ),
+    # Every provider reference some evidence showed executed (a list; NULL for
+    # none beyond a settled success's provider_reference). Two distinct ones are
+    # a duplicate; one under a failed or cancelled outcome is a contradiction.
+    Column("executed_references", Json, nullable=True),
     # The operator list filters by state; the sweeper by state and age.
     Index(None, "state", "updated_at"),
 )

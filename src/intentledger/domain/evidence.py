@@ -1,0 +1,563 @@
+"""The evidence funnel: what one new piece of evidence means for an operation.
+
+Everything that can say what happened at the provider — the answer to a submit
+(or its absence), a lookup by our reference, an operator's statement — is judged
+here, and only here. `judge` takes what the ledger knows about one operation
+(`Facts`) and one piece of evidence, and returns the `Effect`: settle, become
+UNKNOWN with a check time, go back to ACCEPTED on proof of non-execution, go to
+the safety review, go to a person, look again, or record only — plus the flags
+a reviewer must see (a contradiction, a duplicate) and a provider reference to
+adopt. The engine carries the effect out; it keeps no outcome rules of its own.
+
+Evidence never authorises a resubmission: the most it does is send the
+operation to the safety review, whose decision (a rule or a person) may.
+
+The unit of "did it execute?" is the provider idempotency key, not the attempt:
+attempts that share a key are one request as far as a deduplicating provider is
+concerned. A key *may have executed* until an answer under it proves it did not:
+a final decline (the provider processed it and said no; a replay returns the
+same decline), or every attempt under it refused before processing (429, no
+connection). Two executions are two distinct executed provider references,
+counted from every piece of evidence — never inferred.
+
+Pure: no I/O, no clock reads; the caller passes `now` and its jitter in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from intentledger.domain.backoff import next_check_at, recheck_delay
+from intentledger.domain.retry_after import DEFAULT_CEILING, RetryAfter
+from intentledger.domain.safety import SafetyRules
+from intentledger.domain.states import FINAL, UNRESOLVED, Outcome, State
+from intentledger.domain.transport import LookupVerdict, Verdict
+
+# Verification looks at a settled operation (the duplicate and contradiction
+# audit) before an absence the provider keeps showing counts against the ledger.
+AUDIT_LOOKS = 10
+# A refusal before processing (429, no connection) is sent again no sooner than
+# this, doubled for each attempt so far: a `Retry-After: 0` cannot make a loop.
+RESEND_FLOOR = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class AttemptFacts:
+    """One attempt and the most its submit's answer proved (None: no answer yet,
+    or one that proved nothing)."""
+
+    number: int
+    key: str
+    answer: Verdict | None = None
+    reference: str | None = None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the ledger knows about one operation before the new evidence."""
+
+    state: State
+    outcome: Outcome | None = None
+    provider_reference: str | None = None
+    attempts: tuple[AttemptFacts, ...] = ()
+    # Distinct provider references some evidence showed executed.
+    executed: frozenset[str] = frozenset()
+    # Lookups recorded so far (scheduled checks), and verification looks.
+    checks: int = 0
+    audits: int = 0
+    unresolved_since: datetime | None = None
+    duplicate_detected: bool = False
+    outcome_contradicted: bool = False
+
+
+@dataclass(frozen=True)
+class SubmitAnswer:
+    """What a submit's call produced (Verdict.UNKNOWN also for no answer at all:
+    a resumed delivery or the sweeper)."""
+
+    attempt: int
+    verdict: Verdict
+    reason: str
+    reference: str | None = None
+    retry_after: RetryAfter | None = None
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """A provider read by our reference, as `judge_lookup` summarised it."""
+
+    verdict: LookupVerdict
+    reason: str
+    executed: frozenset[str] = frozenset()  # charges the provider shows succeeded
+    failed: frozenset[str] = frozenset()  # charges it shows in a final failed state
+    retry_after: RetryAfter | None = None
+    # A verification look at a settled operation (an audit), not a scheduled check.
+    audit: bool = False
+
+
+@dataclass(frozen=True)
+class OperatorStatement:
+    """A person's word on the outcome, with the evidence they relied on."""
+
+    outcome: Outcome
+    by: str
+    evidence: str
+    reference: str | None = None
+
+
+Evidence = SubmitAnswer | LookupResult | OperatorStatement
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Timing, and the limits after which a person decides (the safety rules')."""
+
+    backoff: timedelta  # our first re-check delay
+    max_checks: int = SafetyRules.max_checks
+    max_age: timedelta = SafetyRules.max_age
+    jitter: float = 0.0  # drawn by the caller, in [0, 1)
+
+    @classmethod
+    def of(cls, rules: SafetyRules, backoff: timedelta, jitter: float) -> Limits:
+        return cls(backoff, rules.max_checks, rules.max_age, jitter)
+
+
+class Move(StrEnum):
+    SETTLE = "settle"  # OUTCOME_KNOWN with `outcome`
+    UNKNOWN = "unknown"  # UNKNOWN, checked again at `check_at`
+    REQUEUE = "requeue"  # proof of non-execution: ACCEPTED, sent again at `check_at`
+    REVIEW = "review"  # no evidence: the safety review decides
+    OPERATOR = "operator"  # MANUAL_REVIEW (limits reached), re-checked at `check_at`
+    RECHECK = "recheck"  # state unchanged, looked at again at `check_at`
+    RECORD = "record"  # recorded; the state does not change
+
+
+@dataclass(frozen=True)
+class Effect:
+    move: Move
+    reason: str
+    outcome: Outcome | None = None
+    check_at: datetime | None = None
+    reconciliation_status: str | None = None
+    # A provider reference the record lacked (a person said "succeeded" without one).
+    adopt_reference: str | None = None
+    # Newly raised flags (each is raised once and stays).
+    contradiction: bool = False
+    duplicate: bool = False
+    # Every executed reference known once this evidence is counted.
+    executed: frozenset[str] = frozenset()
+    # Ask the provider again (the audit), and when.
+    verify: bool = False
+    verify_at: datetime | None = None
+
+
+# -- what the facts imply --------------------------------------------------------------------
+
+
+def keys_in_order(attempts: Iterable[AttemptFacts]) -> list[str]:
+    seen: list[str] = []
+    for attempt in attempts:
+        if attempt.key not in seen:
+            seen.append(attempt.key)
+    return seen
+
+
+def may_have_executed(key: str, attempts: Iterable[AttemptFacts]) -> bool:
+    """Until an answer proves otherwise, a key that was sent may have executed."""
+    under = [a for a in attempts if a.key == key]
+    if any(a.answer is Verdict.FAILED for a in under):
+        return False
+    return any(a.answer is not Verdict.NOT_EXECUTED for a in under)
+
+
+def open_keys(attempts: Iterable[AttemptFacts]) -> list[str]:
+    listed = list(attempts)
+    return [k for k in keys_in_order(listed) if may_have_executed(k, listed)]
+
+
+def success_key(facts: Facts) -> str | None:
+    """The key the recorded success was answered under, if a submit answer gave it."""
+    if facts.outcome is not Outcome.SUCCEEDED:
+        return None
+    for attempt in facts.attempts:
+        if attempt.answer is Verdict.SUCCEEDED and attempt.reference == facts.provider_reference:
+            return attempt.key
+    return None
+
+
+def executions(state: State, outcome: Outcome | None, executed: frozenset[str]) -> int:
+    """How many charges the books must count: every executed reference known, and
+    at least one for an outcome known succeeded (a person may not name the charge)."""
+    settled_success = state is State.OUTCOME_KNOWN and outcome == Outcome.SUCCEEDED
+    return max(len(executed), 1 if settled_success else 0)
+
+
+def recorded_executions(
+    references: Iterable[str] | None, outcome: str | None, provider_reference: str | None
+) -> frozenset[str]:
+    """The executed references a record holds: its list, and a settled success's
+    own reference (a batch settles without writing the list)."""
+    known = set(references or ())
+    if outcome == Outcome.SUCCEEDED and provider_reference:
+        known.add(provider_reference)
+    return frozenset(known)
+
+
+@dataclass(frozen=True)
+class Share:
+    """An operation's part of its mandate's books."""
+
+    reserved: int
+    spent: int
+
+
+def mandate_share(
+    amount: int, state: State, outcome: Outcome | None, executed: frozenset[str]
+) -> Share:
+    """The provider's evidence is the truth for the books: every charge it showed
+    is spent, whatever the ledger's outcome says; while no outcome is known and
+    nothing is known executed, the amount stays reserved; only a final state
+    with no execution known gives it back."""
+    count = executions(state, outcome, executed)
+    reserved = amount if state not in FINAL and count == 0 else 0
+    return Share(reserved=reserved, spent=amount * count)
+
+
+# -- the funnel ------------------------------------------------------------------------------
+
+
+def judge(facts: Facts, evidence: Evidence, now: datetime, limits: Limits) -> Effect:
+    """The one place evidence is weighed; see the module docstring."""
+    if isinstance(evidence, SubmitAnswer):
+        effect = _judge_answer(facts, evidence, now, limits)
+    elif isinstance(evidence, LookupResult):
+        effect = _judge_lookup(facts, evidence, now, limits)
+    else:
+        effect = _judge_statement(facts, evidence)
+    return _finish(facts, effect, now, limits)
+
+
+def _finish(facts: Facts, effect: Effect, now: datetime, limits: Limits) -> Effect:
+    """Raise each flag once (a duplicate is two distinct executed references), and
+    time the verification look: backing off with each look already made."""
+    executed = facts.executed | effect.executed
+    duplicate = len(executed) > 1 and not facts.duplicate_detected
+    contradiction = effect.contradiction and not facts.outcome_contradicted
+    verify_at = None
+    if effect.verify:
+        verify_at = now + recheck_delay(facts.audits + 1, limits.backoff, jitter=limits.jitter)
+    return replace(
+        effect,
+        executed=executed,
+        duplicate=duplicate,
+        contradiction=contradiction,
+        verify_at=verify_at,
+    )
+
+
+def _settled(facts: Facts) -> bool:
+    return facts.state in FINAL
+
+
+def _unresolved(facts: Facts) -> bool:
+    return facts.state in UNRESOLVED
+
+
+def _late(facts: Facts, reason: str) -> str:
+    return reason if facts.state is State.SUBMITTING else f"late evidence: {reason}"
+
+
+def _settle(
+    facts: Facts,
+    outcome: Outcome,
+    reason: str,
+    *,
+    executed: frozenset[str] = frozenset(),
+    adopt_reference: str | None = None,
+    reconciliation_status: str | None = None,
+) -> Effect:
+    # More than one key used: a second execution is possible, so look for it.
+    return Effect(
+        Move.SETTLE,
+        _late(facts, reason),
+        outcome=outcome,
+        executed=executed,
+        adopt_reference=adopt_reference,
+        reconciliation_status=reconciliation_status,
+        verify=len(keys_in_order(facts.attempts)) > 1,
+    )
+
+
+def _judge_answer(facts: Facts, answer: SubmitAnswer, now: datetime, limits: Limits) -> Effect:
+    this = next((a for a in facts.attempts if a.number == answer.attempt), None)
+    key = this.key if this is not None else None
+    proved: Verdict | None = answer.verdict if answer.verdict is not Verdict.UNKNOWN else None
+    if proved is None and this is not None:
+        proved = this.answer
+    after = tuple(
+        replace(a, answer=proved, reference=answer.reference) if a.number == answer.attempt else a
+        for a in facts.attempts
+    )
+    executed = frozenset(
+        {answer.reference} if answer.verdict is Verdict.SUCCEEDED and answer.reference else ()
+    )
+    if _settled(facts):
+        return _against_settled_answer(facts, answer, key, after, executed)
+    if facts.state is State.ACCEPTED:
+        # Only a refusal sends an operation back to ACCEPTED, and its answer
+        # has been judged: whatever else arrives is recorded.
+        return Effect(Move.RECORD, _late(facts, answer.reason), executed=executed)
+    if answer.verdict is Verdict.SUCCEEDED:
+        return _settle(
+            facts,
+            Outcome.SUCCEEDED,
+            answer.reason,
+            executed=executed,
+            adopt_reference=answer.reference,
+        )
+    still_open = open_keys(after)
+    if answer.verdict is Verdict.FAILED and not still_open:
+        return _settle(facts, Outcome.FAILED, answer.reason)
+    if answer.verdict is Verdict.NOT_EXECUTED and not still_open and _current(facts, answer):
+        return Effect(Move.REQUEUE, answer.reason, check_at=_resend_at(answer, now, limits))
+    reason = answer.reason
+    if answer.verdict is not Verdict.UNKNOWN and still_open:
+        reason = f"{reason}; but key(s) {', '.join(still_open)} may have executed"
+    return _unsettled_answer(facts, answer, reason, now, limits)
+
+
+def _current(facts: Facts, answer: SubmitAnswer) -> bool:
+    """The answer of the attempt the operation is SUBMITTING for (always the last)."""
+    return (
+        facts.state is State.SUBMITTING
+        and bool(facts.attempts)
+        and (facts.attempts[-1].number == answer.attempt)
+    )
+
+
+def _unsettled_answer(
+    facts: Facts, answer: SubmitAnswer, reason: str, now: datetime, limits: Limits
+) -> Effect:
+    """An answer that settles nothing: the live call's leaves SUBMITTING for
+    UNKNOWN; any other is late, and only recorded."""
+    if _current(facts, answer):
+        delay = recheck_delay(1, limits.backoff, jitter=limits.jitter)
+        return Effect(Move.UNKNOWN, reason, check_at=next_check_at(now, answer.retry_after, delay))
+    return Effect(Move.RECORD, _late(facts, f"{reason}; attempt {answer.attempt} is not in flight"))
+
+
+def _resend_at(answer: SubmitAnswer, now: datetime, limits: Limits) -> datetime:
+    """A refused attempt goes again no earlier than the provider asked, and never
+    sooner than a floor that doubles with each attempt (a `Retry-After: 0` or a
+    provider refusing for ever cannot make a tight loop)."""
+    if answer.retry_after is None or answer.retry_after.at is None:
+        return now + recheck_delay(answer.attempt, limits.backoff, jitter=limits.jitter)
+    floor = recheck_delay(answer.attempt, RESEND_FLOOR, cap=DEFAULT_CEILING)
+    return next_check_at(now, answer.retry_after, floor)
+
+
+def _against_settled_answer(
+    facts: Facts,
+    answer: SubmitAnswer,
+    key: str | None,
+    after: tuple[AttemptFacts, ...],
+    executed: frozenset[str],
+) -> Effect:
+    """A submit answer for an operation already settled (or cancelled)."""
+    if answer.verdict is Verdict.SUCCEEDED:
+        return _success_against_settled(facts, answer.reason, executed, answer.reference)
+    if answer.verdict is Verdict.FAILED and facts.outcome is Outcome.SUCCEEDED:
+        # A decline contradicts the success recorded for its own key; a success
+        # no answer attributes to a key (a lookup's, a person's) is contradicted
+        # once no key that was sent may have executed.
+        settled_under = success_key(facts)
+        if key == settled_under if settled_under is not None else not open_keys(after):
+            return Effect(
+                Move.RECORD,
+                f"late evidence contradicts the recorded success: {answer.reason}",
+                contradiction=True,
+            )
+    return Effect(Move.RECORD, f"late evidence, recorded only: {answer.reason}")
+
+
+def _success_against_settled(
+    facts: Facts, reason: str, executed: frozenset[str], reference: str | None
+) -> Effect:
+    if facts.state is State.CANCELLED or facts.outcome is not Outcome.SUCCEEDED:
+        return Effect(
+            Move.RECORD,
+            f"late evidence of execution contradicts the recorded "
+            f"{facts.outcome or facts.state}: {reason}",
+            contradiction=True,
+            executed=executed,
+        )
+    adopt = reference if facts.provider_reference is None and reference else None
+    if adopt is not None:
+        return Effect(
+            Move.RECORD,
+            f"late evidence names the charge of the recorded success: {reason}",
+            executed=executed,
+            adopt_reference=adopt,
+        )
+    return Effect(Move.RECORD, f"late evidence, recorded: {reason}", executed=executed)
+
+
+def _judge_lookup(facts: Facts, lookup: LookupResult, now: datetime, limits: Limits) -> Effect:
+    status = str(lookup.verdict)
+    if _settled(facts):
+        return _against_settled_lookup(facts, lookup)
+    executed = lookup.executed
+    reason = f"lookup evidence: {lookup.reason}"
+    if facts.state is State.ACCEPTED:
+        # Waiting to be sent again after a refusal: the resend, under the same
+        # key, will hear the provider's answer; the execution is counted now.
+        return Effect(Move.RECORD, _late(facts, reason), executed=executed)
+    if executed:
+        return _settle(
+            facts,
+            Outcome.SUCCEEDED,
+            reason,
+            executed=executed,
+            adopt_reference=min(executed),
+            reconciliation_status=status,
+        )
+    if lookup.verdict is LookupVerdict.FAILED:
+        # Failed charges prove failure only if one key was ever used: a charge
+        # under another key may not be listed yet.
+        keys = keys_in_order(facts.attempts)
+        if len(keys) <= 1:
+            return _settle(facts, Outcome.FAILED, reason, reconciliation_status=status)
+        reason = f"{reason}, but {len(keys)} provider keys were used: not conclusive"
+        return _inconclusive(facts, LookupVerdict.NOT_FOUND, reason, lookup, now, limits)
+    return _inconclusive(facts, lookup.verdict, reason, lookup, now, limits)
+
+
+def _inconclusive(
+    facts: Facts,
+    verdict: LookupVerdict,
+    reason: str,
+    lookup: LookupResult,
+    now: datetime,
+    limits: Limits,
+) -> Effect:
+    """A check that found no outcome. "Still processing" (or a word the adapter
+    does not know) waits and looks again, but counts toward the same limits as
+    any other check: past them a person is told while the checks go on."""
+    status = str(verdict)
+    checks = facts.checks + 1
+    delay = recheck_delay(checks, limits.backoff, jitter=limits.jitter)
+    check_at = next_check_at(now, lookup.retry_after, delay)
+    if facts.state is State.MANUAL_REVIEW:
+        if verdict in (LookupVerdict.PROCESSING, LookupVerdict.LOOKUP_FAILED):
+            return Effect(Move.RECHECK, reason, check_at=check_at, reconciliation_status=status)
+        return Effect(Move.RECORD, reason, reconciliation_status=status)
+    if facts.state is not State.RECONCILIATION_DUE:
+        return Effect(Move.RECORD, _late(facts, reason), reconciliation_status=status)
+    if verdict is not LookupVerdict.PROCESSING:
+        return Effect(Move.REVIEW, f"no evidence: {lookup.reason}", reconciliation_status=status)
+    since = facts.unresolved_since or now
+    if checks >= limits.max_checks or now - since >= limits.max_age:
+        return Effect(
+            Move.OPERATOR,
+            f"still not final after {checks} checks over {now - since} (limits: "
+            f"{limits.max_checks} checks, {limits.max_age}): {lookup.reason}; a person "
+            "decides, and the checks go on",
+            check_at=check_at,
+            reconciliation_status=status,
+        )
+    return Effect(
+        Move.UNKNOWN,
+        f"still processing: {lookup.reason}",
+        check_at=check_at,
+        reconciliation_status=status,
+    )
+
+
+def _against_settled_lookup(facts: Facts, lookup: LookupResult) -> Effect:
+    """A lookup for a settled operation: the audit, or a check that was in flight
+    while the operation was settled some other way."""
+    reason = f"lookup of a settled operation: {lookup.reason}"
+    if lookup.executed:
+        reference = min(lookup.executed)
+        effect = _success_against_settled(facts, reason, lookup.executed, reference)
+        if (
+            facts.outcome is Outcome.SUCCEEDED
+            and facts.provider_reference is not None
+            and (facts.provider_reference not in lookup.executed)
+        ):
+            # Lagging: it does not even show the charge we know of yet.
+            return replace(effect, verify=facts.audits + 1 < AUDIT_LOOKS)
+        return effect
+    if facts.outcome is not Outcome.SUCCEEDED or facts.state is State.CANCELLED:
+        if lookup.verdict is LookupVerdict.LOOKUP_FAILED:
+            return Effect(Move.RECORD, reason, verify=facts.audits + 1 < AUDIT_LOOKS)
+        return Effect(Move.RECORD, reason)
+    # Settled succeeded, and the provider shows no executed charge.
+    if facts.provider_reference is not None and facts.provider_reference in lookup.failed:
+        return Effect(
+            Move.RECORD,
+            f"the provider shows charge {facts.provider_reference} failed, the ledger "
+            f"says succeeded: {lookup.reason}",
+            contradiction=True,
+        )
+    if (
+        facts.provider_reference is None
+        and lookup.verdict is LookupVerdict.FAILED
+        and len(keys_in_order(facts.attempts)) <= 1
+    ):
+        return Effect(
+            Move.RECORD,
+            f"the provider shows only failed charges, the ledger says succeeded: {lookup.reason}",
+            contradiction=True,
+        )
+    looks = facts.audits + (1 if lookup.audit else 0)
+    if looks < AUDIT_LOOKS or lookup.verdict is LookupVerdict.LOOKUP_FAILED:
+        return Effect(Move.RECORD, f"{reason}; looking again", verify=looks < AUDIT_LOOKS)
+    return Effect(
+        Move.RECORD,
+        f"the provider showed no executed charge in {looks} looks, the ledger says "
+        f"succeeded: {lookup.reason}",
+        contradiction=True,
+    )
+
+
+def _judge_statement(facts: Facts, statement: OperatorStatement) -> Effect:
+    """A person's resolution settles an unresolved operation; the provider is then
+    asked once more (the audit), so a wrong statement meets the provider's truth."""
+    reason = f"resolved by {statement.by}: {statement.evidence}"
+    if not _unresolved(facts):
+        return Effect(Move.RECORD, f"statement about a {facts.state} operation: {reason}")
+    executed = frozenset({statement.reference}) if statement.reference else frozenset()
+    if statement.outcome is Outcome.SUCCEEDED:
+        return Effect(
+            Move.SETTLE,
+            reason,
+            outcome=Outcome.SUCCEEDED,
+            executed=executed,
+            adopt_reference=statement.reference,
+            verify=True,
+        )
+    return Effect(Move.SETTLE, reason, outcome=Outcome.FAILED, verify=True)
+
+
+__all__ = [
+    "AUDIT_LOOKS",
+    "AttemptFacts",
+    "Effect",
+    "Evidence",
+    "Facts",
+    "Limits",
+    "LookupResult",
+    "Move",
+    "OperatorStatement",
+    "Share",
+    "SubmitAnswer",
+    "judge",
+    "mandate_share",
+    "may_have_executed",
+    "open_keys",
+    "recorded_executions",
+]

@@ -1,0 +1,266 @@
+"""Carrying out the funnel's judgement: the one way evidence changes the ledger.
+
+Each caller (the dispatcher, single and batched, the reconciler's checks and
+audits, the sweeper, operator resolutions) records its observation, reads the
+operation's `Facts` here, asks `domain.evidence.judge` what the evidence means,
+and hands the `Effect` to `carry_out` — in the same transaction, under the
+operation's lock. None of them decides an outcome itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from intentledger.domain.evidence import (
+    AttemptFacts,
+    Effect,
+    Evidence,
+    Facts,
+    Limits,
+    Move,
+    judge,
+    recorded_executions,
+)
+from intentledger.domain.states import NextAction, Outcome, State
+from intentledger.domain.transport import Verdict
+from intentledger.engine.unknown import mark_unknown
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record
+
+# What a submit answer may prove about its attempt (UNKNOWN proves nothing).
+_PROVING = frozenset({Verdict.SUCCEEDED, Verdict.FAILED, Verdict.NOT_EXECUTED})
+
+# Sends an operation without evidence to the safety review (the reconciler's).
+Review = Callable[[Ledger, Record, datetime, str, str], Awaitable[None]]
+
+
+async def facts_of(ledger: Ledger, operation: Record) -> Facts:
+    """What the ledger knows about `operation`, read from its append-only rows."""
+    answers: dict[int, tuple[Verdict, str | None]] = {}
+    checks = audits = 0
+    for row in await ledger.evidence_rows(operation.operation_id):
+        if row.kind == "submit_result" and row.verdict in _PROVING:
+            answers.setdefault(row.attempt_number, (Verdict(row.verdict), row.provider_reference))
+        elif row.kind == "lookup_result":
+            checks += 1
+        elif row.kind == "audit_lookup":
+            audits += 1
+    attempts = tuple(
+        AttemptFacts(a.number, a.provider_idempotency_key, *answers.get(a.number, (None, None)))
+        for a in await ledger.attempts_of(operation.operation_id)
+    )
+    return Facts(
+        state=State(operation.state),
+        outcome=Outcome(operation.outcome) if operation.outcome else None,
+        provider_reference=operation.provider_reference,
+        attempts=attempts,
+        executed=recorded_executions(
+            operation.executed_references, operation.outcome, operation.provider_reference
+        ),
+        checks=checks,
+        audits=audits,
+        unresolved_since=operation.first_attempt_at,
+        duplicate_detected=operation.duplicate_detected,
+        outcome_contradicted=operation.outcome_contradicted,
+    )
+
+
+async def weigh(
+    ledger: Ledger,
+    operation: Record,
+    evidence: Evidence,
+    *,
+    now: datetime,
+    limits: Limits,
+    source: str,
+    review: Review | None = None,
+    observation_id: int | None = None,
+) -> Effect:
+    """Judge `evidence` against what the ledger knows, and carry the effect out."""
+    facts = await facts_of(ledger, operation)
+    effect = judge(facts, evidence, now, limits)
+    await carry_out(
+        ledger,
+        operation,
+        facts,
+        effect,
+        now=now,
+        source=source,
+        review=review,
+        observation_id=observation_id,
+    )
+    return effect
+
+
+def _flags(operation: Record, facts: Facts, effect: Effect) -> dict[str, Any]:
+    """The record's fields the effect changes besides its state."""
+    fields: dict[str, Any] = {}
+    if effect.executed != facts.executed:
+        fields["executed_references"] = sorted(effect.executed)
+    if effect.adopt_reference is not None and operation.provider_reference is None:
+        fields["provider_reference"] = effect.adopt_reference
+    if effect.duplicate:
+        fields["duplicate_detected"] = True
+    if effect.contradiction:
+        fields["outcome_contradicted"] = True
+        fields["next_action"] = NextAction.OPERATOR
+    if effect.reconciliation_status is not None:
+        fields["reconciliation_status"] = effect.reconciliation_status
+    return fields
+
+
+async def carry_out(
+    ledger: Ledger,
+    operation: Record,
+    facts: Facts,
+    effect: Effect,
+    *,
+    now: datetime,
+    source: str,
+    review: Review | None = None,
+    observation_id: int | None = None,
+) -> None:
+    fields = _flags(operation, facts, effect)
+    move = effect.move
+    if move is Move.SETTLE:
+        assert effect.outcome is not None
+        await ledger.transition(
+            operation,
+            State.OUTCOME_KNOWN,
+            now=now,
+            next_action=fields.pop("next_action", NextAction.NONE),
+            reason=effect.reason,
+            source=source,
+            outcome=effect.outcome,
+            last_observed_at=now,
+            retry_after_at=None,
+            **fields,
+        )
+    elif move is Move.UNKNOWN:
+        assert effect.check_at is not None
+        await mark_unknown(
+            ledger,
+            operation,
+            now=now,
+            check_at=effect.check_at,
+            reason=effect.reason,
+            source=source,
+            **fields,
+        )
+    elif move is Move.REQUEUE:
+        assert effect.check_at is not None
+        await _requeue(ledger, operation, effect, now, source, observation_id)
+    elif move is Move.REVIEW:
+        assert review is not None, "only a scheduled check sends an operation to review"
+        if fields:
+            await ledger.update_operation(operation, now=now, **fields)
+            operation = await _relock(ledger, operation)
+        await review(ledger, operation, now, effect.reason, str(effect.reconciliation_status))
+    elif move is Move.OPERATOR:
+        await _to_a_person(ledger, operation, facts, effect, now, source, fields)
+    elif move is Move.RECHECK:
+        assert effect.check_at is not None
+        await ledger.update_operation(
+            operation, now=now, last_observed_at=now, retry_after_at=effect.check_at, **fields
+        )
+        await ledger.enqueue(operation.operation_id, "reconcile", effect.check_at, now)
+    elif fields:
+        await ledger.update_operation(operation, now=now, **fields)
+    if effect.verify_at is not None:
+        await ledger.enqueue(operation.operation_id, "audit", effect.verify_at, now)
+
+
+async def _relock(ledger: Ledger, operation: Record) -> Record:
+    fresh = await ledger.lock_operation(operation.operation_id)
+    assert fresh is not None
+    return fresh
+
+
+async def _requeue(
+    ledger: Ledger,
+    operation: Record,
+    effect: Effect,
+    now: datetime,
+    source: str,
+    observation_id: int | None,
+) -> None:
+    """Evidence that the provider did not execute: back to ACCEPTED, sent again
+    with the same provider key no earlier than the funnel's time, under a
+    recorded decision citing that evidence."""
+    assert effect.check_at is not None
+    attempt = await ledger.last_attempt(operation.operation_id)
+    assert attempt is not None, "only an attempt can be refused"
+    due = effect.check_at
+    decision_id = await ledger.add_decision(
+        operation_id=operation.operation_id,
+        at=now,
+        rule="non_execution_evidence",
+        inputs={
+            "observation_id": observation_id,
+            "evidence": effect.reason,
+            "attempt_number": attempt.number,
+            "provider_idempotency_key": attempt.provider_idempotency_key,
+            "send_no_earlier_than": due.isoformat(),
+        },
+        next_action=NextAction.SUBMIT,
+        reason=(
+            f"attempt {attempt.number} proved not executed ({effect.reason}); submit again "
+            f"with the same provider key no earlier than {due.isoformat()}"
+        ),
+        source=source,
+    )
+    await ledger.transition(
+        operation,
+        State.ACCEPTED,
+        now=now,
+        next_action=NextAction.SUBMIT,
+        reason=effect.reason,
+        source=source,
+        last_observed_at=now,
+        retry_after_at=due,
+    )
+    await ledger.enqueue(operation.operation_id, "submit", due, now, decision_id=decision_id)
+
+
+async def _to_a_person(
+    ledger: Ledger,
+    operation: Record,
+    facts: Facts,
+    effect: Effect,
+    now: datetime,
+    source: str,
+    fields: dict[str, Any],
+) -> None:
+    """Past the limits with no outcome: a person decides (a decision row says
+    why), and the checks go on, so evidence still settles it when it comes."""
+    assert effect.check_at is not None
+    await ledger.add_decision(
+        operation_id=operation.operation_id,
+        at=now,
+        rule="checks_exhausted",
+        inputs={
+            "checks": facts.checks + 1,
+            "unresolved_since": facts.unresolved_since.isoformat()
+            if facts.unresolved_since
+            else None,
+            "reconciliation_status": effect.reconciliation_status,
+            "next_check_at": effect.check_at.isoformat(),
+        },
+        next_action=NextAction.OPERATOR,
+        reason=effect.reason,
+        source=source,
+    )
+    await ledger.transition(
+        operation,
+        State.MANUAL_REVIEW,
+        now=now,
+        next_action=NextAction.OPERATOR,
+        reason=effect.reason,
+        source=source,
+        last_observed_at=now,
+        retry_after_at=effect.check_at,
+        **fields,
+    )
+    await ledger.enqueue(operation.operation_id, "reconcile", effect.check_at, now)

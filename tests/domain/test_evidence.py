@@ -1,0 +1,291 @@
+"""The evidence funnel, property-tested directly: what any evidence may and may not do."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from intentledger.domain.evidence import (
+    AUDIT_LOOKS,
+    AttemptFacts,
+    Effect,
+    Facts,
+    Limits,
+    LookupResult,
+    Move,
+    OperatorStatement,
+    SubmitAnswer,
+    judge,
+    mandate_share,
+    may_have_executed,
+    open_keys,
+)
+from intentledger.domain.retry_after import RetryAfter
+from intentledger.domain.states import FINAL, UNRESOLVED, Outcome, State
+from intentledger.domain.transport import LookupVerdict, Verdict
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+LIMITS = Limits(timedelta(seconds=30), max_checks=10, max_age=timedelta(days=7))
+REFS = st.sampled_from(["ch_1", "ch_2", "ch_3"])
+KEYS = st.sampled_from(["op:1", "op:2", "op:3"])
+
+
+@st.composite
+def facts(draw: st.DrawFn) -> Facts:
+    state = draw(st.sampled_from(list(State)))
+    attempts = []
+    if state is not State.ACCEPTED or draw(st.booleans()):
+        count = draw(st.integers(min_value=1 if state is not State.ACCEPTED else 0, max_value=4))
+        for number in range(1, count + 1):
+            answer = draw(
+                st.sampled_from([None, Verdict.SUCCEEDED, Verdict.FAILED, Verdict.NOT_EXECUTED])
+            )
+            reference = draw(REFS) if answer is Verdict.SUCCEEDED else None
+            attempts.append(AttemptFacts(number, draw(KEYS), answer, reference))
+    outcome = draw(st.sampled_from(list(Outcome))) if state is State.OUTCOME_KNOWN else None
+    executed = frozenset(draw(st.sets(REFS, max_size=2)))
+    if state in UNRESOLVED or state in (State.ACCEPTED, State.SUBMITTING):
+        executed = frozenset()  # executed evidence settles an unresolved operation at once
+    reference = draw(st.one_of(st.none(), REFS)) if outcome is Outcome.SUCCEEDED else None
+    if reference is not None:
+        executed |= {reference}
+    return Facts(
+        state=state,
+        outcome=outcome,
+        provider_reference=reference,
+        attempts=tuple(attempts),
+        executed=executed,
+        checks=draw(st.integers(min_value=0, max_value=12)),
+        audits=draw(st.integers(min_value=0, max_value=AUDIT_LOOKS)),
+        unresolved_since=NOW - draw(st.sampled_from([timedelta(0), timedelta(days=8)])),
+        duplicate_detected=len(executed) > 1,
+        outcome_contradicted=draw(st.booleans()) if state in FINAL else False,
+    )
+
+
+def answers(attempts: int) -> st.SearchStrategy[SubmitAnswer]:
+    return st.builds(
+        SubmitAnswer,
+        attempt=st.integers(min_value=1, max_value=max(1, attempts)),
+        verdict=st.sampled_from(list(Verdict)),
+        reason=st.just("an answer"),
+        reference=st.one_of(st.none(), REFS),
+        retry_after=st.one_of(
+            st.none(),
+            st.sampled_from([0, 1, 30]).map(
+                lambda s: RetryAfter(str(s), NOW + timedelta(seconds=s), None)
+            ),
+        ),
+    )
+
+
+lookups = st.builds(
+    LookupResult,
+    verdict=st.sampled_from(list(LookupVerdict)),
+    reason=st.just("a lookup"),
+    executed=st.frozensets(REFS, max_size=2),
+    failed=st.frozensets(REFS, max_size=1),
+    audit=st.booleans(),
+).map(
+    lambda lookup: replace(
+        lookup,
+        executed=lookup.executed if lookup.verdict is LookupVerdict.SUCCEEDED else frozenset(),
+        failed=lookup.failed - lookup.executed,
+    )
+)
+statements = st.builds(
+    OperatorStatement,
+    outcome=st.sampled_from(list(Outcome)),
+    by=st.just("olive"),
+    evidence=st.just("checked the dashboard"),
+    reference=st.one_of(st.none(), REFS),
+)
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[Facts, SubmitAnswer | LookupResult | OperatorStatement]:
+    known = draw(facts())
+    evidence = draw(st.one_of(answers(len(known.attempts)), lookups, statements))
+    return known, evidence
+
+
+def executed_by(evidence: object) -> frozenset[str]:
+    if isinstance(evidence, SubmitAnswer) and evidence.verdict is Verdict.SUCCEEDED:
+        return frozenset({evidence.reference} if evidence.reference else ())
+    if isinstance(evidence, LookupResult):
+        return evidence.executed
+    if isinstance(evidence, OperatorStatement) and evidence.outcome is Outcome.SUCCEEDED:
+        return frozenset({evidence.reference} if evidence.reference else ())
+    return frozenset()
+
+
+def after(known: Facts, effect: Effect) -> Facts:
+    """The facts once `effect` is carried out (as engine/evidence.py writes it)."""
+    state = {
+        Move.SETTLE: State.OUTCOME_KNOWN,
+        Move.UNKNOWN: State.UNKNOWN,
+        Move.REQUEUE: State.ACCEPTED,
+        Move.OPERATOR: State.MANUAL_REVIEW,
+    }.get(effect.move, known.state)
+    return replace(
+        known,
+        state=state,
+        outcome=effect.outcome or known.outcome,
+        provider_reference=known.provider_reference or effect.adopt_reference,
+        executed=effect.executed,
+        duplicate_detected=known.duplicate_detected or effect.duplicate,
+        outcome_contradicted=known.outcome_contradicted or effect.contradiction,
+    )
+
+
+@settings(max_examples=2000, deadline=None, derandomize=True, database=None)
+@given(cases())
+def test_what_evidence_may_do(case: tuple[Facts, object]) -> None:
+    known, evidence = case
+    effect = judge(known, evidence, NOW, LIMITS)  # type: ignore[arg-type]
+    seen = executed_by(evidence)
+    if isinstance(evidence, OperatorStatement) and known.state not in UNRESOLVED:
+        seen = frozenset()  # a person may resolve only what is unresolved (engine refuses)
+
+    # Every execution any evidence showed is counted, and never forgotten.
+    assert effect.executed == known.executed | seen
+    # Duplicates are counted, not guessed: two distinct executed references.
+    assert effect.duplicate == (len(effect.executed) > 1 and not known.duplicate_detected)
+    # Evidence never authorises a resubmission: only proof of non-execution of
+    # the live attempt sends an operation back to ACCEPTED (with the same key).
+    if effect.move is Move.REQUEUE:
+        assert isinstance(evidence, SubmitAnswer) and evidence.verdict is Verdict.NOT_EXECUTED
+        assert known.state is State.SUBMITTING and known.attempts[-1].number == evidence.attempt
+        assert effect.check_at is not None and effect.check_at >= NOW + timedelta(seconds=1)
+    # Nothing leaves a final state, and the transition table is respected.
+    if known.state in FINAL:
+        assert effect.move is Move.RECORD
+    # Evidence of execution settles an unresolved operation as succeeded ...
+    if known.state in UNRESOLVED and seen and not isinstance(evidence, OperatorStatement):
+        assert (effect.move, effect.outcome) == (Move.SETTLE, Outcome.SUCCEEDED)
+    # ... and contradicts a settled failure or a cancellation, from any source.
+    if (
+        seen
+        and (known.state is State.CANCELLED or known.outcome is Outcome.FAILED)
+        and not known.outcome_contradicted
+    ):
+        assert effect.contradiction
+    # A failure is never settled while a key that was sent may have executed.
+    if effect.move is Move.SETTLE and effect.outcome is Outcome.FAILED:
+        if isinstance(evidence, SubmitAnswer):
+            rest = [a for a in known.attempts if a.number != evidence.attempt]
+            this = [a for a in known.attempts if a.number == evidence.attempt]
+            proved = [replace(a, answer=Verdict.FAILED) for a in this]
+            assert not open_keys([*rest, *proved])
+        if isinstance(evidence, LookupResult):
+            assert len({a.key for a in known.attempts}) <= 1
+    # Flags are raised once.
+    if known.outcome_contradicted:
+        assert not effect.contradiction
+    # Leaving SUBMITTING for UNKNOWN, a live call's answer always has a next check.
+    if effect.move in (Move.UNKNOWN, Move.REQUEUE, Move.OPERATOR, Move.RECHECK):
+        assert effect.check_at is not None and effect.check_at > NOW
+
+
+@settings(max_examples=2000, deadline=None, derandomize=True, database=None)
+@given(cases())
+def test_evidence_twice_changes_nothing_more(case: tuple[Facts, object]) -> None:
+    """A redelivered answer, a repeated lookup: the second raises no flag and
+    moves no money."""
+    known, evidence = case
+    first = judge(known, evidence, NOW, LIMITS)  # type: ignore[arg-type]
+    if first.move is not Move.RECORD:
+        return  # the state moved on: the second is judged against a new state
+    settled = after(known, first)
+    second = judge(settled, evidence, NOW, LIMITS)  # type: ignore[arg-type]
+    assert not second.duplicate and not second.contradiction
+    assert second.executed == first.executed
+    share = mandate_share(100, settled.state, settled.outcome, settled.executed)
+    again = mandate_share(100, after(settled, second).state, settled.outcome, second.executed)
+    assert share == again
+
+
+@settings(max_examples=1000, deadline=None, derandomize=True, database=None)
+@given(
+    state=st.sampled_from(list(State)),
+    outcome=st.one_of(st.none(), st.sampled_from(list(Outcome))),
+    executed=st.frozensets(REFS, max_size=3),
+)
+def test_the_books_cover_every_known_charge(
+    state: State, outcome: Outcome | None, executed: frozenset[str]
+) -> None:
+    share = mandate_share(250, state, outcome, executed)
+    assert share.spent >= 250 * len(executed)
+    if state not in FINAL:
+        assert share.reserved + share.spent >= 250  # held while the outcome is unknown
+    if state is State.OUTCOME_KNOWN and outcome is Outcome.SUCCEEDED:
+        assert share.spent >= 250
+
+
+def test_a_key_may_have_executed_until_an_answer_proves_otherwise() -> None:
+    lost = AttemptFacts(1, "k1")
+    refused_replay = AttemptFacts(2, "k1", Verdict.NOT_EXECUTED)
+    assert may_have_executed("k1", [lost, refused_replay])
+    assert not may_have_executed("k1", [replace(lost, answer=Verdict.NOT_EXECUTED)])
+    assert not may_have_executed("k1", [lost, AttemptFacts(2, "k1", Verdict.FAILED)])
+
+
+def test_retry_after_zero_is_floored_and_doubles_with_each_attempt() -> None:
+    zero = RetryAfter("0", NOW, None)
+    dues = []
+    for number in (1, 2, 3):
+        attempts = tuple(AttemptFacts(n, "op:1", Verdict.NOT_EXECUTED) for n in range(1, number))
+        known = Facts(State.SUBMITTING, attempts=(*attempts, AttemptFacts(number, "op:1")))
+        answer = SubmitAnswer(number, Verdict.NOT_EXECUTED, "429", retry_after=zero)
+        effect = judge(known, answer, NOW, LIMITS)
+        assert effect.move is Move.REQUEUE and effect.check_at is not None
+        dues.append(effect.check_at - NOW)
+    assert dues == [timedelta(seconds=1), timedelta(seconds=2), timedelta(seconds=4)]
+
+
+def test_a_provider_retry_after_beyond_the_floor_is_honoured() -> None:
+    known = Facts(State.SUBMITTING, attempts=(AttemptFacts(1, "op:1"),))
+    later = RetryAfter("120", NOW + timedelta(seconds=120), None)
+    effect = judge(
+        known, SubmitAnswer(1, Verdict.NOT_EXECUTED, "429", retry_after=later), NOW, LIMITS
+    )
+    assert effect.check_at == NOW + timedelta(seconds=120)
+
+
+def test_processing_past_the_limits_goes_to_a_person_and_keeps_checking() -> None:
+    known = Facts(
+        State.RECONCILIATION_DUE,
+        attempts=(AttemptFacts(1, "op:1"),),
+        checks=9,
+        unresolved_since=NOW - timedelta(hours=1),
+    )
+    lookup = LookupResult(LookupVerdict.PROCESSING, "charge pi_1 is 'requires_action'")
+    effect = judge(known, lookup, NOW, LIMITS)
+    assert effect.move is Move.OPERATOR and effect.check_at is not None
+    assert judge(replace(known, checks=3), lookup, NOW, LIMITS).move is Move.UNKNOWN
+    aged = replace(known, checks=1, unresolved_since=NOW - timedelta(days=8))
+    assert judge(aged, lookup, NOW, LIMITS).move is Move.OPERATOR
+    in_review = replace(known, state=State.MANUAL_REVIEW)
+    assert judge(in_review, lookup, NOW, LIMITS).move is Move.RECHECK
+
+
+def test_a_late_success_names_the_charge_a_person_did_not() -> None:
+    known = Facts(State.OUTCOME_KNOWN, Outcome.SUCCEEDED, None, attempts=(AttemptFacts(1, "op:1"),))
+    effect = judge(known, SubmitAnswer(1, Verdict.SUCCEEDED, "200", "ch_9"), NOW, LIMITS)
+    assert effect.adopt_reference == "ch_9" and not effect.duplicate
+    assert not effect.contradiction
+
+
+def test_a_decline_contradicts_only_the_success_of_its_own_key() -> None:
+    attempts = (
+        AttemptFacts(1, "op:1", Verdict.SUCCEEDED, "ch_1"),
+        AttemptFacts(2, "op:2"),
+    )
+    known = Facts(State.OUTCOME_KNOWN, Outcome.SUCCEEDED, "ch_1", attempts, frozenset({"ch_1"}))
+    other_key = judge(known, SubmitAnswer(2, Verdict.FAILED, "402"), NOW, LIMITS)
+    assert not other_key.contradiction
+    same_key = judge(known, SubmitAnswer(1, Verdict.FAILED, "402"), NOW, LIMITS)
+    assert same_key.contradiction
