@@ -124,10 +124,16 @@ def test_new_request_only_when_the_provider_rule_allows_it() -> None:
         "new_request_after_not_found",
         Resolution.NEW_REQUEST,
     )
+    # Not enough evidence yet: look again rather than hand over or resend.
     too_few = evidence(lookups=2, not_found=2, spread=timedelta(hours=2))
-    assert review(inputs(policy, past, too_few), allowing).rule == "retention_passed"
+    waiting = review(inputs(policy, past, too_few), allowing)
+    assert (waiting.rule, waiting.resolution, waiting.next_action) == (
+        "awaiting_not_found",
+        Resolution.KEEP_CHECKING,
+        NextAction.RECONCILE,
+    )
     too_close = evidence(lookups=4, not_found=4, spread=timedelta(minutes=59))
-    assert review(inputs(policy, past, too_close), allowing).rule == "retention_passed"
+    assert review(inputs(policy, past, too_close), allowing).rule == "awaiting_not_found"
     # Inside retention the same-key replay is still preferred over a new request.
     assert review(inputs(policy, timedelta(hours=1), spread_out), allowing).rule == (
         "replay_within_retention"

@@ -477,26 +477,24 @@ def _inconclusive(
 
 
 def _against_settled_lookup(facts: Facts, lookup: LookupResult) -> Effect:
-    """A lookup for a settled operation: the audit, or a check that was in flight
-    while the operation was settled some other way."""
+    """A lookup of a settled operation: the audit, or a check that was in flight
+    while the operation was settled some other way.
+
+    A listing can lag, so a look that shows less than the ledger expects (no
+    charge at all, or not the one it knows of) is followed by another, up to
+    AUDIT_LOOKS. A person's word is checked this way too: a wrong "failed"
+    meets the charge at a later look, a wrong "succeeded" its absence."""
     reason = f"lookup of a settled operation: {lookup.reason}"
+    looks = facts.audits + (1 if lookup.audit else 0)
+    look_again = looks < AUDIT_LOOKS
+    succeeded = facts.state is State.OUTCOME_KNOWN and facts.outcome is Outcome.SUCCEEDED
     if lookup.executed:
-        reference = min(lookup.executed)
-        effect = _success_against_settled(facts, reason, lookup.executed, reference)
-        if (
-            facts.outcome is Outcome.SUCCEEDED
-            and facts.provider_reference is not None
-            and (facts.provider_reference not in lookup.executed)
-        ):
-            # Lagging: it does not even show the charge we know of yet.
-            return replace(effect, verify=facts.audits + 1 < AUDIT_LOOKS)
+        effect = _success_against_settled(facts, reason, lookup.executed, min(lookup.executed))
+        known = facts.provider_reference
+        if succeeded and known is not None and known not in lookup.executed:
+            return replace(effect, verify=look_again)  # not even our charge shows yet
         return effect
-    if facts.outcome is not Outcome.SUCCEEDED or facts.state is State.CANCELLED:
-        if lookup.verdict is LookupVerdict.LOOKUP_FAILED:
-            return Effect(Move.RECORD, reason, verify=facts.audits + 1 < AUDIT_LOOKS)
-        return Effect(Move.RECORD, reason)
-    # Settled succeeded, and the provider shows no executed charge.
-    if facts.provider_reference is not None and facts.provider_reference in lookup.failed:
+    if succeeded and facts.provider_reference in lookup.failed:
         return Effect(
             Move.RECORD,
             f"the provider shows charge {facts.provider_reference} failed, the ledger "
@@ -504,18 +502,19 @@ def _against_settled_lookup(facts: Facts, lookup: LookupResult) -> Effect:
             contradiction=True,
         )
     if (
-        facts.provider_reference is None
+        succeeded
+        and facts.provider_reference is None
         and lookup.verdict is LookupVerdict.FAILED
         and len(keys_in_order(facts.attempts)) <= 1
     ):
         return Effect(
             Move.RECORD,
-            f"the provider shows only failed charges, the ledger says succeeded: {lookup.reason}",
+            f"the provider shows only failed charges, the ledger says succeeded: "
+            f"{lookup.reason}",
             contradiction=True,
         )
-    looks = facts.audits + (1 if lookup.audit else 0)
-    if looks < AUDIT_LOOKS or lookup.verdict is LookupVerdict.LOOKUP_FAILED:
-        return Effect(Move.RECORD, f"{reason}; looking again", verify=looks < AUDIT_LOOKS)
+    if look_again or lookup.verdict is LookupVerdict.LOOKUP_FAILED or not succeeded:
+        return Effect(Move.RECORD, reason, verify=look_again)
     return Effect(
         Move.RECORD,
         f"the provider showed no executed charge in {looks} looks, the ledger says "

@@ -23,6 +23,8 @@ from intentledger.domain.states import NextAction
 class Resolution(StrEnum):
     REPLAY_SAME_KEY = "replay_same_key"
     NEW_REQUEST = "new_request"
+    # The new-request rule is on but its evidence is not complete yet: look again.
+    KEEP_CHECKING = "keep_checking"
     MANUAL_REVIEW = "manual_review"
 
 
@@ -41,7 +43,9 @@ class SafetyRules:
 
 @dataclass(frozen=True)
 class Evidence:
-    """What the checks so far produced, for the key under review."""
+    """What the checks so far produced. `lookups` counts every check; the
+    not-found figures count only lookups made after the last attempt, the only
+    ones that can speak for it."""
 
     lookups: int
     not_found: int
@@ -88,6 +92,7 @@ def review(inputs: ReviewInputs, rules: SafetyRules) -> SafetyDecision:
         next_action = {
             Resolution.REPLAY_SAME_KEY: NextAction.RESUBMIT,
             Resolution.NEW_REQUEST: NextAction.RESUBMIT,
+            Resolution.KEEP_CHECKING: NextAction.RECONCILE,
             Resolution.MANUAL_REVIEW: NextAction.OPERATOR,
         }[resolution]
         return SafetyDecision(rule, resolution, next_action, reason, key_age, bound)
@@ -116,6 +121,15 @@ def review(inputs: ReviewInputs, rules: SafetyRules) -> SafetyDecision:
             f"{_spread(evidence)} (rule: {rules.new_request_min_not_found} over "
             f"{rules.new_request_min_spread}); the provider's rule allows a deliberate "
             "new request with a new key",
+        )
+    if rules.allow_new_request:
+        return decide(
+            "awaiting_not_found",
+            Resolution.KEEP_CHECKING,
+            f"{evidence.not_found} not-found lookups since the last attempt, spread over "
+            f"{_spread(evidence)}; the provider's rule allows a new request after "
+            f"{rules.new_request_min_not_found} over {rules.new_request_min_spread}: "
+            "checking again (the checks/age limits still hand it to a person)",
         )
     if not inputs.policy.deduplicates_by_key:
         reason = f"{inputs.policy.provider_api} does not deduplicate by key"

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.domain.backoff import recheck_delay
 from intentledger.domain.evidence import Limits, LookupResult
 from intentledger.domain.retry_after import parse_retry_after
 from intentledger.domain.states import NextAction, State
@@ -184,6 +185,8 @@ class Reconciler:
     async def _review(
         self, ledger: Ledger, operation: Record, now: datetime, reason: str, status: str
     ) -> None:
+        checks = len(await ledger.lookups_of(operation.operation_id))
+        delay = recheck_delay(checks, self.recheck_backoff, jitter=self.jitter())
         await run_safety_review(
             ledger,
             operation,
@@ -193,6 +196,7 @@ class Reconciler:
             source=self.worker_id,
             reason=reason,
             reconciliation_status=status,
+            recheck_at=now + delay,
         )
 
 

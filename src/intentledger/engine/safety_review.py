@@ -22,6 +22,7 @@ from intentledger.domain.safety import (
 )
 from intentledger.domain.states import NextAction, State
 from intentledger.domain.transport import LookupVerdict
+from intentledger.engine.unknown import mark_unknown
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -99,9 +100,11 @@ async def run_safety_review(
     source: str,
     reason: str,
     reconciliation_status: str,
+    recheck_at: datetime,
 ) -> None:
     """RECONCILIATION_DUE -> SAFETY_REVIEW, a decision row, and what it orders:
-    a resubmission (an outbox row citing the decision) or MANUAL_REVIEW."""
+    a resubmission (an outbox row citing the decision), another check at
+    `recheck_at` (UNKNOWN), or MANUAL_REVIEW."""
     last = await ledger.last_attempt(operation.operation_id)
     assert last is not None, "only an attempted operation can be under review"
     key = last.provider_idempotency_key
@@ -145,6 +148,11 @@ async def run_safety_review(
         return
     reviewed = await ledger.lock_operation(operation.operation_id)
     assert reviewed is not None
+    if decision.resolution is Resolution.KEEP_CHECKING:
+        await mark_unknown(
+            ledger, reviewed, now=now, check_at=recheck_at, reason=decision.reason, source=source
+        )
+        return
     await ledger.transition(
         reviewed,
         State.MANUAL_REVIEW,
