@@ -509,8 +509,7 @@ def _against_settled_lookup(facts: Facts, lookup: LookupResult) -> Effect:
     ):
         return Effect(
             Move.RECORD,
-            f"the provider shows only failed charges, the ledger says succeeded: "
-            f"{lookup.reason}",
+            f"the provider shows only failed charges, the ledger says succeeded: {lookup.reason}",
             contradiction=True,
         )
     if look_again or lookup.verdict is LookupVerdict.LOOKUP_FAILED or not succeeded:
