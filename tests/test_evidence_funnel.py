@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.api.documents import operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.safety import SafetyRules
 from intentledger.domain.states import NextAction, Outcome, State
@@ -174,6 +175,26 @@ async def test_a_late_success_after_a_person_said_succeeded_names_the_charge(
     await scene.drain()
     op = await scene.operation(op_id)
     assert not op.duplicate_detected and op.executed_references == [charge.id]
+    document = operation_document(op)
+    assert (document["provider_reference"], document["executed_references"]) == (
+        charge.id,
+        [charge.id],
+    )
+
+
+async def next_timer(scene: Scene, op_id: str) -> None:
+    """Move the clock to the operation's next due row and deliver what is due."""
+    async with scene.engine.connect() as conn:
+        due = (
+            await conn.execute(
+                select(outbox.c.due_at)
+                .where(outbox.c.operation_id == op_id, outbox.c.done_at.is_(None))
+                .order_by(outbox.c.due_at)
+            )
+        ).first()
+    assert due is not None, "nothing is scheduled"
+    scene.clock.now = max(scene.clock.now, due.due_at)
+    await scene.drain()
 
 
 async def test_a_lookup_that_says_requires_action_for_days_reaches_a_person(
@@ -186,17 +207,7 @@ async def test_a_lookup_that_says_requires_action_for_days_reaches_a_person(
     scene.provider.lookup_behaviour = "requires_action"
     await scene.drain()
     for _ in range(40):  # every check falls due and says "requires_action"
-        async with engine.connect() as conn:
-            due = (
-                await conn.execute(
-                    select(outbox.c.due_at)
-                    .where(outbox.c.operation_id == op_id, outbox.c.done_at.is_(None))
-                    .order_by(outbox.c.due_at)
-                )
-            ).first()
-        assert due is not None, "the checks stopped"
-        scene.clock.now = max(scene.clock.now, due.due_at)
-        await scene.drain()
+        await next_timer(scene, op_id)
         if (await scene.operation(op_id)).state == State.MANUAL_REVIEW:
             break
     op = await scene.operation(op_id)
@@ -215,21 +226,6 @@ async def test_a_lookup_that_says_requires_action_for_days_reaches_a_person(
     op = await scene.operation(op_id)
     assert (op.state, op.outcome) == (State.OUTCOME_KNOWN, Outcome.SUCCEEDED)
     assert await books(scene, mandate_id) == (0, AMOUNT)
-
-
-async def next_timer(scene: Scene, op_id: str) -> None:
-    """Move the clock to the operation's next due row and deliver what is due."""
-    async with scene.engine.connect() as conn:
-        due = (
-            await conn.execute(
-                select(outbox.c.due_at)
-                .where(outbox.c.operation_id == op_id, outbox.c.done_at.is_(None))
-                .order_by(outbox.c.due_at)
-            )
-        ).first()
-    assert due is not None, "nothing is scheduled"
-    scene.clock.now = max(scene.clock.now, due.due_at)
-    await scene.drain()
 
 
 async def test_a_new_key_rule_counts_only_not_found_lookups_after_the_last_attempt(

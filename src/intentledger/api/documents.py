@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import Row
 
+from intentledger.domain.evidence import recorded_executions
 from intentledger.store.tables import Record
 
 OPERATION_FIELDS = (
@@ -62,6 +63,14 @@ def operation_document(
     values = _mapping(operation)
     document = {"id": values["operation_id"]}
     document.update({name: json_value(values.get(name)) for name in OPERATION_FIELDS})
+    # Every provider reference the evidence showed executed (two: a duplicate).
+    document["executed_references"] = sorted(
+        recorded_executions(
+            values.get("executed_references"),
+            values.get("outcome"),
+            values.get("provider_reference"),
+        )
+    )
     results = {r.attempt_number: r for r in submit_results}
     document["attempts"] = [attempt_document(a, results.get(a.number)) for a in attempts]
     return document

@@ -154,6 +154,7 @@ async def carry_out(
         await _requeue(ledger, operation, effect, now, source, observation_id)
     elif move is Move.REVIEW:
         assert review is not None, "only a scheduled check sends an operation to review"
+        fields.pop("reconciliation_status", None)  # the review writes it with its transition
         if fields:
             await ledger.update_operation(operation, now=now, **fields)
             operation = await _relock(ledger, operation)
