@@ -287,6 +287,14 @@ async def test_a_retry_after_of_zero_is_not_resent_at_once(engine: AsyncEngine) 
         scene.clock.now = op.retry_after_at
     assert waits == [SECOND, 2 * SECOND, 4 * SECOND]
     assert len(scene.provider.received) == 3
+    # Each requeue's decision says which timing it applied, and what it weighed.
+    async with engine.connect() as conn:
+        timings = [
+            d.inputs["timing"]
+            for d in await conn.execute(select(decisions).order_by(decisions.c.id))
+        ]
+    assert len(timings) == 3
+    assert all("Retry-After '0'" in t and "resend floor" in t for t in timings)
 
 
 async def test_a_superseded_rows_delivery_leaves_the_live_attempt_alone(

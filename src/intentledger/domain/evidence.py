@@ -149,6 +149,8 @@ class Effect:
     duplicate: bool = False
     # Every executed reference known once this evidence is counted.
     executed: frozenset[str] = frozenset()
+    # Why `check_at` is when it is (the timing rule and the guidance it weighed).
+    timing: str | None = None
     # Ask the provider again (the audit), and when.
     verify: bool = False
     verify_at: datetime | None = None
@@ -322,7 +324,8 @@ def _judge_answer(facts: Facts, answer: SubmitAnswer, now: datetime, limits: Lim
     if answer.verdict is Verdict.FAILED and not still_open:
         return _settle(facts, Outcome.FAILED, answer.reason)
     if answer.verdict is Verdict.NOT_EXECUTED and not still_open and _current(facts, answer):
-        return Effect(Move.REQUEUE, answer.reason, check_at=_resend_at(answer, now, limits))
+        check_at, timing = _resend_at(answer, now, limits)
+        return Effect(Move.REQUEUE, answer.reason, check_at=check_at, timing=timing)
     reason = answer.reason
     if answer.verdict is not Verdict.UNKNOWN and still_open:
         reason = f"{reason}; but key(s) {', '.join(still_open)} may have executed"
@@ -349,14 +352,21 @@ def _unsettled_answer(
     return Effect(Move.RECORD, _late(facts, f"{reason}; attempt {answer.attempt} is not in flight"))
 
 
-def _resend_at(answer: SubmitAnswer, now: datetime, limits: Limits) -> datetime:
-    """A refused attempt goes again no earlier than the provider asked, and never
-    sooner than a floor that doubles with each attempt (a `Retry-After: 0` or a
-    provider refusing for ever cannot make a tight loop)."""
-    if answer.retry_after is None or answer.retry_after.at is None:
-        return now + recheck_delay(answer.attempt, limits.backoff, jitter=limits.jitter)
+def _resend_at(answer: SubmitAnswer, now: datetime, limits: Limits) -> tuple[datetime, str]:
+    """When a refused attempt goes again, and why then: no earlier than the
+    provider asked, and never sooner than a floor that doubles with each attempt
+    (a `Retry-After: 0` or a provider refusing for ever cannot make a tight loop)."""
+    guidance = answer.retry_after
+    if guidance is None or guidance.at is None:
+        delay = recheck_delay(answer.attempt, limits.backoff, jitter=limits.jitter)
+        ignored = f" (Retry-After {guidance.raw!r} ignored: {guidance.problem})" if guidance else ""
+        return now + delay, f"our backoff {delay} after attempt {answer.attempt}{ignored}"
     floor = recheck_delay(answer.attempt, RESEND_FLOOR, cap=DEFAULT_CEILING)
-    return next_check_at(now, answer.retry_after, floor)
+    timing = (
+        f"the later of Retry-After {guidance.raw!r} ({guidance.at.isoformat()}) and the "
+        f"resend floor {floor} after attempt {answer.attempt}"
+    )
+    return next_check_at(now, guidance, floor), timing
 
 
 def _against_settled_answer(

@@ -204,11 +204,12 @@ async def _requeue(
             "attempt_number": attempt.number,
             "provider_idempotency_key": attempt.provider_idempotency_key,
             "send_no_earlier_than": due.isoformat(),
+            "timing": effect.timing,
         },
         next_action=NextAction.SUBMIT,
         reason=(
             f"attempt {attempt.number} proved not executed ({effect.reason}); submit again "
-            f"with the same provider key no earlier than {due.isoformat()}"
+            f"with the same provider key no earlier than {due.isoformat()}: {effect.timing}"
         ),
         source=source,
     )

@@ -262,14 +262,6 @@ class Ledger:
             raise LookupError(f"{operation_id} never sent key {key!r}")
         return first if first.tzinfo else first.replace(tzinfo=UTC)
 
-    async def distinct_keys(self, operation_id: str) -> list[str]:
-        result = await self.conn.execute(
-            select(attempts.c.provider_idempotency_key)
-            .where(attempts.c.operation_id == operation_id)
-            .distinct()
-        )
-        return [row.provider_idempotency_key for row in result]
-
     async def evidence_rows(self, operation_id: str) -> Sequence[Record]:
         """What the evidence funnel reads of an operation's observations."""
         result = await self.conn.execute(
