@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,14 +72,10 @@ def create_key(database_url: str, actor: str, operator: bool = False) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def service(
-    request: pytest.FixtureRequest, databases: Databases, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Service]:
-    database_url = databases.create(str(request.param))
-    tokens = {actor: create_key(database_url, actor) for actor in ("alice", "bob")}
+@contextmanager
+def serving(database_url: str, workdir: Path) -> Iterator[str]:
+    """`intentledger serve --no-workers` on `database_url`; yields its base URL."""
     port = free_port()
-    workdir: Path = tmp_path_factory.mktemp("serve")
     proc = Process(
         [
             "serve",
@@ -96,9 +93,19 @@ def service(
     url = f"http://127.0.0.1:{port}"
     try:
         proc.wait_healthy(url + "/healthz")
-        yield Service(url, database_url, tokens)
+        yield url
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def service(
+    request: pytest.FixtureRequest, databases: Databases, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    database_url = databases.create(str(request.param))
+    tokens = {actor: create_key(database_url, actor) for actor in ("alice", "bob")}
+    with serving(database_url, tmp_path_factory.mktemp("serve")) as url:
+        yield Service(url, database_url, tokens)
 
 
 def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:

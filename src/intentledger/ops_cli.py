@@ -20,6 +20,7 @@ from intentledger.engine import operator
 from intentledger.engine.clock import system_clock
 from intentledger.settings import Settings
 from intentledger.store.database import create_ledger_engine
+from intentledger.store.tables import ACTOR_LENGTH
 
 ops_app = typer.Typer(
     help="Investigate and resolve operations (operator actions).", no_args_is_help=True
@@ -50,7 +51,7 @@ def _run(database_url: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
     try:
         return asyncio.run(main())
     except operator.OperationNotFound as exc:
-        err.print(f"[red]no operation {exc}[/red]")
+        err.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
     except (operator.ActionNotAllowed, ValueError) as exc:
         err.print(f"[red]{exc}[/red]")
@@ -58,7 +59,11 @@ def _run(database_url: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
 
 
 def _who(by: str | None) -> str:
-    return by or f"cli:{getpass.getuser()}"
+    who = by or f"cli:{getpass.getuser()}"
+    if len(who) > ACTOR_LENGTH or not who.isprintable():
+        err.print(f"[red]--by is 1-{ACTOR_LENGTH} printable characters[/red]")
+        raise typer.Exit(2)
+    return who
 
 
 def _age(created_at: datetime) -> str:

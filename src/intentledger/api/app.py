@@ -17,6 +17,7 @@ from starlette.routing import Route
 from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
 from intentledger.api.documents import event_documents, operation_document
+from intentledger.api.edge import EdgeGuard
 from intentledger.api.mandate_routes import router as mandate_router
 from intentledger.api.operator_routes import router as operator_router
 from intentledger.api.problems import (
@@ -192,6 +193,8 @@ def create_app(
         policy_for_provider, sandbox_retention=DEFAULT_SANDBOX_RETENTION
     )
     install_problem_handlers(app)
+    # Headers, path ids, authentication and the body are checked before any route.
+    app.add_middleware(EdgeGuard)
     # Served without FastAPI's dependency solving; the APIRoute below documents it.
     app.router.routes.append(Route("/v1/payments", create_payment, methods=["POST"]))
     app.include_router(router)

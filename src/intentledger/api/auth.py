@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.api.problems import Problem
 from intentledger.engine.clock import Clock
 from intentledger.store.ledger import Ledger
+from intentledger.store.tables import ACTOR_LENGTH
 
 TOKEN_PREFIX = "il_"
 # A known key is looked up in the database at most once per this many seconds
@@ -83,8 +84,8 @@ def hash_token(token: str) -> str:
 
 async def create_api_key(engine: AsyncEngine, clock: Clock, actor: str, is_operator: bool) -> str:
     """Store a new key for `actor` and return its token (shown once, never stored)."""
-    if not actor or len(actor) > 255 or not actor.isprintable():
-        raise ValueError("an actor name is 1-255 printable characters")
+    if not actor or len(actor) > ACTOR_LENGTH or not actor.isprintable():
+        raise ValueError(f"an actor name is 1-{ACTOR_LENGTH} printable characters")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     async with engine.begin() as conn:
         await Ledger(conn).add_api_key(hash_token(token), actor, is_operator, clock())
@@ -101,7 +102,22 @@ def _unauthorized(detail: str) -> Problem:
     )
 
 
+PRINCIPAL_STATE = "principal"
+
+
 async def authenticate(request: Request) -> Principal:
+    """The request's principal. The edge (api/edge.py) authenticates every /v1
+    request before its body is read and keeps the answer in the request's
+    state; a route asking again gets that answer."""
+    known: Principal | None = request.scope.get("state", {}).get(PRINCIPAL_STATE)
+    if known is not None:
+        return known
+    principal = await _look_up(request)
+    request.scope.setdefault("state", {})[PRINCIPAL_STATE] = principal
+    return principal
+
+
+async def _look_up(request: Request) -> Principal:
     header = request.headers.get("authorization")
     if header is None:
         raise _unauthorized("missing Authorization: Bearer <token> header")

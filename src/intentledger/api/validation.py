@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 from intentledger.api.problems import Problem
+
+SF_STRING = re.compile(r'"[\x21\x23-\x5b\x5d-\x7e]+"')
 
 
 def valid_idempotency_key(value: str | None) -> str:
@@ -14,12 +18,19 @@ def valid_idempotency_key(value: str | None) -> str:
             "Bad Request",
             "this request needs an Idempotency-Key header",
         )
+    # The IETF draft writes the key as a structured-field string ("abc"); Stripe
+    # and most clients send it bare (abc). Both name the same key: a quoted
+    # string with no quote or backslash inside is unwrapped; anything else is
+    # taken verbatim, as before.
+    if SF_STRING.fullmatch(value):
+        value = value[1:-1]
     # Starlette decodes header bytes as Latin-1, so non-ASCII shows up here as > 0x7E.
     if not 1 <= len(value) <= 255 or not all(0x21 <= ord(c) <= 0x7E for c in value):
         raise Problem(
             400,
             "idempotency-key-invalid",
             "Bad Request",
-            "Idempotency-Key must be 1-255 visible ASCII characters (no spaces)",
+            "Idempotency-Key must be 1-255 visible ASCII characters (no spaces), bare "
+            'or as a quoted string: abc or "abc"',
         )
     return value

@@ -68,6 +68,12 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 Json = JSON().with_variant(JSONB(), "postgresql")
 
+# One set of limits for validation and columns: an actor name fits every
+# column that holds it, and every `source` ("api:<actor>", "operator:<actor>",
+# a worker's id) fits its column whatever the actor.
+ACTOR_LENGTH = 255
+SOURCE_LENGTH = ACTOR_LENGTH + 32
+
 
 def _timestamp(name: str, nullable: bool = False) -> Column[Any]:
     return Column(name, UTCDateTime(), nullable=nullable)
@@ -78,7 +84,7 @@ api_keys = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("token_hash", String(64), nullable=False, unique=True),
-    Column("actor", String(255), nullable=False),
+    Column("actor", String(ACTOR_LENGTH), nullable=False),
     Column("is_operator", Boolean, nullable=False, default=False),
     _timestamp("created_at"),
 )
@@ -97,7 +103,7 @@ operations = Table(
     Column("key_age_at_decision", Interval, nullable=True),
     Column("provider_retention_note", Text, nullable=True),
     Column("next_action", String(16), nullable=False),
-    Column("actor", String(255), nullable=False),
+    Column("actor", String(ACTOR_LENGTH), nullable=False),
     Column("route", String(64), nullable=False),
     Column("kind", String(32), nullable=False),
     Column("request_hash", String(64), nullable=False),
@@ -131,7 +137,7 @@ operations = Table(
 idempotency_records = Table(
     "idempotency_records",
     metadata,
-    Column("actor", String(255), primary_key=True),
+    Column("actor", String(ACTOR_LENGTH), primary_key=True),
     Column("route", String(64), primary_key=True),
     Column("idempotency_key", String(255), primary_key=True),
     Column("request_hash", String(64), nullable=False),
@@ -151,7 +157,7 @@ decisions = Table(
     Column("next_action", String(16), nullable=False),
     Column("reason", Text, nullable=False),
     Column("key_age_at_decision", Interval, nullable=True),
-    Column("source", String(128), nullable=False),
+    Column("source", String(SOURCE_LENGTH), nullable=False),
     Index(None, "operation_id", "id"),
 )
 
@@ -167,7 +173,7 @@ attempts = Table(
     Column("relation", String(16), nullable=False),
     Column("resubmission_of", Integer, nullable=True),
     Column("decision_id", Integer, ForeignKey("decisions.id"), nullable=True),
-    Column("source", String(128), nullable=False),
+    Column("source", String(SOURCE_LENGTH), nullable=False),
     UniqueConstraint("operation_id", "number"),
 )
 
@@ -179,7 +185,7 @@ observations = Table(
     _timestamp("at"),
     # submit_result, resumed_submitting, lookup_result, sweeper, operator, ...
     Column("kind", String(32), nullable=False),
-    Column("source", String(128), nullable=False),
+    Column("source", String(SOURCE_LENGTH), nullable=False),
     Column("attempt_number", Integer, nullable=True),
     Column("transport", String(16), nullable=True),
     Column("error_class", String(64), nullable=True),
@@ -204,7 +210,7 @@ transitions = Table(
     Column("to_state", String(24), nullable=False),
     Column("next_action", String(16), nullable=False),
     Column("reason", Text, nullable=False),
-    Column("source", String(128), nullable=False),
+    Column("source", String(SOURCE_LENGTH), nullable=False),
     Index(None, "operation_id", "id"),
 )
 
@@ -212,7 +218,7 @@ mandates = Table(
     "mandates",
     metadata,
     Column("mandate_id", String(40), primary_key=True),
-    Column("actor", String(255), nullable=False),
+    Column("actor", String(ACTOR_LENGTH), nullable=False),
     Column("currency", String(3), nullable=False),
     Column("max_amount", BigInteger, nullable=False),
     Column("total_limit", BigInteger, nullable=False),
@@ -230,7 +236,7 @@ cards = Table(
     "cards",
     metadata,
     Column("card_id", String(40), primary_key=True),
-    Column("actor", String(255), nullable=False),
+    Column("actor", String(ACTOR_LENGTH), nullable=False),
     Column("label", String(100), nullable=True),
     Column("provider_card_id", String(64), nullable=True),
     # pending (issue in flight) | active | frozen | not_issued
