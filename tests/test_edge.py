@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import BACKENDS, Databases
+from tests.support import Process, free_port
 from tests.test_intake_http import PAYMENT, Service, assert_problem, create_key, serving
 
 JSON = "application/json"
@@ -244,3 +246,27 @@ def test_a_quoted_key_and_a_bare_key_are_the_same_key(edge: Service) -> None:
     assert (quoted.status_code, bare.status_code) == (202, 200)
     assert bare.json()["id"] == quoted.json()["id"]
     assert quoted.json()["idempotency_key"] == "edge-sf-1"
+
+
+def test_the_sandbox_is_mounted_only_where_it_is_the_provider(
+    databases: Databases, tmp_path: Path
+) -> None:
+    database_url = databases.create("sqlite")
+    own, elsewhere = free_port(), free_port()
+    base = ["serve", "--no-workers", "--database-url", database_url]
+    plain = Process([*base, "--port", str(own)], {}, tmp_path / "own.log")
+    pointed = Process(
+        [*base, "--port", str(elsewhere), "--provider-url", f"http://127.0.0.1:{own}/_sandbox"],
+        {},
+        tmp_path / "elsewhere.log",
+    )
+    try:
+        plain.wait_healthy(f"http://127.0.0.1:{own}/healthz")
+        pointed.wait_healthy(f"http://127.0.0.1:{elsewhere}/healthz")
+        assert httpx.get(f"http://127.0.0.1:{own}/_sandbox/charges").status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{elsewhere}/_sandbox/charges").status_code == 404
+        assert "test provider with no authentication" in plain.output()
+        assert "test provider" not in pointed.output()
+    finally:
+        plain.stop()
+        pointed.stop()

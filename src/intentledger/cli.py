@@ -23,7 +23,8 @@ app = typer.Typer(
 keys_app = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 app.add_typer(ops_app, name="ops")
-err = Console(stderr=True)
+# Errors stay one line each, whatever the terminal's width (logs, CI).
+err = Console(stderr=True, soft_wrap=True)
 
 # Every setting is also a flag; a flag given on the command line beats the environment.
 DatabaseUrl = Annotated[
@@ -80,11 +81,12 @@ def _configure_logging() -> None:
 
 
 def _require_schema(settings: Settings) -> None:
+    from intentledger.store.database import UnsupportedDatabase
     from intentledger.store.schema_check import SchemaNotCurrent, require_current_schema
 
     try:
         require_current_schema(settings.database_url)
-    except SchemaNotCurrent as exc:
+    except (SchemaNotCurrent, UnsupportedDatabase) as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
 
@@ -106,7 +108,7 @@ def serve(
     concurrency: Concurrency = None,
 ) -> None:
     """Run the HTTP API, plus the dispatcher (unless --no-workers) and the sandbox provider."""
-    from intentledger.service import build_service_app
+    from intentledger.service import SANDBOX_MOUNT, build_service_app, mounts_sandbox
 
     settings = load_settings(
         database_url=database_url,
@@ -129,6 +131,11 @@ def serve(
     err.print(
         f"intentledger serving on http://{host}:{port} (workers: {'off' if no_workers else 'on'})"
     )
+    if mounts_sandbox(settings):
+        err.print(
+            f"[yellow]warning: the provider is the built-in sandbox at {SANDBOX_MOUNT}, a test "
+            "provider with no authentication: not for real money[/yellow]"
+        )
     # A sandbox request may be withholding its answer on purpose: do not wait for it.
     eventloop.serve(
         service,
@@ -194,11 +201,16 @@ def worker(
 @app.command()
 def migrate(database_url: DatabaseUrl = None) -> None:
     """Bring the database schema up to date."""
+    from intentledger.store.database import UnsupportedDatabase
     from intentledger.store.migrate import upgrade
 
     settings = load_settings(database_url=database_url)
     _configure_logging()
-    upgrade(settings.database_url)
+    try:
+        upgrade(settings.database_url)
+    except UnsupportedDatabase as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
     err.print("schema is up to date")
 
 

@@ -106,7 +106,7 @@ def build_service_app(
 ) -> FastAPI:
     """The `serve` process: API, sandbox mount (when it is the provider) and workers."""
     engine = create_ledger_engine(settings.database_url)
-    sandbox_url = own_url.rstrip("/") + SANDBOX_MOUNT if settings.provider == "sandbox" else None
+    sandbox_url = own_url.rstrip("/") + SANDBOX_MOUNT if mounts_sandbox(settings) else None
 
     sync_dispatcher = build_dispatcher(settings, engine, clock, sandbox_url, worker_id("api"))
     sync_writer = SyncWriter(engine, clock, sync_dispatcher, settings.lease)
@@ -135,9 +135,16 @@ def build_service_app(
         sync_writer=sync_writer,
         policy_for=retention_policy_for(settings),
     )
-    if settings.provider == "sandbox":
+    if mounts_sandbox(settings):
         app.mount(SANDBOX_MOUNT, build_sandbox_app(settings))
     return app
+
+
+def mounts_sandbox(settings: Settings) -> bool:
+    """Only a serve process that is its own provider mounts the sandbox: it is an
+    unauthenticated test provider that creates charges and lists every actor's
+    beneficiaries, so it never sits beside an API that talks to another provider."""
+    return settings.provider == "sandbox" and settings.provider_url is None
 
 
 def build_sandbox_app(settings: Settings) -> Starlette:

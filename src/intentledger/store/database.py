@@ -24,6 +24,32 @@ def dialect_of(url: str) -> str:
     return name
 
 
+def require_utf8(url: str) -> None:
+    """Refuse a PostgreSQL database that does not store text as UTF-8.
+
+    On a SQL_ASCII database psycopg hands text back as bytes and the server
+    accepts any byte sequence: nothing else would work, and the first failure
+    would be an obscure one deep in SQLAlchemy. Checked with a bare psycopg
+    connection, before any of that, at `migrate` and at start-up.
+    """
+    if dialect_of(url) != "postgresql":
+        return
+    import psycopg
+
+    plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(plain, autocommit=True) as conn:
+        row = conn.execute("SHOW server_encoding").fetchone()
+    encoding = row[0] if row is not None else None
+    if isinstance(encoding, bytes):
+        encoding = encoding.decode("ascii", "replace")
+    if encoding != "UTF8":
+        raise UnsupportedDatabase(
+            f"the database's encoding is {encoding}, not UTF8: create it with "
+            "ENCODING 'UTF8' (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0, "
+            "or a cluster made by initdb -E UTF8)"
+        )
+
+
 def async_url(url: str) -> str:
     """`sqlite:///x.db` -> aiosqlite, `postgresql://` -> psycopg 3 (async)."""
     parsed = make_url(url)

@@ -7,6 +7,8 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
+from intentledger.store.database import require_utf8
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
@@ -18,4 +20,5 @@ def alembic_config(database_url: str) -> Config:
 
 
 def upgrade(database_url: str, revision: str = "head") -> None:
+    require_utf8(database_url)
     command.upgrade(alembic_config(database_url), revision)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from intentledger.store.database import create_sync_engine
+from intentledger.store.database import create_sync_engine, require_utf8
 from intentledger.store.migrate import alembic_config
 
 
@@ -14,6 +14,7 @@ class SchemaNotCurrent(RuntimeError):
 
 
 def require_current_schema(database_url: str) -> None:
+    require_utf8(database_url)
     head = ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
     engine = create_sync_engine(database_url)
     try:
