@@ -55,9 +55,21 @@ SandboxDatabase = Annotated[
     str | None, typer.Option("--sandbox-database", help="INTENTLEDGER_SANDBOX_DATABASE")
 ]
 Concurrency = Annotated[
-    int | None, typer.Option("--concurrency", help="INTENTLEDGER_WORKER_CONCURRENCY")
+    int | None,
+    typer.Option("--worker-concurrency", "--concurrency", help="INTENTLEDGER_WORKER_CONCURRENCY"),
 ]
-Batch = Annotated[int | None, typer.Option("--batch", help="INTENTLEDGER_WORKER_BATCH")]
+Batch = Annotated[
+    int | None, typer.Option("--worker-batch", "--batch", help="INTENTLEDGER_WORKER_BATCH")
+]
+PollInterval = Annotated[
+    str | None, typer.Option("--poll-interval", help="INTENTLEDGER_POLL_INTERVAL, e.g. 200ms")
+]
+SweepInterval = Annotated[
+    str | None, typer.Option("--sweep-interval", help="INTENTLEDGER_SWEEP_INTERVAL, e.g. 15s")
+]
+SafetyRules = Annotated[
+    str | None, typer.Option("--safety-rules", help="INTENTLEDGER_SAFETY_RULES: a TOML file")
+]
 
 
 def load_settings(**flags: Any) -> Settings:
@@ -106,6 +118,10 @@ def serve(
     sandbox_key_retention: KeyRetention = None,
     sandbox_database: SandboxDatabase = None,
     concurrency: Concurrency = None,
+    batch: Batch = None,
+    poll_interval: PollInterval = None,
+    sweep_interval: SweepInterval = None,
+    safety_rules: SafetyRules = None,
 ) -> None:
     """Run the HTTP API, plus the dispatcher (unless --no-workers) and the sandbox provider."""
     from intentledger.service import SANDBOX_MOUNT, build_service_app, mounts_sandbox
@@ -121,6 +137,10 @@ def serve(
         sandbox_key_retention=sandbox_key_retention,
         sandbox_database=sandbox_database,
         worker_concurrency=concurrency,
+        worker_batch=batch,
+        poll_interval=poll_interval,
+        sweep_interval=sweep_interval,
+        safety_rules=safety_rules,
     )
     _configure_logging()
     _require_schema(settings)
@@ -156,8 +176,12 @@ def worker(
     lease: Lease = None,
     recheck_backoff: RecheckBackoff = None,
     stale_submitting: StaleSubmitting = None,
+    sandbox_key_retention: KeyRetention = None,
     concurrency: Concurrency = None,
     batch: Batch = None,
+    poll_interval: PollInterval = None,
+    sweep_interval: SweepInterval = None,
+    safety_rules: SafetyRules = None,
 ) -> None:
     """Run the dispatcher alone (point --provider-url at a running provider)."""
     from intentledger.engine.clock import system_clock
@@ -172,8 +196,12 @@ def worker(
         lease=lease,
         recheck_backoff=recheck_backoff,
         stale_submitting=stale_submitting,
+        sandbox_key_retention=sandbox_key_retention,
         worker_concurrency=concurrency,
         worker_batch=batch,
+        poll_interval=poll_interval,
+        sweep_interval=sweep_interval,
+        safety_rules=safety_rules,
     )
     _configure_logging()
     _require_schema(settings)
@@ -240,8 +268,70 @@ def keys_create(
     except ValueError as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
-    err.print(f"key created for actor {actor!r}{' (operator)' if operator else ''}; store it now:")
+    from intentledger.api.auth import fingerprint
+
+    err.print(
+        f"key {fingerprint(token)} created for actor {actor!r}"
+        f"{' (operator)' if operator else ''}; store it now:"
+    )
     print(token)
+
+
+def _keys_work(database_url: str | None, work: Any) -> Any:
+    """Run `work(ledger, now)` in one transaction on a migrated database."""
+    from intentledger.engine.clock import system_clock
+    from intentledger.store.database import create_ledger_engine
+    from intentledger.store.ledger import Ledger
+
+    settings = load_settings(database_url=database_url)
+    _require_schema(settings)
+
+    async def main() -> Any:
+        engine = create_ledger_engine(settings.database_url)
+        try:
+            async with engine.begin() as conn:
+                return await work(Ledger(conn), system_clock())
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+@keys_app.command("list")
+def keys_list(database_url: DatabaseUrl = None) -> None:
+    """Every API key: id, fingerprint, actor, role, when made and revoked (never the token)."""
+    from rich.table import Table
+
+    from intentledger.api.documents import json_value
+
+    rows = _keys_work(database_url, lambda ledger, _now: ledger.api_keys())
+    table = Table(title="API keys")
+    for column in ("id", "fingerprint", "actor", "role", "created", "revoked"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            str(row.id),
+            row.token_hash[:12],
+            row.actor,
+            "operator" if row.is_operator else "actor",
+            str(json_value(row.created_at)),
+            str(json_value(row.revoked_at)) if row.revoked_at else "",
+        )
+    Console().print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[int, typer.Argument(help="The key's id, as `keys list` shows it.")],
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Revoke a key: it authenticates nothing once each API process's short auth
+    cache (at most 60 s) has let it go."""
+    row = _keys_work(database_url, lambda ledger, now: ledger.revoke_api_key(key_id, now))
+    if row is None:
+        err.print(f"[red]no key {key_id}: see `intentledger keys list`[/red]")
+        raise typer.Exit(1)
+    err.print(f"key {key_id} ({row.token_hash[:12]}, actor {row.actor!r}) revoked")
 
 
 @app.command()
@@ -317,9 +407,7 @@ def chaos(
 def _register_bench() -> None:
     from intentledger.bench import bench_command
 
-    app.command("bench", help="Issue 6's benchmarks against pgbench and a peer, one run.")(
-        bench_command
-    )
+    app.command("bench", help="Benchmarks against pgbench and a peer, in one run.")(bench_command)
 
 
 _register_bench()

@@ -19,14 +19,15 @@ from intentledger.domain.states import Outcome, State
 from intentledger.engine import operator
 from intentledger.engine.clock import system_clock
 from intentledger.settings import Settings
-from intentledger.store.database import create_ledger_engine
+from intentledger.store.database import UnsupportedDatabase, create_ledger_engine
+from intentledger.store.schema_check import SchemaNotCurrent, require_current_schema
 from intentledger.store.tables import ACTOR_LENGTH
 
 ops_app = typer.Typer(
     help="Investigate and resolve operations (operator actions).", no_args_is_help=True
 )
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
 DatabaseUrl = Annotated[
@@ -41,8 +42,15 @@ def _settings(database_url: str | None) -> Settings:
 
 
 def _run(database_url: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
+    settings = _settings(database_url)
+    try:
+        require_current_schema(settings.database_url)
+    except (SchemaNotCurrent, UnsupportedDatabase) as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+
     async def main() -> T:
-        engine = create_ledger_engine(_settings(database_url).database_url)
+        engine = create_ledger_engine(settings.database_url)
         try:
             return await work(engine)
         finally:

@@ -82,6 +82,12 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+def fingerprint(token: str) -> str:
+    """What `keys create` and `keys list` show to tell keys apart: the start of
+    the stored hash, which says nothing usable about the token."""
+    return hash_token(token)[:12]
+
+
 async def create_api_key(engine: AsyncEngine, clock: Clock, actor: str, is_operator: bool) -> str:
     """Store a new key for `actor` and return its token (shown once, never stored)."""
     if not actor or len(actor) > ACTOR_LENGTH or not actor.isprintable():

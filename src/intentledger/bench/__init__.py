@@ -1,4 +1,4 @@
-"""`intentledger bench`: issue 6's benchmarks, side by side with pgbench and a peer.
+"""`intentledger bench`: the benchmarks of docs/benchmarks.md, side by side with pgbench and a peer.
 
 Register the command with `app.command("bench")(bench_command)`.
 """

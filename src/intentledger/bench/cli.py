@@ -46,7 +46,8 @@ def bench_command(
     ] = None,
 ) -> None:
     """Throughput against pgbench running our own SQL, a Procrastinate peer, recovery scan
-    and memory (issue 6). Prints a table; the last line is one JSON object."""
+    and memory, each judged against its goal (docs/benchmarks.md). Prints a table; the last
+    line is one JSON object."""
     # Imported here: every `intentledger` process (workers too) loads this module.
     from intentledger.bench.processes import ProcessFailed
     from intentledger.bench.report import json_line, table, with_goals

@@ -1,4 +1,4 @@
-"""The bench's figures: issue 6's goals, a Rich table, and the JSON line."""
+"""The bench's figures: the goals of docs/benchmarks.md, a Rich table, and the JSON line."""
 
 from __future__ import annotations
 

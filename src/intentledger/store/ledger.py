@@ -53,19 +53,36 @@ class Ledger:
     async def find_api_key(self, token_hash: str) -> Record | None:
         result = await self.conn.execute(
             select(api_keys.c.actor, api_keys.c.is_operator).where(
-                api_keys.c.token_hash == token_hash
+                api_keys.c.token_hash == token_hash, api_keys.c.revoked_at.is_(None)
             )
         )
         return result.first()
 
     async def add_api_key(
         self, token_hash: str, actor: str, is_operator: bool, now: datetime
-    ) -> None:
-        await self.conn.execute(
+    ) -> int:
+        result = await self.conn.execute(
             insert(api_keys).values(
                 token_hash=token_hash, actor=actor, is_operator=is_operator, created_at=now
             )
         )
+        return int(result.inserted_primary_key[0])  # type: ignore[index]
+
+    async def api_keys(self) -> Sequence[Record]:
+        result = await self.conn.execute(select(api_keys).order_by(api_keys.c.id))
+        return result.all()
+
+    async def revoke_api_key(self, key_id: int, now: datetime) -> Record | None:
+        """Revoke a key (once); the key's row, or None if there is no such key."""
+        await self.conn.execute(
+            update(api_keys)
+            .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+            .values(revoked_at=now)
+        )
+        found: Record | None = (
+            await self.conn.execute(select(api_keys).where(api_keys.c.id == key_id))
+        ).first()
+        return found
 
     # -- intake -------------------------------------------------------------
 

@@ -87,6 +87,8 @@ api_keys = Table(
     Column("actor", String(ACTOR_LENGTH), nullable=False),
     Column("is_operator", Boolean, nullable=False, default=False),
     _timestamp("created_at"),
+    # Set by `intentledger keys revoke`: the key authenticates nothing after.
+    _timestamp("revoked_at", nullable=True),
 )
 
 operations = Table(
