@@ -71,6 +71,8 @@ def serve(database_url: str, workdir: Path, retention: str) -> tuple[Process, st
             str(workdir / f"sandbox-{retention}.db"),
             "--submit-timeout",
             "1500ms",
+            "--sync-timeout",
+            "1500ms",
             "--recheck-backoff",
             "1s",
             "--sandbox-key-retention",

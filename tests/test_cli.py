@@ -86,7 +86,10 @@ def _flags(command: str) -> set[str]:
 
 @pytest.mark.parametrize(
     ("command", "not_applicable"),
-    [("serve", {"break_for_tests"}), ("worker", {"break_for_tests", "sandbox_database"})],
+    [
+        ("serve", {"break_for_tests"}),
+        ("worker", {"break_for_tests", "sandbox_database"}),
+    ],
 )
 def test_every_setting_is_a_flag_of_the_same_name(command: str, not_applicable: set[str]) -> None:
     """README: INTENTLEDGER_X is also --x (break_for_tests is a test-only variable)."""

@@ -65,3 +65,7 @@ def test_the_sweeper_and_the_lease_must_outlast_every_provider_call() -> None:
     with pytest.raises(ValueError, match="lease must exceed"):
         Settings(submit_timeout="10s", lease="5s")
     Settings(submit_timeout="1s", stale_submitting="2s", lease="2s")
+    # A write in the request path is a provider call like any other.
+    with pytest.raises(ValueError, match="stale_submitting must exceed"):
+        Settings(submit_timeout="1s", sync_timeout="10s", stale_submitting="5s")
+    assert Settings(submit_timeout="3s").request_path_timeout == timedelta(seconds=3)

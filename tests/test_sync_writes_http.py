@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from pathlib import Path
@@ -80,6 +81,34 @@ def test_beneficiary_outcomes(served: Served) -> None:
     assert post(served, "/v1/beneficiaries", {"name": "x", "iban": IBAN}, None).status_code == 400
 
 
+async def test_an_equal_retry_while_the_original_waits_is_409_then_replays(
+    served: Served,
+) -> None:
+    """Eight card requests with one key while the first waits on a provider that
+    withholds its answer: the seven others get 409 request-in-progress with a
+    Retry-After, never a half-made state; once the first has answered (UNKNOWN,
+    after the sync timeout), an equal retry replays it."""
+    body = {"label": "in flight", "sandbox_scenario": "timeout_after_execute"}
+    headers = {**served.auth, "Idempotency-Key": "c-in-flight"}
+    async with httpx.AsyncClient(base_url=served.url, timeout=30) as client:
+        first = asyncio.create_task(client.post("/v1/cards", json=body, headers=headers))
+        await asyncio.sleep(0.5)  # the first is now waiting on the provider
+        others = await asyncio.gather(
+            *(client.post("/v1/cards", json=body, headers=headers) for _ in range(7))
+        )
+        original = await first
+        replay = await client.post("/v1/cards", json=body, headers=headers)
+    for response in others:
+        assert response.status_code == 409, response.text
+        assert response.headers["content-type"].startswith("application/problem+json")
+        assert response.json()["type"].endswith("/request-in-progress")
+        assert response.headers["retry-after"] == "1"
+    assert original.status_code == 202, original.text
+    assert original.json()["operation"]["state"] == "UNKNOWN"
+    assert replay.status_code == 200 and replay.headers["idempotent-replayed"] == "true"
+    assert replay.json()["id"] == original.json()["id"]
+
+
 def test_lost_card_freeze_is_indeterminate_until_reconciled(served: Served) -> None:
     issued = post(served, "/v1/cards", {"label": "travel"}, "c-issue")
     assert issued.status_code == 201, issued.text
@@ -147,7 +176,7 @@ def test_api_killed_mid_call_leaves_submitting_which_the_sweeper_makes_unknown(
         database_url,
         "--provider-url",
         sandbox_url,
-        "--submit-timeout",
+        "--sync-timeout",
         "30s",
         "--sandbox-database",
         str(tmp_path / "unused.db"),
@@ -188,6 +217,8 @@ def test_api_killed_mid_call_leaves_submitting_which_the_sweeper_makes_unknown(
                 "--stale-submitting",
                 "2s",
                 "--submit-timeout",
+                "1s",
+                "--sync-timeout",
                 "1s",
                 "--recheck-backoff",
                 "1h",

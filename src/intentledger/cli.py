@@ -40,6 +40,14 @@ ProviderUrl = Annotated[
 SubmitTimeout = Annotated[
     str | None, typer.Option("--submit-timeout", help="INTENTLEDGER_SUBMIT_TIMEOUT, e.g. 10s")
 ]
+SyncTimeout = Annotated[
+    str | None,
+    typer.Option(
+        "--sync-timeout",
+        help="INTENTLEDGER_SYNC_TIMEOUT: provider writes in a request (a worker's sweeper "
+        "must outwait them too)",
+    ),
+]
 Lease = Annotated[str | None, typer.Option("--lease", help="INTENTLEDGER_LEASE, e.g. 5m")]
 RecheckBackoff = Annotated[
     str | None, typer.Option("--recheck-backoff", help="INTENTLEDGER_RECHECK_BACKOFF, e.g. 30s")
@@ -112,6 +120,7 @@ def serve(
     provider: Provider = None,
     provider_url: ProviderUrl = None,
     submit_timeout: SubmitTimeout = None,
+    sync_timeout: SyncTimeout = None,
     lease: Lease = None,
     recheck_backoff: RecheckBackoff = None,
     stale_submitting: StaleSubmitting = None,
@@ -131,6 +140,7 @@ def serve(
         provider=provider,
         provider_url=provider_url,
         submit_timeout=submit_timeout,
+        sync_timeout=sync_timeout,
         lease=lease,
         recheck_backoff=recheck_backoff,
         stale_submitting=stale_submitting,
@@ -173,6 +183,7 @@ def worker(
     provider: Provider = None,
     provider_url: ProviderUrl = None,
     submit_timeout: SubmitTimeout = None,
+    sync_timeout: SyncTimeout = None,
     lease: Lease = None,
     recheck_backoff: RecheckBackoff = None,
     stale_submitting: StaleSubmitting = None,
@@ -193,6 +204,7 @@ def worker(
         provider=provider,
         provider_url=provider_url,
         submit_timeout=submit_timeout,
+        sync_timeout=sync_timeout,
         lease=lease,
         recheck_backoff=recheck_backoff,
         stale_submitting=stale_submitting,

@@ -29,6 +29,7 @@ from intentledger.providers.sandbox import create_sandbox_app
 from intentledger.safety_config import load_safety_rules
 from intentledger.settings import Settings
 from intentledger.store.database import create_ledger_engine
+from intentledger.store.ledger import REQUEST_PATH_OWNER
 
 SANDBOX_MOUNT = "/_sandbox"
 
@@ -108,7 +109,14 @@ def build_service_app(
     engine = create_ledger_engine(settings.database_url)
     sandbox_url = own_url.rstrip("/") + SANDBOX_MOUNT if mounts_sandbox(settings) else None
 
-    sync_dispatcher = build_dispatcher(settings, engine, clock, sandbox_url, worker_id("api"))
+    sync_dispatcher = build_dispatcher(
+        settings,
+        engine,
+        clock,
+        sandbox_url,
+        worker_id(REQUEST_PATH_OWNER),
+        build_provider(settings, sandbox_url, timeout=settings.request_path_timeout),
+    )
     sync_writer = SyncWriter(engine, clock, sync_dispatcher, settings.lease)
 
     @asynccontextmanager

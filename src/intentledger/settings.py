@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     # None: the serving process's own /_sandbox mount.
     provider_url: str | None = None
     submit_timeout: Duration = timedelta(seconds=10)
+    # The provider timeout of a write in the request path (beneficiaries, cards):
+    # how long a client may be held when the provider's answer is lost. Unset:
+    # the submit timeout (10 s unless that is changed).
+    sync_timeout: Duration | None = None
     lease: Duration = timedelta(minutes=5)
     recheck_backoff: Duration = timedelta(seconds=30)
     stale_submitting: Duration = timedelta(minutes=2)
@@ -52,11 +56,15 @@ class Settings(BaseSettings):
     # a fresh key and no decision. Never set this outside that test.
     break_for_tests: Literal["blind-retry"] | None = None
 
+    @property
+    def request_path_timeout(self) -> timedelta:
+        return self.sync_timeout if self.sync_timeout is not None else self.submit_timeout
+
     @model_validator(mode="after")
     def _sweeper_behind_every_call(self) -> Settings:
         # A call still running when the sweeper or a resumed delivery calls it
         # UNKNOWN could race a replay: every call must end first.
-        longest_call = call_deadline(self.submit_timeout)
+        longest_call = call_deadline(max(self.submit_timeout, self.request_path_timeout))
         if longest_call >= self.stale_submitting:
             raise ValueError(f"stale_submitting must exceed the longest call ({longest_call})")
         if longest_call >= self.lease:

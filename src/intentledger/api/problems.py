@@ -86,12 +86,14 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(Refusal)
     async def _refusal(request: Request, exc: Refusal) -> JSONResponse:
         # Every business refusal, whichever route raised it, answers the same way.
+        wait = exc.retry_after_seconds
         return problem_response(
             exc.status,
             exc.slug,
             TITLES.get(exc.status, "Error"),
             exc.detail,
             instance=request.url.path,
+            headers={"Retry-After": str(wait)} if wait is not None else None,
         )
 
     @app.exception_handler(StarletteHTTPException)

@@ -22,11 +22,15 @@ _MAX_KEY_RACES = 3
 
 
 class Refusal(Exception):
-    def __init__(self, status: int, slug: str, detail: str) -> None:
+    def __init__(
+        self, status: int, slug: str, detail: str, retry_after_seconds: int | None = None
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.slug = slug
         self.detail = detail
+        # When asking again is worth it (an answer still being made).
+        self.retry_after_seconds = retry_after_seconds
 
 
 class IdempotencyKeyReused(Refusal):

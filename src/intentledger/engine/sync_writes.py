@@ -18,8 +18,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.engine.clock import Clock
 from intentledger.engine.dispatcher import Dispatcher
 from intentledger.engine.intake import Intent, Prepare, accept, reserve_under_mandate
+from intentledger.engine.refusal import Refusal
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
+
+# Seconds a client is asked to wait before retrying a request still in progress.
+IN_PROGRESS_RETRY_AFTER = 1
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,9 @@ class SyncWriter:
             if isinstance(result.operation, dict)
             else result.operation.operation_id
         )
-        if not result.replayed:
+        if result.replayed:
+            await self._refuse_while_in_progress(operation_id)
+        else:
             assert result.held_row_id is not None
             async with self.engine.connect() as conn:
                 row = await Ledger(conn).get_outbox_row(result.held_row_id)
@@ -60,3 +66,18 @@ class SyncWriter:
             operation = await Ledger(conn).get_operation(operation_id)
         assert operation is not None
         return WriteResult(operation, result.replayed)
+
+    async def _refuse_while_in_progress(self, operation_id: str) -> None:
+        """An equal retry while the original request still waits on the provider
+        gets no half-made answer: 409, ask again shortly (as the IETF draft and
+        Stripe do). Once the original has answered, retries replay."""
+        async with self.engine.connect() as conn:
+            waiting = await Ledger(conn).held_by_a_request(operation_id, self.clock())
+        if waiting:
+            raise Refusal(
+                409,
+                "request-in-progress",
+                "the original request with this Idempotency-Key is still being processed; "
+                "retry shortly",
+                retry_after_seconds=IN_PROGRESS_RETRY_AFTER,
+            )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from intentledger.providers.base import Provider
 from intentledger.providers.sandbox_client import SandboxProvider
 from intentledger.settings import Settings
@@ -14,7 +16,11 @@ class ProviderNotConfigured(ValueError):
     pass
 
 
-def build_provider(settings: Settings, default_url: str | None = None) -> Provider:
+def build_provider(
+    settings: Settings, default_url: str | None = None, timeout: timedelta | None = None
+) -> Provider:
+    """The configured adapter; `timeout` overrides the submit timeout (the
+    request path's synchronous writes use INTENTLEDGER_SYNC_TIMEOUT)."""
     if settings.provider != "sandbox":
         raise ProviderNotConfigured(
             f"unknown provider {settings.provider!r}; available: {', '.join(KNOWN_PROVIDERS)}"
@@ -27,4 +33,4 @@ def build_provider(settings: Settings, default_url: str | None = None) -> Provid
     # Enough connections for every delivery in flight: a call queued for a
     # connection would spend its deadline waiting and end as "no response".
     connections = max(DEFAULT_CONNECTIONS, settings.worker_concurrency)
-    return SandboxProvider(url, settings.submit_timeout, max_connections=connections)
+    return SandboxProvider(url, timeout or settings.submit_timeout, max_connections=connections)

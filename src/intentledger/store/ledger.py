@@ -34,6 +34,9 @@ from intentledger.store.tables import (
     transitions,
 )
 
+# Worker ids of API processes start with this (service.worker_id("api")).
+REQUEST_PATH_OWNER = "api"
+
 
 class ConcurrentUpdate(RuntimeError):
     """The operation changed under us: its version is not the one we read."""
@@ -404,6 +407,18 @@ class Ledger:
             and row.lease_owner == owner
             and row.due_at > now
         )
+
+    async def held_by_a_request(self, operation_id: str, now: datetime) -> bool:
+        """Is the operation's submit still in the hands of the API request that
+        made it (a synchronous write: its row is leased to that process, live)?"""
+        query = select(outbox.c.id).where(
+            outbox.c.operation_id == operation_id,
+            outbox.c.kind == "submit",
+            outbox.c.done_at.is_(None),
+            outbox.c.lease_owner.like(f"{REQUEST_PATH_OWNER}:%"),
+            outbox.c.due_at > now,
+        )
+        return (await self.conn.execute(query.limit(1))).first() is not None
 
     async def finish_outbox_row(self, row_id: int, now: datetime) -> None:
         await self.conn.execute(
