@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -80,3 +82,47 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.kill()
         self._log_file.close()
+
+
+class Forwarder:
+    """A TCP forwarder from a loopback port to `target`: a database that is
+    'down' until it starts, and goes away again when it stops."""
+
+    def __init__(self, port: int, target: tuple[str, int]) -> None:
+        self.port = port
+        self.target = target
+        self._listener: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener = listener
+        thread = threading.Thread(target=self._accept, args=(listener,), daemon=True)
+        thread.start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # stopped
+            upstream = socket.create_connection(self.target)
+            for source, sink in ((client, upstream), (upstream, client)):
+                pump = threading.Thread(target=self._pump, args=(source, sink), daemon=True)
+                pump.start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
+from intentledger.chaos import restart_database
 from tests.conftest import BACKENDS, Databases
-from tests.support import INTENTLEDGER
+from tests.support import INTENTLEDGER, wait_until
 
 pytestmark = pytest.mark.skipif(
     "postgresql" not in BACKENDS, reason="chaos runs on PostgreSQL (INTENTLEDGER_TEST_BACKENDS)"
@@ -70,3 +74,78 @@ def test_chaos_catches_a_blind_retry_bug(databases: Databases) -> None:
     assert code == 1, (report, log)
     assert report["duplicates"] > 0  # type: ignore[operator]
     assert report["violations"] > 0  # type: ignore[operator]
+
+
+def _children(pid: int) -> set[int]:
+    done = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return {int(line) for line in done.stdout.split()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_harness_stopped_with_sigterm_stops_every_process_it_started(
+    databases: Databases,
+) -> None:
+    harness = subprocess.Popen(
+        [
+            *INTENTLEDGER,
+            "chaos",
+            "--database-url",
+            databases.create("postgresql"),
+            "--operations",
+            "100000",
+            "--kill-every",
+            "30",
+            "--timeout",
+            "300",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: len(_children(harness.pid)) >= 4, 60, "the fleet to start")
+        started = _children(harness.pid)
+        harness.send_signal(signal.SIGTERM)
+        assert harness.wait(timeout=60) == 130
+        wait_until(lambda: not any(_alive(p) for p in started), 30, "every child to be gone")
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+
+
+def test_a_run_never_outlasts_its_timeout(databases: Databases) -> None:
+    began = time.monotonic()
+    code, report, log = chaos(
+        databases.create("postgresql"),
+        "--operations",
+        "100000",
+        "--kill-every",
+        "30",
+        "--timeout",
+        "8",
+    )
+    # Starting the fleet and checking the ledger come on top of the bound.
+    assert time.monotonic() - began < 60, log
+    assert report["operations"] < 100000  # type: ignore[operator]
+    assert report["violations"] == 0, (report, log)
+    assert code == 0
+
+
+def test_a_restart_command_whose_server_keeps_its_output_open_does_not_hang(
+    tmp_path: Path,
+) -> None:
+    """`pg_ctl restart` without -l leaves the new server holding the command's
+    output: read through a pipe, that never ends. The harness writes it to a file."""
+    began = time.monotonic()
+    restart_database("sh -c 'sleep 30 & echo restarted'", tmp_path)
+    assert time.monotonic() - began < 10
+    assert "restarted" in (tmp_path / "restart-db.log").read_text()
+    with pytest.raises(RuntimeError, match="failed"):
+        restart_database("sh -c 'echo no such cluster; exit 3'", tmp_path)

@@ -51,6 +51,10 @@ SCENARIOS = {
     "pm_blackhole": 4,
 }
 FINAL = {"OUTCOME_KNOWN", "CANCELLED"}
+# How long the load's client keeps retrying one request (same key) before it
+# gives up, and how long the database's restart command may take.
+CLIENT_PATIENCE_SECONDS = 120.0
+RESTART_TIMEOUT_SECONDS = 120.0
 # Rules under which a second execution is a deliberate, recorded new request.
 NEW_REQUEST_RULES = ("operator_approved_new_request", "new_request_after_not_found")
 VIOLATIONS = (
@@ -204,18 +208,27 @@ class Load:
         self, client: httpx.AsyncClient, path: str, body: Any, key: str
     ) -> httpx.Response:
         """POST until some API process answers with other than a 5xx: the same key
-        and body every time, as a careful client retries after a lost answer."""
-        for attempt in range(200):
+        and body every time, as a careful client retries after a lost answer,
+        waiting as long as a 503's Retry-After asks (a database restart), for
+        up to CLIENT_PATIENCE_SECONDS."""
+        give_up = time.monotonic() + CLIENT_PATIENCE_SECONDS
+        attempt = 0
+        while time.monotonic() < give_up:
+            wait = 0.05 + self.rng.random() * 0.2
             try:
                 response = await client.post(
                     self._url() + path, json=body, headers={**self.headers, "Idempotency-Key": key}
                 )
                 if response.status_code < 500:
                     return response
+                asked = response.headers.get("retry-after", "")
+                if asked.isdigit():
+                    wait = max(wait, min(float(asked), 2.0))
             except httpx.HTTPError:
                 pass
             self.tally.client_retries += attempt == 0
-            await asyncio.sleep(0.05 + self.rng.random() * 0.2)
+            attempt += 1
+            await asyncio.sleep(wait)
         raise RuntimeError(f"no API process answered {path} with key {key}")
 
     async def create_mandates(self, client: httpx.AsyncClient, count: int) -> None:
@@ -289,12 +302,27 @@ async def _chaos_monkey(
         tally.kills += 1
         progress = tally.sent / config.operations
         if config.restart_db_cmd and not tally.db_restarts and progress >= restart_at:
-            done = await asyncio.to_thread(
-                subprocess.run, shlex.split(config.restart_db_cmd), capture_output=True
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"database restart failed: {done.stderr.decode()[-500:]}")
+            await asyncio.to_thread(restart_database, config.restart_db_cmd, fleet.workdir)
             tally.db_restarts += 1
+
+
+def restart_database(command: str, workdir: Path) -> None:
+    """Run the restart command with its output in a file, never a pipe (a server
+    it starts may keep a pipe open for ever), and for a bounded time."""
+    log = workdir / "restart-db.log"
+    with log.open("ab") as output:
+        try:
+            done = subprocess.run(
+                shlex.split(command),
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                timeout=RESTART_TIMEOUT_SECONDS,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"database restart took over {RESTART_TIMEOUT_SECONDS} s") from exc
+    if done.returncode != 0:
+        raise RuntimeError(f"database restart failed: {log.read_text()[-500:]}")
 
 
 def _pending_work(database_url: str) -> tuple[int, Counter[str]]:
@@ -413,7 +441,9 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
         tally.phase = "load"
         states: Counter[str] = Counter()
         pending = 0
-        deadline = None
+        # --timeout bounds the whole run, load and drain: it never runs past it.
+        deadline = time.monotonic() + config.timeout
+        draining = False
         with Live(
             _view(tally, states, pending, started), console=console, refresh_per_second=2
         ) as live:
@@ -424,16 +454,23 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
                 live.update(_view(tally, states, pending, started))
                 if monkey.done() and monkey.exception():
                     raise monkey.exception()  # type: ignore[misc]
+                out_of_time = time.monotonic() > deadline
+                if out_of_time and not load.done():
+                    load.cancel()
+                    tally.phase = "out of time"
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await load
                 if not load.done():
                     continue
-                load.result()
-                if deadline is None:
+                if not load.cancelled():
+                    load.result()
+                if not draining:
                     # Load done: stop killing and let the system drain.
+                    draining = True
                     stop.set()
                     await monkey
                     tally.phase = "draining"
-                    deadline = time.monotonic() + config.timeout
-                if pending == 0 or time.monotonic() > deadline:
+                if pending == 0 or out_of_time:
                     break
         tally.phase = "checking"
         report = check(config.database_url, fleet.sandbox_url, tally)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from typing import Annotated, Any
 
 import typer
@@ -25,6 +26,9 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(ops_app, name="ops")
 # Errors stay one line each, whatever the terminal's width (logs, CI).
 err = Console(stderr=True, soft_wrap=True)
+
+# serve and worker wait for an unreachable database, backing off to this.
+DATABASE_WAIT_CAP_SECONDS = 30.0
 
 # Every setting is also a flag; a flag given on the command line beats the environment.
 DatabaseUrl = Annotated[
@@ -100,15 +104,32 @@ def _configure_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _require_schema(settings: Settings) -> None:
+def _require_schema(settings: Settings, *, wait_for_database: bool = False) -> None:
+    """Refuse a database that is missing, not UTF-8 or not migrated, in one line.
+    With `wait_for_database` (serve, worker) an unreachable database is waited
+    for, with backoff, instead of ending the process: it may be restarting."""
+    import psycopg
+    from sqlalchemy.exc import OperationalError
+
     from intentledger.store.database import UnsupportedDatabase
     from intentledger.store.schema_check import SchemaNotCurrent, require_current_schema
 
-    try:
-        require_current_schema(settings.database_url)
-    except (SchemaNotCurrent, UnsupportedDatabase) as exc:
-        err.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1) from exc
+    delay = 1.0
+    while True:
+        try:
+            require_current_schema(settings.database_url)
+            return
+        except (SchemaNotCurrent, UnsupportedDatabase) as exc:
+            err.print(f"[red]{exc}[/red]")
+            raise typer.Exit(1) from exc
+        except (OperationalError, psycopg.OperationalError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if not wait_for_database:
+                err.print(f"[red]the database is not reachable: {reason}[/red]")
+                raise typer.Exit(1) from exc
+            err.print(f"the database is not reachable ({reason}); trying again in {delay:.0f} s")
+            time.sleep(delay)
+            delay = min(delay * 2, DATABASE_WAIT_CAP_SECONDS)
 
 
 @app.command()
@@ -153,7 +174,7 @@ def serve(
         safety_rules=safety_rules,
     )
     _configure_logging()
-    _require_schema(settings)
+    _require_schema(settings, wait_for_database=True)
     local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     service = build_service_app(
         settings, own_url=f"http://{local_host}:{port}", with_workers=not no_workers
@@ -216,7 +237,7 @@ def worker(
         safety_rules=safety_rules,
     )
     _configure_logging()
-    _require_schema(settings)
+    _require_schema(settings, wait_for_database=True)
 
     async def main() -> None:
         engine = create_ledger_engine(settings.database_url)
@@ -389,7 +410,12 @@ def chaos(
         str | None, typer.Option(help="Shell command that restarts the database, run once.")
     ] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 1,
-    timeout: Annotated[float, typer.Option(help="Seconds to let the system drain.")] = 600,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds the whole run may take, load and drain: it never runs past them."
+        ),
+    ] = 600,
     break_for_tests: Annotated[str | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Payments under SIGKILLs, a database restart and provider faults, checked against
@@ -411,7 +437,20 @@ def chaos(
         timeout,
         break_for_tests,
     )
-    report = asyncio.run(run_chaos(config, Console(stderr=True)))
+
+    async def main() -> dict[str, Any]:
+        # SIGTERM cancels the run like Ctrl-C: run_chaos's cleanup then stops
+        # every process it started before this one exits.
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await run_chaos(config, Console(stderr=True))
+
+    try:
+        report = asyncio.run(main())
+    except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+        err.print("chaos stopped; every process it started has been stopped")
+        raise typer.Exit(130) from exc
     print_report(report, Console(stderr=True))
     raise typer.Exit(1 if report["violations"] else 0)
 

@@ -7,6 +7,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from intentledger.engine.refusal import Refusal
@@ -121,6 +123,19 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if database_unavailable(exc):
+            # Whether a write in flight committed is unknown to us too: the
+            # client retries with the same Idempotency-Key, which replays or
+            # makes it, exactly once either way.
+            return problem_response(
+                503,
+                "database-unavailable",
+                "Service Unavailable",
+                f"the database is not answering ({type(exc).__name__}); retry with the same "
+                "Idempotency-Key",
+                instance=request.url.path,
+                headers={"Retry-After": str(DATABASE_RETRY_AFTER)},
+            )
         return problem_response(
             500,
             "internal",
@@ -128,6 +143,20 @@ def install_problem_handlers(app: FastAPI) -> None:
             "an unexpected error occurred",
             instance=request.url.path,
         )
+
+
+# Seconds a client is asked to wait while the database is unreachable.
+DATABASE_RETRY_AFTER = 1
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """The database could not be reached or dropped the connection: a restart,
+    a failover, a full pool. Not a bug, and not this request's fault."""
+    if isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, ConnectionError)
 
 
 def invalid_body_response(instance: str, errors: Any) -> JSONResponse:
