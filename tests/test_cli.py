@@ -88,7 +88,16 @@ def _flags(command: str) -> set[str]:
     ("command", "not_applicable"),
     [
         ("serve", {"break_for_tests"}),
-        ("worker", {"break_for_tests", "sandbox_database"}),
+        (
+            "worker",
+            {
+                "break_for_tests",
+                "sandbox_database",
+                "header_timeout",
+                "body_timeout",
+                "max_connections",
+            },
+        ),
     ],
 )
 def test_every_setting_is_a_flag_of_the_same_name(command: str, not_applicable: set[str]) -> None:

@@ -270,3 +270,56 @@ def test_the_sandbox_is_mounted_only_where_it_is_the_provider(
     finally:
         plain.stop()
         pointed.stop()
+
+
+def test_slow_clients_are_cut_off_and_health_stays_responsive(
+    databases: Databases, tmp_path: Path
+) -> None:
+    database_url = databases.create("sqlite")
+    token = create_key(database_url, "sam")
+    port = free_port()
+    api = Process(
+        [
+            "serve",
+            "--no-workers",
+            "--port",
+            str(port),
+            "--database-url",
+            database_url,
+            "--header-timeout",
+            "2s",
+            "--body-timeout",
+            "2s",
+        ],
+        {},
+        tmp_path / "serve.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    heads: list[socket.socket] = []
+    bodies: list[socket.socket] = []
+    try:
+        api.wait_healthy(url + "/healthz")
+        for _ in range(100):  # a request head that never ends
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"POST /v1/payments HTTP/1.1\r\nHost: x\r\n")
+            heads.append(sock)
+        head = (
+            f"POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            f"Idempotency-Key: slow\r\nContent-Type: {JSON}\r\nContent-Length: 1000\r\n\r\n"
+        )
+        for _ in range(50):  # a body that never ends
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(head.encode() + b'{"amount": ')
+            bodies.append(sock)
+        with httpx.Client(timeout=1.0) as client:
+            assert client.get(url + "/healthz").status_code == 200
+        for sock in heads:  # closed by the server after the header timeout
+            sock.settimeout(10)
+            assert sock.recv(1024) == b""
+        for sock in bodies:  # answered 408 after the body timeout
+            sock.settimeout(10)
+            assert sock.recv(1024).startswith(b"HTTP/1.1 408")
+    finally:
+        for sock in heads + bodies:
+            sock.close()
+        api.stop()

@@ -79,6 +79,15 @@ PollInterval = Annotated[
 SweepInterval = Annotated[
     str | None, typer.Option("--sweep-interval", help="INTENTLEDGER_SWEEP_INTERVAL, e.g. 15s")
 ]
+HeaderTimeout = Annotated[
+    str | None, typer.Option("--header-timeout", help="INTENTLEDGER_HEADER_TIMEOUT, e.g. 10s")
+]
+BodyTimeout = Annotated[
+    str | None, typer.Option("--body-timeout", help="INTENTLEDGER_BODY_TIMEOUT, e.g. 30s")
+]
+MaxConnections = Annotated[
+    int | None, typer.Option("--max-connections", help="INTENTLEDGER_MAX_CONNECTIONS")
+]
 SafetyRules = Annotated[
     str | None, typer.Option("--safety-rules", help="INTENTLEDGER_SAFETY_RULES: a TOML file")
 ]
@@ -152,8 +161,12 @@ def serve(
     poll_interval: PollInterval = None,
     sweep_interval: SweepInterval = None,
     safety_rules: SafetyRules = None,
+    header_timeout: HeaderTimeout = None,
+    body_timeout: BodyTimeout = None,
+    max_connections: MaxConnections = None,
 ) -> None:
     """Run the HTTP API, plus the dispatcher (unless --no-workers) and the sandbox provider."""
+    from intentledger.http_server import server_options
     from intentledger.service import SANDBOX_MOUNT, build_service_app, mounts_sandbox
 
     settings = load_settings(
@@ -172,6 +185,9 @@ def serve(
         poll_interval=poll_interval,
         sweep_interval=sweep_interval,
         safety_rules=safety_rules,
+        header_timeout=header_timeout,
+        body_timeout=body_timeout,
+        max_connections=max_connections,
     )
     _configure_logging()
     _require_schema(settings, wait_for_database=True)
@@ -195,6 +211,7 @@ def serve(
         log_level="warning",
         lifespan="on",
         timeout_graceful_shutdown=5,
+        **server_options(settings.header_timeout.total_seconds(), settings.max_connections),
     )
 
 

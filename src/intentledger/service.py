@@ -142,6 +142,7 @@ def build_service_app(
         lifespan=lifespan,
         sync_writer=sync_writer,
         policy_for=retention_policy_for(settings),
+        body_timeout=settings.body_timeout.total_seconds(),
     )
     if mounts_sandbox(settings):
         app.mount(SANDBOX_MOUNT, build_sandbox_app(settings))

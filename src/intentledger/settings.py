@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     # claim are pre-submitted in one transaction, sent concurrently and recorded
     # in one transaction. The process runs ceil(concurrency / batch) loops.
     worker_batch: int = Field(default=8, ge=1, le=1024)
+    # Slow clients (http_server.py, api/edge.py): a request's head must arrive
+    # within header_timeout and its body within body_timeout; one API process
+    # holds at most max_connections connections and requests at once.
+    header_timeout: Duration = timedelta(seconds=10)
+    body_timeout: Duration = timedelta(seconds=30)
+    max_connections: int = Field(default=1000, ge=1, le=100_000)
     poll_interval: Duration = timedelta(milliseconds=200)
     # How often a worker looks for stale SUBMITTING operations.
     sweep_interval: Duration = timedelta(seconds=15)

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
 from intentledger.api.documents import event_documents, operation_document
-from intentledger.api.edge import EdgeGuard
+from intentledger.api.edge import DEFAULT_BODY_TIMEOUT, EdgeGuard
 from intentledger.api.mandate_routes import router as mandate_router
 from intentledger.api.operator_routes import router as operator_router
 from intentledger.api.problems import (
@@ -173,6 +173,7 @@ def create_app(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
     sync_writer: SyncWriter | None = None,
     policy_for: Callable[[str], RetentionPolicy] | None = None,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
 ) -> FastAPI:
     app = FastAPI(
         lifespan=lifespan,
@@ -194,7 +195,7 @@ def create_app(
     )
     install_problem_handlers(app)
     # Headers, path ids, authentication and the body are checked before any route.
-    app.add_middleware(EdgeGuard)
+    app.add_middleware(EdgeGuard, body_timeout=body_timeout)
     # Served without FastAPI's dependency solving; the APIRoute below documents it.
     app.router.routes.append(Route("/v1/payments", create_payment, methods=["POST"]))
     app.include_router(router)

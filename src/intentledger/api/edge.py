@@ -10,7 +10,8 @@ and happen *before* a body is read or a route writes anything:
    before it can reach a `VARCHAR(40)` column;
 3. authentication, before the body is read: no work for strangers -> 401;
 4. the body: `Content-Encoding` other than identity -> 415; a declared or
-   streamed size over 64 KiB -> 413; a non-empty body that is not
+   streamed size over 64 KiB -> 413; not all there within the body timeout
+   (a client trickling it) -> 408; a non-empty body that is not
    `application/json` (charset utf-8 or none) -> 415; then one strict JSON
    parse (UTF-8 only, no byte-order mark, no duplicate keys, no NaN or
    Infinity, integers of at most 40 digits, at most 32 levels of nesting, no
@@ -22,6 +23,7 @@ Every refusal is an `application/problem+json` answer and writes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -34,6 +36,7 @@ from intentledger.api.auth import authenticate
 from intentledger.api.problems import Problem, problem_response
 
 MAX_BODY_BYTES = 64 * 1024
+DEFAULT_BODY_TIMEOUT = 30.0
 MAX_JSON_DEPTH = 32
 MAX_INTEGER_DIGITS = 40
 # The ids this service issues (op_…, md_…, crd_…, ben_…) and its literal path
@@ -47,8 +50,9 @@ NO_BODY = object()
 
 
 class EdgeGuard:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, body_timeout: float = DEFAULT_BODY_TIMEOUT) -> None:
         self.app = app
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(GUARDED_PREFIX):
@@ -78,7 +82,7 @@ class EdgeGuard:
         await authenticate(request)
         if scope["method"] not in BODY_METHODS:
             return receive
-        body = await _read_body(headers, receive)
+        body = await _read_body(headers, receive, self.body_timeout)
         scope.setdefault("state", {})[JSON_STATE] = (
             parse_json(body, headers.get(b"content-type")) if body else NO_BODY
         )
@@ -113,7 +117,7 @@ def _refuse_unknown_path(path: str) -> None:
             )
 
 
-async def _read_body(headers: dict[bytes, bytes], receive: Receive) -> bytes:
+async def _read_body(headers: dict[bytes, bytes], receive: Receive, within: float) -> bytes:
     encoding = headers.get(b"content-encoding", b"identity").strip().lower()
     if encoding not in (b"", b"identity"):
         raise Problem(
@@ -126,15 +130,25 @@ async def _read_body(headers: dict[bytes, bytes], receive: Receive) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise too_large()
     body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        body += message.get("body", b"")
-        if len(body) > MAX_BODY_BYTES:
-            raise too_large()
-        if not message.get("more_body", False):
-            break
+    try:
+        async with asyncio.timeout(within):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    break
+                body += message.get("body", b"")
+                if len(body) > MAX_BODY_BYTES:
+                    raise too_large()
+                if not message.get("more_body", False):
+                    break
+    except TimeoutError as exc:
+        raise Problem(
+            408,
+            "body-timeout",
+            "Request Timeout",
+            f"the body did not arrive within {within:g} s",
+            headers={"Connection": "close"},
+        ) from exc
     return bytes(body)
 
 
