@@ -323,3 +323,13 @@ def test_slow_clients_are_cut_off_and_health_stays_responsive(
         for sock in heads + bodies:
             sock.close()
         api.stop()
+
+
+def test_a_json_null_body_is_a_clean_refusal(edge: Service) -> None:
+    for path in ("/v1/payments", "/v1/cards", "/v1/mandates"):
+        response = httpx.post(
+            f"{edge.url}{path}",
+            content=b"null",
+            headers={**edge.headers(key="edge-null"), "Content-Type": JSON},
+        )
+        assert_problem(response, 422)

@@ -73,7 +73,7 @@ def create_key(database_url: str, actor: str, operator: bool = False) -> str:
 
 
 @contextmanager
-def serving(database_url: str, workdir: Path) -> Iterator[str]:
+def serving(database_url: str, workdir: Path, *extra: str) -> Iterator[str]:
     """`intentledger serve --no-workers` on `database_url`; yields its base URL."""
     port = free_port()
     proc = Process(
@@ -86,6 +86,7 @@ def serving(database_url: str, workdir: Path) -> Iterator[str]:
             database_url,
             "--sandbox-database",
             str(workdir / "sandbox.db"),
+            *extra,
         ],
         {},
         workdir / "serve.log",

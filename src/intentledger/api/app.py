@@ -19,6 +19,7 @@ from intentledger.api.bodies import read_json_object
 from intentledger.api.documents import event_documents, operation_document
 from intentledger.api.edge import DEFAULT_BODY_TIMEOUT, EdgeGuard
 from intentledger.api.mandate_routes import router as mandate_router
+from intentledger.api.openapi import install_openapi
 from intentledger.api.operator_routes import router as operator_router
 from intentledger.api.problems import (
     Problem,
@@ -202,4 +203,5 @@ def create_app(
     app.include_router(operator_router)
     app.include_router(mandate_router)
     app.include_router(resource_router)
+    install_openapi(app)
     return app

@@ -12,8 +12,10 @@ from intentledger.api.problems import Problem
 
 async def read_json_body(request: Request) -> Any:
     """The body's JSON value, as the edge parsed it under its strict rules."""
-    parsed = request.scope.get("state", {}).get(JSON_STATE)
-    assert parsed is not None, "every /v1 route with a body sits behind the edge"
+    # A JSON `null` body parses to None: absence is told by the key, not the value.
+    state = request.scope.get("state", {})
+    assert JSON_STATE in state, "every /v1 route with a body sits behind the edge"
+    parsed = state[JSON_STATE]
     if parsed is NO_BODY:
         raise Problem(400, "malformed-json", "Bad Request", "the body is empty: send a JSON object")
     return parsed

@@ -6,16 +6,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
 from intentledger.api.documents import json_value
 from intentledger.api.problems import Problem, invalid_body_response
-from intentledger.api.schemas import MAX_AMOUNT
+from intentledger.api.schemas import MAX_AMOUNT, Currency
 from intentledger.api.validation import valid_idempotency_key
 from intentledger.domain.canonical import request_hash
-from intentledger.domain.currencies import normalise_currency
 from intentledger.engine import mandates
 from intentledger.store.tables import Record
 
@@ -27,7 +26,7 @@ IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 class MandateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    currency: Annotated[str, AfterValidator(normalise_currency)]
+    currency: Currency
     max_amount: int = Field(gt=0, le=MAX_AMOUNT, description="Largest single payment, minor units.")
     total_limit: int = Field(gt=0, le=MAX_AMOUNT, description="All payments together, minor units.")
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
@@ -43,7 +43,17 @@ class ScenarioBody(BaseModel):
 
 class BeneficiaryRequest(ScenarioBody):
     name: str = Field(min_length=1, max_length=140)
-    iban: Annotated[str, AfterValidator(normalise_iban)]
+    iban: Annotated[
+        str,
+        AfterValidator(normalise_iban),
+        # What normalise_iban accepts, less the check digits no pattern can state.
+        WithJsonSchema(
+            {
+                "type": "string",
+                "pattern": "^ *[A-Za-z] *[A-Za-z] *[0-9] *[0-9]( *[A-Za-z0-9]){11,30} *$",
+            }
+        ),
+    ]
 
 
 class CardRequest(ScenarioBody):

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from intentledger.domain.currencies import normalise_currency
 
 # Stripe's own ceiling on a charge amount is 99,999,999 minor units; we allow
 # far more, but not beyond what every database integer type holds exactly.
 MAX_AMOUNT = 10**15
+
+# Documented as three letters (a superset of what normalise_currency accepts),
+# so the OpenAPI document is never stricter than the API, nor much looser.
+Currency = Annotated[
+    str,
+    AfterValidator(normalise_currency),
+    WithJsonSchema({"type": "string", "pattern": "^[A-Za-z]{3}$"}),
+]
 
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=40)]
 MetadataValue = Annotated[str, StringConstraints(max_length=500)]
@@ -20,8 +28,8 @@ class PaymentRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     amount: int = Field(gt=0, le=MAX_AMOUNT, description="Amount in minor units (cents).")
-    currency: Annotated[str, AfterValidator(normalise_currency)] = Field(
-        description="ISO 4217 alphabetic code, e.g. EUR.", examples=["EUR"]
+    currency: Currency = Field(
+        description="ISO 4217 alphabetic code, e.g. EUR (case-insensitive).", examples=["EUR"]
     )
     payment_method: str = Field(
         min_length=1, max_length=255, description="Provider payment method, e.g. pm_ok."
