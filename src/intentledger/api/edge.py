@@ -86,7 +86,7 @@ class EdgeGuard:
         scope.setdefault("state", {})[JSON_STATE] = (
             parse_json(body, headers.get(b"content-type")) if body else NO_BODY
         )
-        return _replay(body)
+        return _replay(body, receive)
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -158,7 +158,9 @@ def too_large() -> Problem:
     )
 
 
-def _replay(body: bytes) -> Receive:
+def _replay(body: bytes, original: Receive) -> Receive:
+    """The body once, as the route expects to read it; after that the server's
+    own channel, so a real disconnect is still reported when it happens."""
     sent = False
 
     async def receive() -> Message:
@@ -166,7 +168,7 @@ def _replay(body: bytes) -> Receive:
         if not sent:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
-        return {"type": "http.disconnect"}
+        return await original()
 
     return receive
 
