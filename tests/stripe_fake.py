@@ -1,0 +1,937 @@
+"""A test-only fake of Stripe's v1 API: localstripe, with a proxy of ours in front.
+
+localstripe (GPL-3, a test tool, never shipped) keeps the state: customers,
+payment methods, PaymentIntents, charges, refunds. It lacks what the Stripe
+adapter's failure handling depends on, so the proxy adds it:
+
+- Stripe's documented idempotency (https://docs.stripe.com/api/idempotent_requests):
+  replays with `Idempotent-Replayed: true`, 400 for a key reused with other
+  parameters, 409 while the key's first request is still running, and expiry
+  (modelling the 24 h pruning) on demand;
+- a `Request-Id` header on every answer;
+- `GET /v1/payment_intents/search` for `metadata['KEY']:'VALUE'`, with Stripe's
+  indexing lag;
+- Stripe's shapes where localstripe differs: `latest_charge` is an id, declines
+  are `card_error` and carry the PaymentIntent, `description` is accepted;
+- faults on creates (429, 500 before or after executing, a dropped or held
+  answer, a refused connection), from a queue or a seeded random mix.
+
+The proxy and localstripe run as their own OS processes, so a dropped connection
+or a refused port is a real one. A control port, which stays up while the public
+port refuses, configures the proxy and reads its log.
+
+    python -m tests.stripe_fake localstripe --port L --pickle PATH
+    python -m tests.stripe_fake proxy --port P --control-port C --upstream http://127.0.0.1:L
+
+Tests use `StripeFake` (a context manager that runs both) or the `stripe_fake`
+and `fresh_stripe` fixtures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode
+
+import aiohttp
+import httpx
+import pytest
+from aiohttp import web
+
+if TYPE_CHECKING:
+    import stripe
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FAKE_API_KEY = "sk_test_fake"
+
+FAULTS = (
+    "none",
+    "rate_limited",
+    "error_before",
+    "error_after",
+    "reset_after",
+    "hold_after",
+    "refuse",
+)
+# Only creates get faults: they are the calls whose outcome can become unknown,
+# while retrieve, list and search must stay usable to find out what happened.
+FAULTED_CREATES = frozenset({"/v1/payment_intents", "/v1/refunds"})
+PAYMENT_INTENT_CREATE = "/v1/payment_intents"
+SEARCH_PATH = "/v1/payment_intents/search"
+# localstripe rejects parameters it does not model; real Stripe accepts these.
+STRIPPED_FROM_CREATE = frozenset({"description"})
+# Stripe's search syntax for one metadata clause; either quote style is valid there.
+METADATA_CLAUSE = re.compile(
+    r"""^\s*metadata\[(?P<kq>['"])(?P<key>[^'"]+)(?P=kq)\]\s*:\s*(?P<vq>['"])(?P<value>[^'"]*)(?P=vq)\s*$"""
+)
+# Headers Stripe's API reads; everything else (Host, Content-Length, ...) is
+# per-hop, and the Idempotency-Key is ours to honour, not localstripe's.
+FORWARDED_HEADERS = ("Authorization", "Content-Type", "Stripe-Version", "Stripe-Account")
+
+
+@dataclass
+class ProxyConfig:
+    queue: list[str] = field(default_factory=list)
+    mix: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
+    search_lag: float = 0.0
+    search: bool = True
+    retry_after: float = 1.0
+    hold_seconds: float = 30.0
+    refuse_seconds: float = 0.5
+
+
+@dataclass
+class Answer:
+    """An HTTP answer as the proxy keeps it for an idempotency key."""
+
+    status: int
+    body: bytes
+    request_id: str
+    content_type: str = "application/json"
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            return None
+
+
+@dataclass
+class KeyRecord:
+    """One idempotency key: the request that first used it and, once known, its answer."""
+
+    scope: tuple[str, str]
+    fingerprint: tuple[str, str, tuple[tuple[str, str], ...]]
+    answer: Answer | None = None
+    in_flight: bool = True
+
+
+class Aborted(Exception):
+    """The client's connection was dropped on purpose; there is nothing to answer."""
+
+
+def _json_bytes(payload: Any) -> bytes:
+    return json.dumps(payload, indent=2, sort_keys=True).encode()
+
+
+def _error(type_: str, message: str, **extra: str) -> dict[str, Any]:
+    return {"error": {"type": type_, "message": message, **extra}}
+
+
+def _api_error(message: str) -> dict[str, Any]:
+    return _error("api_error", message)
+
+
+def _form_pairs(body: bytes, content_type: str) -> list[tuple[str, str]]:
+    if not body or (content_type and content_type != "application/x-www-form-urlencoded"):
+        return []
+    return parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+
+
+def _params_dict(pairs: list[tuple[str, str]]) -> dict[str, str | list[str]]:
+    """Form pairs as one flat dict (`metadata[k]` stays one key); a repeated key becomes a list."""
+    params: dict[str, str | list[str]] = {}
+    for key, value in pairs:
+        if key not in params:
+            params[key] = value
+            continue
+        previous = params[key]
+        params[key] = [*previous, value] if isinstance(previous, list) else [previous, value]
+    return params
+
+
+def _secret_key(authorization: str) -> str:
+    scheme, _, credential = authorization.partition(" ")
+    return credential.strip() if scheme.lower() == "bearer" else authorization
+
+
+def _shape_payment_intent(intent: dict[str, Any]) -> None:
+    # Real Stripe returns the charge's id unless the caller expands it.
+    charge = intent.get("latest_charge")
+    if isinstance(charge, dict):
+        intent["latest_charge"] = charge.get("id")
+    # localstripe records only card declines here, and leaves out their type.
+    error = intent.get("last_payment_error")
+    if isinstance(error, dict) and "type" not in error:
+        error["type"] = "card_error"
+
+
+def _stripe_shaped(payload: Any) -> Any:
+    """Rewrite localstripe's JSON in place where it differs from real Stripe's."""
+    if not isinstance(payload, dict):
+        return payload
+    kind = payload.get("object")
+    if kind == "payment_intent":
+        _shape_payment_intent(payload)
+    elif kind in ("list", "search_result"):
+        for item in payload.get("data") or []:
+            _stripe_shaped(item)
+    error = payload.get("error")
+    if isinstance(error, dict) and isinstance(error.get("payment_intent"), dict):
+        _shape_payment_intent(error["payment_intent"])
+    return payload
+
+
+def _is_validation_failure(answer: Answer) -> bool:
+    """Did the endpoint refuse the request before executing anything?
+
+    Stripe saves no idempotent result then ("If incoming parameters failed
+    validation, or the request conflicted with another that was executing
+    concurrently, no idempotent result is saved"). localstripe's 400, 404 and
+    409 are such refusals: bad parameters, an unknown id, a conflict.
+    """
+    if answer.status not in (400, 404, 409):
+        return False
+    body = answer.json()
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and error.get("type") == "invalid_request_error"
+
+
+def _abort_connection(request: web.BaseRequest) -> None:
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        # Zero linger turns the close into a TCP reset: the client sees the
+        # connection dropped mid-request, with no HTTP answer at all.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+class PublicListener:
+    """The public port, which faults and tests can close (connections are then
+    refused by the kernel) and reopen on the same port."""
+
+    def __init__(self, port: int, protocol_factory: web.Server) -> None:
+        self.port = port
+        self._protocol_factory = protocol_factory
+        self._server: asyncio.Server | None = None
+        self._reopen: asyncio.TimerHandle | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._server is not None
+
+    async def open(self) -> None:
+        self._cancel_reopen()
+        if self._server is not None:
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            # The port was ours a moment ago; its old connections may sit in TIME_WAIT.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", self.port))
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._protocol_factory, sock=sock)
+
+    def close(self) -> None:
+        self._cancel_reopen()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        # Stripe being unreachable also ends idle keep-alive connections, or a
+        # pooled client would keep talking to the "down" server. Connections
+        # with a request in progress close once it is answered.
+        for connection in self._protocol_factory.connections:
+            connection.close()
+
+    def close_for(self, seconds: float) -> None:
+        self.close()
+        loop = asyncio.get_running_loop()
+        self._reopen = loop.call_later(seconds, lambda: loop.create_task(self.open()))
+
+    def _cancel_reopen(self) -> None:
+        if self._reopen is not None:
+            self._reopen.cancel()
+            self._reopen = None
+
+
+class Proxy:
+    def __init__(self, upstream: str, public_port: int) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.public_port = public_port
+        self.config = ProxyConfig()
+        self.rng = random.Random(self.config.seed)
+        self.keys: dict[tuple[str, str], KeyRecord] = {}
+        # When each PaymentIntent's create answer passed through: search hides it until the lag.
+        self.created_at: dict[str, float] = {}
+        self.log: list[dict[str, Any]] = []
+        self.session: aiohttp.ClientSession | None = None
+        self.listener: PublicListener | None = None
+        self._runners: list[web.AppRunner] = []
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def start(self, control_port: int) -> None:
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        public = web.Application(client_max_size=2**20)
+        public.router.add_route("*", "/{tail:.*}", self.handle_public)
+        # A short shutdown: held answers must not keep a stopping proxy alive.
+        public_runner = web.AppRunner(public, access_log=None, shutdown_timeout=0.2)
+        await public_runner.setup()
+        assert public_runner.server is not None
+        self.listener = PublicListener(self.public_port, public_runner.server)
+        await self.listener.open()
+
+        control = web.Application()
+        control.router.add_get("/_proxy/health", self.control_health)
+        control.router.add_post("/_proxy/config", self.control_config)
+        control.router.add_post("/_proxy/listener", self.control_listener)
+        control.router.add_post("/_proxy/expire-keys", self.control_expire_keys)
+        control.router.add_get("/_proxy/log", self.control_log)
+        control.router.add_post("/_proxy/reset", self.control_reset)
+        control_runner = web.AppRunner(control, access_log=None, shutdown_timeout=0.2)
+        await control_runner.setup()
+        await web.TCPSite(control_runner, "127.0.0.1", control_port, reuse_address=True).start()
+        self._runners = [public_runner, control_runner]
+
+    async def stop(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+        for runner in self._runners:
+            await runner.cleanup()
+        if self.session is not None:
+            await self.session.close()
+
+    # -- control port --------------------------------------------------------
+
+    async def control_health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "listening": self._listener().is_open})
+
+    async def control_config(self, request: web.Request) -> web.Response:
+        try:
+            changes = await request.json()
+            self._apply_config(changes)
+        except (ValueError, TypeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(self._config_json())
+
+    def _apply_config(self, changes: Any) -> None:
+        if not isinstance(changes, dict):
+            raise ValueError("config must be a JSON object")
+        unknown = set(changes) - set(ProxyConfig.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown config keys: {sorted(unknown)}")
+        config = self.config
+        if "queue" in changes:
+            queue = [str(name) for name in changes["queue"]]
+            _check_faults(queue)
+            config.queue = queue
+        if "mix" in changes:
+            mix = {str(name): float(weight) for name, weight in dict(changes["mix"]).items()}
+            _check_faults(mix)
+            if any(weight < 0 for weight in mix.values()):
+                raise ValueError("mix weights must not be negative")
+            config.mix = mix
+        if "seed" in changes:
+            config.seed = int(changes["seed"])
+            self.rng = random.Random(config.seed)
+        for name in ("search_lag", "retry_after", "hold_seconds", "refuse_seconds"):
+            if name in changes:
+                setattr(config, name, float(changes[name]))
+        if "search" in changes:
+            config.search = bool(changes["search"])
+
+    def _config_json(self) -> dict[str, Any]:
+        return {name: getattr(self.config, name) for name in ProxyConfig.__dataclass_fields__}
+
+    async def control_listener(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if not isinstance(body, dict) or not isinstance(body.get("open"), bool):
+            return web.json_response({"error": 'expected {"open": true|false}'}, status=400)
+        if body["open"]:
+            await self._listener().open()
+        else:
+            self._listener().close()
+        return web.json_response({"open": self._listener().is_open})
+
+    async def control_expire_keys(self, request: web.Request) -> web.Response:
+        # Keys still in flight stay: Stripe prunes keys by age, and an
+        # in-flight one is younger than any stored answer.
+        expired = [scope for scope, record in self.keys.items() if not record.in_flight]
+        for scope in expired:
+            del self.keys[scope]
+        return web.json_response({"expired": len(expired)})
+
+    async def control_log(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": self.log})
+
+    async def control_reset(self, request: web.Request) -> web.Response:
+        self.config = ProxyConfig()
+        self.rng = random.Random(self.config.seed)
+        self.keys.clear()
+        self.created_at.clear()
+        self.log.clear()
+        await self._listener().open()
+        async with self._session().delete(f"{self.upstream}/_config/data") as response:
+            if response.status != 200:
+                text = await response.text()
+                return web.json_response({"error": f"localstripe: {text}"}, status=502)
+        return web.json_response({"ok": True})
+
+    # -- public port ---------------------------------------------------------
+
+    async def handle_public(self, request: web.Request) -> web.StreamResponse:
+        request_id = "req_" + secrets.token_hex(7)
+        body = await request.read()
+        pairs = [*request.query.items(), *_form_pairs(body, request.content_type)]
+        entry: dict[str, Any] = {
+            "at": time.time(),
+            "request_id": request_id,
+            "method": request.method,
+            "path": request.path,
+            "idempotency_key": request.headers.get("Idempotency-Key"),
+            "fault": "none",
+            "status": None,
+            "replayed": False,
+            "forwarded": False,
+            "params": _params_dict(pairs),
+            "done": False,
+        }
+        self.log.append(entry)
+        try:
+            answer, headers = await self._dispatch(request, body, pairs, entry, request_id)
+        except Aborted:
+            entry["done"] = True
+            # The connection is gone; aiohttp has nothing left to write to.
+            return web.Response(status=499)
+        except Exception as exc:  # the fake itself failed: say so, as Stripe would
+            answer = Answer(500, _json_bytes(_api_error(f"stripe fake: {exc!r}")), request_id)
+            headers = {}
+        entry["status"] = answer.status
+        entry["done"] = True
+        return web.Response(
+            status=answer.status,
+            body=answer.body,
+            content_type=answer.content_type,
+            headers={"Request-Id": request_id, **headers},
+        )
+
+    async def _dispatch(
+        self,
+        request: web.Request,
+        body: bytes,
+        pairs: list[tuple[str, str]],
+        entry: dict[str, Any],
+        request_id: str,
+    ) -> tuple[Answer, dict[str, str]]:
+        if request.method == "GET" and request.path == SEARCH_PATH:
+            return await self._search(request, request_id), {}
+
+        fault = "none"
+        if request.method == "POST" and request.path in FAULTED_CREATES:
+            fault = self._draw_fault()
+        entry["fault"] = fault
+
+        # Refusals at Stripe's front door: nothing runs and no key is touched.
+        if fault == "rate_limited":
+            return self._rate_limited(request_id)
+        if fault == "error_before":
+            message = "An error occurred before the request was executed (injected)."
+            return Answer(500, _json_bytes(_api_error(message)), request_id), {}
+        if fault == "refuse":
+            self._listener().close_for(self.config.refuse_seconds)
+            _abort_connection(request)
+            raise Aborted
+
+        record: KeyRecord | None = None
+        idempotency_key = request.headers.get("Idempotency-Key")
+        if request.method == "POST" and idempotency_key:
+            scope = (_secret_key(request.headers.get("Authorization", "")), idempotency_key)
+            fingerprint = (request.method, request.path, tuple(sorted(pairs)))
+            known = self.keys.get(scope)
+            if known is not None:
+                answer, headers = self._known_key_answer(known, fingerprint, idempotency_key)
+                entry["replayed"] = headers.get("Idempotent-Replayed") == "true"
+                fresh = Answer(answer.status, answer.body, request_id, answer.content_type)
+                return await self._deliver(request, fresh, headers, fault)
+            record = KeyRecord(scope, fingerprint)
+            self.keys[scope] = record
+
+        # Shielded: once forwarded, the answer is recorded even if this handler is cancelled.
+        answer = await asyncio.shield(
+            self._execute(request, body, pairs, record, fault, request_id)
+        )
+        entry["forwarded"] = True
+        if fault == "error_after":
+            return self._error_after(request_id)
+        if fault == "reset_after":
+            _abort_connection(request)
+            raise Aborted
+        if fault == "hold_after":
+            await asyncio.sleep(self.config.hold_seconds)
+        return answer, {}
+
+    def _known_key_answer(
+        self,
+        known: KeyRecord,
+        fingerprint: tuple[str, str, tuple[tuple[str, str], ...]],
+        idempotency_key: str,
+    ) -> tuple[Answer, dict[str, str]]:
+        if known.in_flight or known.answer is None:
+            message = (
+                "There is currently another in-progress request using this Idempotent Key "
+                "(that probably means you submitted twice, and the other request is still "
+                f"going through): {idempotency_key}. Please try again later."
+            )
+            payload = _error("idempotency_error", message, code="idempotency_key_in_use")
+            return Answer(409, _json_bytes(payload), ""), {}
+        if known.fingerprint != fingerprint:
+            message = (
+                "Keys for idempotent requests can only be used with the same parameters they "
+                f"were first used with. Try using a key other than '{idempotency_key}' if you "
+                "meant to execute a different request."
+            )
+            return Answer(400, _json_bytes(_error("idempotency_error", message)), ""), {}
+        stored = known.answer
+        return stored, {"Idempotent-Replayed": "true", "Original-Request": stored.request_id}
+
+    async def _deliver(
+        self, request: web.Request, answer: Answer, headers: dict[str, str], fault: str
+    ) -> tuple[Answer, dict[str, str]]:
+        """An answer that executed nothing (a replay or a key conflict): faults
+        after execution touch only its delivery."""
+        if fault == "error_after":
+            return self._error_after(answer.request_id)
+        if fault == "reset_after":
+            _abort_connection(request)
+            raise Aborted
+        if fault == "hold_after":
+            await asyncio.sleep(self.config.hold_seconds)
+        return answer, headers
+
+    async def _execute(
+        self,
+        request: web.Request,
+        body: bytes,
+        pairs: list[tuple[str, str]],
+        record: KeyRecord | None,
+        fault: str,
+        request_id: str,
+    ) -> Answer:
+        try:
+            answer = await self._forward(request, body, pairs, request_id)
+        except BaseException:
+            # Whether it ran upstream is unknown to us; leave the key free for a retry.
+            if record is not None and self.keys.get(record.scope) is record:
+                del self.keys[record.scope]
+            raise
+        if record is None:
+            return answer
+        if _is_validation_failure(answer):
+            if self.keys.get(record.scope) is record:
+                del self.keys[record.scope]
+            return answer
+        record.answer = self._error_after(request_id)[0] if fault == "error_after" else answer
+        if fault == "hold_after":
+            # Stripe is still "working" while the answer is held: a retry meanwhile gets 409.
+            # A timer, not this handler, ends that, so a client that gives up changes nothing.
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.config.hold_seconds, _finish, record)
+        else:
+            record.in_flight = False
+        return answer
+
+    async def _forward(
+        self, request: web.Request, body: bytes, pairs: list[tuple[str, str]], request_id: str
+    ) -> Answer:
+        headers = {
+            name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers
+        }
+        is_intent_create = request.method == "POST" and request.path == PAYMENT_INTENT_CREATE
+        if is_intent_create and any(key in STRIPPED_FROM_CREATE for key, _ in pairs):
+            kept = [
+                (k, v)
+                for k, v in _form_pairs(body, request.content_type)
+                if k not in STRIPPED_FROM_CREATE
+            ]
+            body = urlencode(kept).encode()
+        url = f"{self.upstream}{request.path_qs}"
+        async with self._session().request(
+            request.method, url, data=body or None, headers=headers
+        ) as upstream:
+            status = upstream.status
+            raw = await upstream.read()
+            content_type = upstream.content_type or "application/json"
+        if content_type != "application/json":
+            return Answer(status, raw, request_id, content_type)
+        payload = _stripe_shaped(json.loads(raw))
+        if status == 402:
+            await self._shape_decline(payload, request)
+        if is_intent_create:
+            self._note_created(payload)
+        return Answer(status, _json_bytes(payload), request_id)
+
+    async def _shape_decline(self, payload: Any, request: web.Request) -> None:
+        error = payload.get("error") if isinstance(payload, dict) else None
+        if not isinstance(error, dict):
+            return
+        # localstripe types every error invalid_request_error; Stripe's 402s are card errors.
+        error["type"] = "card_error"
+        charge_id = error.get("charge")
+        if not request.path.startswith("/v1/payment_intents") or not isinstance(charge_id, str):
+            return
+        # Stripe puts the declined PaymentIntent into the error; localstripe only names the charge.
+        auth = {"Authorization": request.headers.get("Authorization", "")}
+        charge = await self._get_json(f"/v1/charges/{charge_id}", auth)
+        intent_id = charge.get("payment_intent") if isinstance(charge, dict) else None
+        if isinstance(intent_id, str):
+            intent = await self._get_json(f"/v1/payment_intents/{intent_id}", auth)
+            if isinstance(intent, dict) and intent.get("object") == "payment_intent":
+                error["payment_intent"] = _stripe_shaped(intent)
+
+    async def _get_json(self, path: str, headers: dict[str, str]) -> Any:
+        async with self._session().get(f"{self.upstream}{path}", headers=headers) as response:
+            if response.status != 200:
+                return None
+            return await response.json()
+
+    def _note_created(self, payload: Any) -> None:
+        intent: Any = payload
+        if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+            intent = payload["error"].get("payment_intent")
+        if isinstance(intent, dict) and isinstance(intent.get("id"), str):
+            self.created_at.setdefault(intent["id"], time.time())
+
+    async def _search(self, request: web.Request, request_id: str) -> Answer:
+        if not self.config.search:
+            message = f"Unrecognized request URL (GET: {SEARCH_PATH})."
+            return Answer(404, _json_bytes(_error("invalid_request_error", message)), request_id)
+        match = METADATA_CLAUSE.match(request.query.get("query", ""))
+        if match is None:
+            message = (
+                "This fake's search supports only queries of the form metadata['KEY']:'VALUE'."
+            )
+            return Answer(400, _json_bytes(_error("invalid_request_error", message)), request_id)
+        key, value = match["key"], match["value"]
+        auth = {"Authorization": request.headers.get("Authorization", "")}
+        now = time.time()
+        found = []
+        for intent in await self._all_payment_intents(auth):
+            if (intent.get("metadata") or {}).get(key) != value:
+                continue
+            seen = self.created_at.get(intent["id"])
+            if seen is not None and now - seen < self.config.search_lag:
+                continue  # not indexed yet, as with Stripe's search shortly after a create
+            found.append(_stripe_shaped(intent))
+        found.sort(key=lambda intent: intent.get("created") or 0, reverse=True)
+        result = {
+            "object": "search_result",
+            "data": found,
+            "has_more": False,
+            "next_page": None,
+            "url": SEARCH_PATH,
+        }
+        return Answer(200, _json_bytes(result), request_id)
+
+    async def _all_payment_intents(self, auth: dict[str, str]) -> list[dict[str, Any]]:
+        intents: list[dict[str, Any]] = []
+        params: dict[str, str] = {"limit": "100"}
+        while True:
+            async with self._session().get(
+                f"{self.upstream}/v1/payment_intents", params=params, headers=auth
+            ) as response:
+                response.raise_for_status()
+                page = await response.json()
+            intents.extend(page["data"])
+            if not page.get("has_more") or not page["data"]:
+                return intents
+            params["starting_after"] = page["data"][-1]["id"]
+
+    # -- faults --------------------------------------------------------------
+
+    def _draw_fault(self) -> str:
+        if self.config.queue:
+            return self.config.queue.pop(0)
+        weights = {name: weight for name, weight in self.config.mix.items() if weight > 0}
+        if not weights:
+            return "none"
+        return self.rng.choices(list(weights), weights=list(weights.values()))[0]
+
+    def _rate_limited(self, request_id: str) -> tuple[Answer, dict[str, str]]:
+        message = (
+            "Too many requests hit the API too quickly. We recommend an exponential "
+            "backoff of your requests."
+        )
+        payload = _error("rate_limit_error", message, code="rate_limit")
+        headers = {
+            "Retry-After": f"{self.config.retry_after:g}",
+            "Stripe-Should-Retry": "true",
+        }
+        return Answer(429, _json_bytes(payload), request_id), headers
+
+    def _error_after(self, request_id: str) -> tuple[Answer, dict[str, str]]:
+        message = "An error occurred after the request was executed (injected)."
+        return Answer(500, _json_bytes(_api_error(message)), request_id), {}
+
+    def _listener(self) -> PublicListener:
+        assert self.listener is not None, "proxy not started"
+        return self.listener
+
+    def _session(self) -> aiohttp.ClientSession:
+        assert self.session is not None, "proxy not started"
+        return self.session
+
+
+def _finish(record: KeyRecord) -> None:
+    record.in_flight = False
+
+
+def _check_faults(names: Any) -> None:
+    unknown = sorted(set(names) - set(FAULTS))
+    if unknown:
+        raise ValueError(f"unknown faults {unknown}; known: {list(FAULTS)}")
+
+
+async def serve_proxy(port: int, control_port: int, upstream: str) -> None:
+    proxy = Proxy(upstream, port)
+    await proxy.start(control_port)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    print(f"stripe fake proxy on 127.0.0.1:{port}, control {control_port}", flush=True)
+    await stopping.wait()
+    await proxy.stop()
+
+
+def run_localstripe(port: int, pickle_path: Path) -> None:
+    """localstripe's own entry point, with its store file moved off the shared
+    /tmp/localstripe.pickle so that concurrent test sessions do not share it."""
+    import pickle
+
+    from localstripe import resources, server  # type: ignore[import-untyped]
+
+    def load(store: Any) -> None:
+        with contextlib.suppress(FileNotFoundError), pickle_path.open("rb") as file:
+            saved = pickle.load(file)
+            store.clear()
+            store.update(saved)
+
+    def dump(store: Any) -> None:
+        with pickle_path.open("wb") as file:
+            pickle.dump(store, file, protocol=pickle.HIGHEST_PROTOCOL)
+
+    resources.Store.try_load_from_disk = load
+    resources.Store.dump_to_disk = dump
+    sys.argv = ["localstripe", "--port", str(port), "--from-scratch"]
+    server.start()
+
+
+# -- the Python side, for tests ------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class StripeFake:
+    """localstripe plus the proxy, as two subprocesses on free ports."""
+
+    def __init__(self, workdir: Path | None = None, startup_timeout: float = 20.0) -> None:
+        self._own_workdir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="stripe-fake-"))
+        self.startup_timeout = startup_timeout
+        self.localstripe_port = free_port()
+        self.public_port = free_port()
+        self.control_port = free_port()
+        self.api_base = f"http://127.0.0.1:{self.public_port}"
+        self.truth_base = f"http://127.0.0.1:{self.localstripe_port}"
+        self.control_base = f"http://127.0.0.1:{self.control_port}"
+        self._processes: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self._log_files: list[Any] = []
+
+    def __enter__(self) -> StripeFake:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        try:
+            pickle_path = self.workdir / "localstripe.pickle"
+            self._spawn(
+                "localstripe", ["--port", str(self.localstripe_port), "--pickle", str(pickle_path)]
+            )
+            self._spawn(
+                "proxy",
+                [
+                    *("--port", str(self.public_port)),
+                    *("--control-port", str(self.control_port)),
+                    *("--upstream", self.truth_base),
+                ],
+            )
+            self._wait_until_up()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _spawn(self, command: str, args: list[str]) -> None:
+        log = self.workdir / f"{command}.log"
+        log_file = log.open("ab")
+        self._log_files.append(log_file)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "tests.stripe_fake", command, *args],
+            cwd=REPO_ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+        self._processes.append((popen, log))
+
+    def _wait_until_up(self) -> None:
+        # The proxy opens its public port before its control port, so a healthy
+        # control port means both are up; probing the public port would put the
+        # probe into the proxy's request log.
+        probes = [
+            (f"{self.truth_base}/v1/payment_intents?limit=1", f"Bearer {FAKE_API_KEY}"),
+            (f"{self.control_base}/_proxy/health", ""),
+        ]
+        deadline = time.monotonic() + self.startup_timeout
+        for url, authorization in probes:
+            headers = {"Authorization": authorization} if authorization else {}
+            while True:
+                for popen, log in self._processes:
+                    if popen.poll() is not None:
+                        output = log.read_text(errors="replace")
+                        raise RuntimeError(f"{popen.args!r} exited early:\n{output}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(url, headers=headers, timeout=1.0).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"stripe fake not up after {self.startup_timeout}s ({url}):\n"
+                        + self.output()
+                    )
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        for popen, _ in self._processes:
+            if popen.poll() is None:
+                popen.terminate()
+        for popen, _ in self._processes:
+            try:
+                popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait(timeout=5)
+        self._processes.clear()
+        for log_file in self._log_files:
+            log_file.close()
+        self._log_files.clear()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def output(self) -> str:
+        """Both processes' logs, for a failing test's message."""
+        return "\n".join(
+            f"--- {log.name}\n{log.read_text(errors='replace')}"
+            for log in sorted(self.workdir.glob("*.log"))
+        )
+
+    # -- control -------------------------------------------------------------
+
+    def _control(self, method: str, path: str, payload: Any = None) -> Any:
+        response = httpx.request(method, f"{self.control_base}{path}", json=payload, timeout=10)
+        if response.status_code != 200:
+            raise RuntimeError(f"{method} {path}: {response.status_code} {response.text}")
+        return response.json()
+
+    def reset(self) -> None:
+        self._control("POST", "/_proxy/reset")
+
+    def configure(self, **config: Any) -> None:
+        self._control("POST", "/_proxy/config", config)
+
+    def listener(self, open: bool) -> None:
+        self._control("POST", "/_proxy/listener", {"open": open})
+
+    def expire_keys(self) -> None:
+        self._control("POST", "/_proxy/expire-keys")
+
+    def log(self) -> list[dict[str, Any]]:
+        entries: list[dict[str, Any]] = self._control("GET", "/_proxy/log")["data"]
+        return entries
+
+    # -- the truth, read with the official SDK ----------------------------------
+
+    def client(self) -> stripe.StripeClient:
+        import stripe
+
+        # No retries: a read of the truth that fails should fail the test now.
+        return stripe.StripeClient(
+            FAKE_API_KEY, base_addresses={"api": self.truth_base}, max_network_retries=0
+        )
+
+    def payment_intents(self) -> list[dict[str, Any]]:
+        """Every PaymentIntent localstripe holds, oldest first (localstripe's order)."""
+        pages = self.client().v1.payment_intents.list(params={"limit": 100})
+        return [intent.to_dict() for intent in pages.auto_paging_iter()]
+
+
+@pytest.fixture(scope="session")
+def stripe_fake() -> Iterator[StripeFake]:
+    with StripeFake() as fake:
+        yield fake
+
+
+@pytest.fixture
+def fresh_stripe(stripe_fake: StripeFake) -> Iterator[StripeFake]:
+    stripe_fake.reset()
+    yield stripe_fake
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.stripe_fake")
+    commands = parser.add_subparsers(dest="command", required=True)
+    ls = commands.add_parser("localstripe", help="run localstripe with its own store file")
+    ls.add_argument("--port", type=int, required=True)
+    ls.add_argument("--pickle", type=Path, required=True)
+    proxy = commands.add_parser("proxy", help="run the proxy in front of localstripe")
+    proxy.add_argument("--port", type=int, required=True)
+    proxy.add_argument("--control-port", type=int, required=True)
+    proxy.add_argument("--upstream", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "localstripe":
+        run_localstripe(args.port, args.pickle)
+    else:
+        asyncio.run(serve_proxy(args.port, args.control_port, args.upstream))
+
+
+if __name__ == "__main__":
+    main()
