@@ -87,11 +87,13 @@ def _flags(command: str) -> set[str]:
 @pytest.mark.parametrize(
     ("command", "not_applicable"),
     [
-        ("serve", {"break_for_tests"}),
+        # A secret key is read from the environment only (`ps` shows a command line).
+        ("serve", {"break_for_tests", "stripe_api_key"}),
         (
             "worker",
             {
                 "break_for_tests",
+                "stripe_api_key",
                 "sandbox_database",
                 "header_timeout",
                 "body_timeout",

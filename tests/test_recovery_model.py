@@ -81,6 +81,7 @@ from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.worker import Worker
 from intentledger.providers.http import observe
+from intentledger.providers.sandbox_client import map_answer
 from intentledger.store.database import create_ledger_engine
 from intentledger.store.ledger import Ledger
 from intentledger.store.migrate import upgrade
@@ -249,22 +250,24 @@ class SimulatedProvider:
         now = self.clock()
         self.received.append((now, request.reference, request.idempotency_key, behaviour))
         if behaviour == "not_connected":
-            return await observe(_raise(httpx.ConnectError("[Errno 111] Connection refused")))
+            return await observe(
+                _raise(httpx.ConnectError("[Errno 111] Connection refused")), mapping=map_answer
+            )
         if behaviour == "rate_limited":
-            return await observe(_answer(429, RATE_LIMITED, retry_after="1"))
+            return await observe(_answer(429, RATE_LIMITED, retry_after="1"), mapping=map_answer)
         if behaviour == "rate_limited_now":
-            return await observe(_answer(429, RATE_LIMITED, retry_after="0"))
+            return await observe(_answer(429, RATE_LIMITED, retry_after="0"), mapping=map_answer)
         if behaviour == "unavailable":
-            return await observe(_answer(503, UNAVAILABLE, retry_after="2"))
+            return await observe(_answer(503, UNAVAILABLE, retry_after="2"), mapping=map_answer)
         kept = self.holds_key(request.idempotency_key)
         if kept is None:
             kept = self._process(request, behaviour, now)
         if behaviour in LOSES_ANSWER:
-            return await observe(_raise(httpx.ReadTimeout("timed out")))
+            return await observe(_raise(httpx.ReadTimeout("timed out")), mapping=map_answer)
         if behaviour == "server_error_after_execute":
-            return await observe(_answer(500, SERVER_ERROR))
+            return await observe(_answer(500, SERVER_ERROR), mapping=map_answer)
         assert kept is not None, "ok and decline always keep an answer"
-        return await observe(_answer(kept.status, kept.body))
+        return await observe(_answer(kept.status, kept.body), mapping=map_answer)
 
     def _process(self, request: Write, behaviour: str, now: datetime) -> KeptAnswer | None:
         if behaviour == "lose_before_execute":

@@ -88,6 +88,17 @@ BodyTimeout = Annotated[
 MaxConnections = Annotated[
     int | None, typer.Option("--max-connections", help="INTENTLEDGER_MAX_CONNECTIONS")
 ]
+StripeApiBase = Annotated[
+    str | None, typer.Option("--stripe-api-base", help="INTENTLEDGER_STRIPE_API_BASE")
+]
+StripeSearchLag = Annotated[
+    str | None,
+    typer.Option(
+        "--stripe-search-lag",
+        help="INTENTLEDGER_STRIPE_SEARCH_LAG, e.g. 1m (INTENTLEDGER_STRIPE_API_KEY is read "
+        "from the environment only)",
+    ),
+]
 SafetyRules = Annotated[
     str | None, typer.Option("--safety-rules", help="INTENTLEDGER_SAFETY_RULES: a TOML file")
 ]
@@ -111,6 +122,18 @@ def _configure_logging() -> None:
     # A line per provider request and per migration step would drown what matters.
     for noisy in ("httpx", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _require_provider(settings: Settings) -> None:
+    """Refuse an unknown provider or its missing configuration (a Stripe key)
+    at start-up, in one line, before anything is served or sent."""
+    from intentledger.providers.registry import ProviderNotConfigured, check_provider
+
+    try:
+        check_provider(settings)
+    except ProviderNotConfigured as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
 
 
 def _require_schema(settings: Settings, *, wait_for_database: bool = False) -> None:
@@ -161,6 +184,8 @@ def serve(
     poll_interval: PollInterval = None,
     sweep_interval: SweepInterval = None,
     safety_rules: SafetyRules = None,
+    stripe_api_base: StripeApiBase = None,
+    stripe_search_lag: StripeSearchLag = None,
     header_timeout: HeaderTimeout = None,
     body_timeout: BodyTimeout = None,
     max_connections: MaxConnections = None,
@@ -185,11 +210,14 @@ def serve(
         poll_interval=poll_interval,
         sweep_interval=sweep_interval,
         safety_rules=safety_rules,
+        stripe_api_base=stripe_api_base,
+        stripe_search_lag=stripe_search_lag,
         header_timeout=header_timeout,
         body_timeout=body_timeout,
         max_connections=max_connections,
     )
     _configure_logging()
+    _require_provider(settings)
     _require_schema(settings, wait_for_database=True)
     local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     service = build_service_app(
@@ -231,6 +259,8 @@ def worker(
     poll_interval: PollInterval = None,
     sweep_interval: SweepInterval = None,
     safety_rules: SafetyRules = None,
+    stripe_api_base: StripeApiBase = None,
+    stripe_search_lag: StripeSearchLag = None,
 ) -> None:
     """Run the dispatcher alone (point --provider-url at a running provider)."""
     from intentledger.engine.clock import system_clock
@@ -252,8 +282,11 @@ def worker(
         poll_interval=poll_interval,
         sweep_interval=sweep_interval,
         safety_rules=safety_rules,
+        stripe_api_base=stripe_api_base,
+        stripe_search_lag=stripe_search_lag,
     )
     _configure_logging()
+    _require_provider(settings)
     _require_schema(settings, wait_for_database=True)
 
     async def main() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import getpass
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -14,10 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from intentledger.api.documents import event_documents, json_value
-from intentledger.domain.retention import policy_for_provider
 from intentledger.domain.states import Outcome, State
 from intentledger.engine import operator
 from intentledger.engine.clock import system_clock
+from intentledger.providers.registry import retention_policy_for
 from intentledger.settings import Settings
 from intentledger.store.database import UnsupportedDatabase, create_ledger_engine
 from intentledger.store.schema_check import SchemaNotCurrent, require_current_schema
@@ -192,9 +191,7 @@ def approve_resubmission(
     """Approve a deliberate new request (a new provider key) for an operation in MANUAL_REVIEW."""
     action = operator.OperatorAction(operation_id, _who(by), reason)
     settings = _settings(database_url)
-    policy_for = functools.partial(
-        policy_for_provider, sandbox_retention=settings.sandbox_key_retention
-    )
+    policy_for = retention_policy_for(settings)
     _act(
         database_url,
         lambda ledger, now: operator.approve_resubmission(ledger, now, action, policy_for),

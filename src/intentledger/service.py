@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -16,7 +15,6 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from intentledger.api.app import create_app
-from intentledger.domain.retention import RetentionPolicy, policy_for_provider
 from intentledger.engine.clock import Clock, system_clock
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings
 from intentledger.engine.reconciler import Reconciler
@@ -24,7 +22,7 @@ from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.sync_writes import SyncWriter
 from intentledger.engine.worker import Worker, run_worker
 from intentledger.providers.base import Provider
-from intentledger.providers.registry import build_provider
+from intentledger.providers.registry import build_provider, plugin_for, retention_policy_for
 from intentledger.providers.sandbox import create_sandbox_app
 from intentledger.safety_config import load_safety_rules
 from intentledger.settings import Settings
@@ -36,10 +34,6 @@ SANDBOX_MOUNT = "/_sandbox"
 
 def worker_id(role: str) -> str:
     return f"{role}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def retention_policy_for(settings: Settings) -> Callable[[str], RetentionPolicy]:
-    return functools.partial(policy_for_provider, sandbox_retention=settings.sandbox_key_retention)
 
 
 def build_dispatcher(
@@ -143,6 +137,7 @@ def build_service_app(
         sync_writer=sync_writer,
         policy_for=retention_policy_for(settings),
         body_timeout=settings.body_timeout.total_seconds(),
+        provider_kinds=plugin_for(settings.provider).kinds,
     )
     if mounts_sandbox(settings):
         app.mount(SANDBOX_MOUNT, build_sandbox_app(settings))

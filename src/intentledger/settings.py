@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from intentledger.domain.durations import parse_duration
@@ -55,6 +55,14 @@ class Settings(BaseSettings):
     poll_interval: Duration = timedelta(milliseconds=200)
     # How often a worker looks for stale SUBMITTING operations.
     sweep_interval: Duration = timedelta(seconds=15)
+    # The Stripe adapter (providers/stripe.py, docs/providers.md). The secret
+    # key is read from the environment only: a command line is visible to
+    # every user of the machine (`ps`), and the key is never logged or stored.
+    stripe_api_key: SecretStr | None = None
+    stripe_api_base: str = "https://api.stripe.com"
+    # How long Stripe's Search may not yet show a PaymentIntent (documented:
+    # usually under a minute): "not found" inside it is inconclusive.
+    stripe_search_lag: Duration = timedelta(minutes=1)
     # Optional TOML file of per-provider safety rules (see safety_config.py).
     safety_rules: str | None = None
     # TEST ONLY: deliberately break the engine so the chaos harness can prove it

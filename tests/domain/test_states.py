@@ -40,6 +40,7 @@ EXPECTED_EDGES: frozenset[tuple[State, State]] = frozenset(
         (S.SUBMITTING, S.OUTCOME_KNOWN),  # definite response
         (S.SUBMITTING, S.UNKNOWN),  # ambiguous result, resumed delivery, stale sweep
         (S.SUBMITTING, S.ACCEPTED),  # proof of non-execution (not connected, 429)
+        (S.SUBMITTING, S.MANUAL_REVIEW),  # refused for our configuration (401/403)
         (S.UNKNOWN, S.RECONCILIATION_DUE),  # retry_after_at reached
         (S.UNKNOWN, S.OUTCOME_KNOWN),  # late evidence
         (S.UNKNOWN, S.MANUAL_REVIEW),  # an operator escalates

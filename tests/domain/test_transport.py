@@ -1,4 +1,5 @@
-"""What a provider's answer proves: `classify`, and `observe` against real sockets."""
+"""What a provider's answer proves: `classify` (the transport) with the sandbox
+adapter's mapping (its responses), and `observe` against real sockets."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -15,14 +17,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from intentledger.domain.transport import (
-    FINAL_REFUSAL_STATUSES,
-    KEY_CONFLICT_CODES,
+    Classification,
     ProviderAnswer,
     Transport,
     Verdict,
     classify,
 )
 from intentledger.providers.http import observe
+from intentledger.providers.sandbox_client import (
+    FINAL_REFUSAL_STATUSES,
+    map_answer,
+)
+from intentledger.providers.sandbox_client import (
+    KEY_CONFLICT_TYPES as KEY_CONFLICT_CODES,
+)
 
 NO_RESPONSE_ERRORS = [
     "httpx.ReadTimeout",
@@ -35,11 +43,28 @@ NOT_SENT_ERRORS = ["httpx.ConnectError", "httpx.ConnectTimeout", "httpx.PoolTime
 
 
 def response(status: int, error_code: str | None = None) -> ProviderAnswer:
-    return ProviderAnswer(Transport.RESPONSE, status=status, error_code=error_code)
+    """A sandbox response, read by the sandbox adapter's mapping."""
+    body = {"error": {"type": "api_error", "code": error_code}} if error_code else {}
+    answer = ProviderAnswer(
+        Transport.RESPONSE, status=status, error_code=error_code, detail={"body": body}
+    )
+    return replace(answer, mapped=map_answer(answer))
 
 
 def verdict(answer: ProviderAnswer) -> Verdict:
     return classify(answer).verdict
+
+
+def test_a_response_no_adapter_mapped_proves_nothing() -> None:
+    for status in (200, 402, 500):
+        got = classify(ProviderAnswer(Transport.RESPONSE, status=status))
+        assert got.verdict is Verdict.UNKNOWN and "not mapped" in got.reason
+
+
+def test_the_adapters_mapping_decides_a_response() -> None:
+    mapped = Classification(Verdict.FAILED, "the adapter says so")
+    answer = ProviderAnswer(Transport.RESPONSE, status=200, mapped=mapped)
+    assert classify(answer) is mapped
 
 
 # --- classify, case by case -------------------------------------------------------------
@@ -74,7 +99,7 @@ def test_final_refusals_failed(status: int, error_code: str | None) -> None:
 @pytest.mark.parametrize("error_code", sorted(KEY_CONFLICT_CODES))
 def test_key_conflict_codes_are_unknown_never_failed(status: int, error_code: str) -> None:
     result = classify(response(status, error_code))
-    assert result.verdict is Verdict.UNKNOWN
+    assert result.verdict is Verdict.KEY_CONFLICT
     assert error_code in result.reason
 
 
@@ -89,8 +114,8 @@ def test_key_conflict_codes_are_the_documented_ones() -> None:
 
 
 @pytest.mark.parametrize("error_code", [None, "idempotency_key_in_use", "card_declined"])
-def test_409_is_unknown(error_code: str | None) -> None:
-    assert verdict(response(409, error_code)) is Verdict.UNKNOWN
+def test_409_is_a_key_conflict(error_code: str | None) -> None:
+    assert verdict(response(409, error_code)) is Verdict.KEY_CONFLICT
 
 
 @pytest.mark.parametrize("error_code", [None, "rate_limit"])
@@ -112,6 +137,8 @@ def test_undocumented_statuses_are_unknown(status: int) -> None:
 def test_response_without_status_is_a_programming_error() -> None:
     with pytest.raises(AssertionError):
         classify(ProviderAnswer(Transport.RESPONSE))
+    with pytest.raises(AssertionError):
+        map_answer(ProviderAnswer(Transport.RESPONSE))
 
 
 # --- classify, as a property ------------------------------------------------------------
@@ -214,7 +241,8 @@ def json_answer(status_line: str, document: object, **headers: str) -> Handler:
 
 async def post(base_url: str, timeout: float = 2.0) -> ProviderAnswer:
     async with httpx.AsyncClient(timeout=timeout) as client:
-        return await observe(client.post(f"{base_url}/v1/charges", json={"amount": 100}))
+        call = client.post(f"{base_url}/v1/charges", json={"amount": 100})
+        return await observe(call, mapping=map_answer)
 
 
 async def test_accepted_but_never_answered_is_no_response_read_timeout() -> None:
@@ -301,13 +329,13 @@ async def test_402_card_declined_error_code() -> None:
     assert verdict(answer) is Verdict.FAILED
 
 
-async def test_400_idempotency_error_type_is_unknown_end_to_end() -> None:
+async def test_400_idempotency_error_type_is_a_key_conflict_end_to_end() -> None:
     # Stripe's idempotency_error carries only a type; observe falls back to it.
     document = {"error": {"type": "idempotency_error", "message": "Keys ... same parameters"}}
     async with serving(json_answer("400 Bad Request", document)) as url:
         answer = await post(url)
     assert answer.error_code == "idempotency_error"
-    assert verdict(answer) is Verdict.UNKNOWN
+    assert verdict(answer) is Verdict.KEY_CONFLICT
 
 
 async def test_200_with_id_is_provider_reference() -> None:

@@ -39,6 +39,7 @@ from intentledger.engine.clock import Clock
 from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.intake import PaymentIntent
 from intentledger.engine.sync_writes import SyncWriter
+from intentledger.providers.base import KINDS
 from intentledger.store.ledger import Ledger
 
 PAYMENTS_ROUTE = "POST /v1/payments"
@@ -175,6 +176,7 @@ def create_app(
     sync_writer: SyncWriter | None = None,
     policy_for: Callable[[str], RetentionPolicy] | None = None,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    provider_kinds: frozenset[str] = frozenset(KINDS),
 ) -> FastAPI:
     app = FastAPI(
         lifespan=lifespan,
@@ -186,6 +188,8 @@ def create_app(
     app.state.engine = engine
     app.state.clock = clock
     app.state.provider_name = provider_name
+    # The operation kinds the provider's adapter carries: others are refused at intake.
+    app.state.provider_kinds = provider_kinds
     # Concurrent payment intents share a commit (engine/group_intake.py).
     app.state.intake_groups = IntakeGroups(engine, clock)
     # Beneficiary and card writes call the provider in the request path.

@@ -100,13 +100,22 @@ async def _write(
     hash_extra: dict[str, Any] | None = None,
 ) -> WriteResult:
     valid_key = valid_idempotency_key(key)
+    provider = request.app.state.provider_name
+    if kind not in request.app.state.provider_kinds:
+        # Refused before anything is stored: no provider could carry it.
+        raise Problem(
+            422,
+            "kind-not-supported",
+            "Unprocessable Content",
+            f"{kind.replace('_', ' ')} writes are not supported by provider {provider}",
+        )
     intent = Intent(
         actor=principal.actor,
         route=route,
         idempotency_key=valid_key,
         request_hash=request_hash(principal.actor, route, {**body, **(hash_extra or {})}),
         body=body,
-        provider=request.app.state.provider_name,
+        provider=provider,
         kind=kind,
     )
     writer: SyncWriter | None = request.app.state.sync_writer

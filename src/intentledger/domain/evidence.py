@@ -34,7 +34,7 @@ from intentledger.domain.backoff import next_check_at, recheck_delay
 from intentledger.domain.retry_after import DEFAULT_CEILING, RetryAfter
 from intentledger.domain.safety import SafetyRules
 from intentledger.domain.states import FINAL, UNRESOLVED, Outcome, State
-from intentledger.domain.transport import LookupVerdict, Verdict
+from intentledger.domain.transport import NOT_EXECUTED, PROVING, LookupVerdict, Verdict
 
 # Verification looks at a settled operation (the duplicate and contradiction
 # audit) before an absence the provider keeps showing counts against the ledger.
@@ -96,6 +96,8 @@ class LookupResult:
     retry_after: RetryAfter | None = None
     # A verification look at a settled operation (an audit), not a scheduled check.
     audit: bool = False
+    # For an eventually consistent lookup's early "nothing found": when it counts.
+    visible_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,8 @@ class Effect:
     # Ask the provider again (the audit), and when.
     verify: bool = False
     verify_at: datetime | None = None
+    # For Move.OPERATOR: the rule a person is called under.
+    rule: str = "checks_exhausted"
 
 
 # -- what the facts imply --------------------------------------------------------------------
@@ -172,7 +176,7 @@ def may_have_executed(key: str, attempts: Iterable[AttemptFacts]) -> bool:
     under = [a for a in attempts if a.key == key]
     if any(a.answer is Verdict.FAILED for a in under):
         return False
-    return any(a.answer is not Verdict.NOT_EXECUTED for a in under)
+    return any(a.answer not in NOT_EXECUTED for a in under)
 
 
 def open_keys(attempts: Iterable[AttemptFacts]) -> list[str]:
@@ -296,7 +300,7 @@ def _settle(
 def _judge_answer(facts: Facts, answer: SubmitAnswer, now: datetime, limits: Limits) -> Effect:
     this = next((a for a in facts.attempts if a.number == answer.attempt), None)
     key = this.key if this is not None else None
-    proved: Verdict | None = answer.verdict if answer.verdict is not Verdict.UNKNOWN else None
+    proved: Verdict | None = answer.verdict if answer.verdict in PROVING else None
     if proved is None and this is not None:
         proved = this.answer
     after = tuple(
@@ -326,8 +330,16 @@ def _judge_answer(facts: Facts, answer: SubmitAnswer, now: datetime, limits: Lim
     if answer.verdict is Verdict.NOT_EXECUTED and not still_open and _current(facts, answer):
         check_at, timing = _resend_at(answer, now, limits)
         return Effect(Move.REQUEUE, answer.reason, check_at=check_at, timing=timing)
+    if answer.verdict is Verdict.MISCONFIGURED and not still_open and _current(facts, answer):
+        # Not executed, but the same request would be refused again: a person
+        # fixes the configuration and decides; nothing is sent meanwhile.
+        return Effect(
+            Move.OPERATOR,
+            f"{answer.reason}: a configuration error, not resent until a person decides",
+            rule="provider_refused_configuration",
+        )
     reason = answer.reason
-    if answer.verdict is not Verdict.UNKNOWN and still_open:
+    if answer.verdict in PROVING and still_open:
         reason = f"{reason}; but key(s) {', '.join(still_open)} may have executed"
     return _unsettled_answer(facts, answer, reason, now, limits)
 
@@ -445,6 +457,12 @@ def _judge_lookup(facts: Facts, lookup: LookupResult, now: datetime, limits: Lim
     return _inconclusive(facts, lookup.verdict, reason, lookup, now, limits)
 
 
+# Lookups that wait and look again rather than count as "no evidence": the
+# provider says not final yet, or its listing may not show the charge yet.
+_WAITING = frozenset({LookupVerdict.PROCESSING, LookupVerdict.NOT_YET_VISIBLE})
+_LOOK_AGAIN = _WAITING | {LookupVerdict.LOOKUP_FAILED}
+
+
 def _inconclusive(
     facts: Facts,
     verdict: LookupVerdict,
@@ -460,13 +478,15 @@ def _inconclusive(
     checks = facts.checks + 1
     delay = recheck_delay(checks, limits.backoff, jitter=limits.jitter)
     check_at = next_check_at(now, lookup.retry_after, delay)
+    if lookup.visible_at is not None:
+        check_at = max(check_at, lookup.visible_at)
     if facts.state is State.MANUAL_REVIEW:
-        if verdict in (LookupVerdict.PROCESSING, LookupVerdict.LOOKUP_FAILED):
+        if verdict in _LOOK_AGAIN:
             return Effect(Move.RECHECK, reason, check_at=check_at, reconciliation_status=status)
         return Effect(Move.RECORD, reason, reconciliation_status=status)
     if facts.state is not State.RECONCILIATION_DUE:
         return Effect(Move.RECORD, _late(facts, reason), reconciliation_status=status)
-    if verdict is not LookupVerdict.PROCESSING:
+    if verdict not in _WAITING:
         return Effect(Move.REVIEW, f"no evidence: {lookup.reason}", reconciliation_status=status)
     since = facts.unresolved_since or now
     if checks >= limits.max_checks or now - since >= limits.max_age:
@@ -478,9 +498,10 @@ def _inconclusive(
             check_at=check_at,
             reconciliation_status=status,
         )
+    waiting = "still processing" if verdict is LookupVerdict.PROCESSING else "not visible yet"
     return Effect(
         Move.UNKNOWN,
-        f"still processing: {lookup.reason}",
+        f"{waiting}: {lookup.reason}",
         check_at=check_at,
         reconciliation_status=status,
     )

@@ -51,8 +51,12 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # Claimed and locked for submission, or cancelled with its mandate.
     State.ACCEPTED: frozenset({State.SUBMITTING, State.CANCELLED}),
     # A definite answer, an ambiguous one, or proof that nothing was sent
-    # (connection never established, 429): the last goes back to ACCEPTED.
-    State.SUBMITTING: frozenset({State.OUTCOME_KNOWN, State.UNKNOWN, State.ACCEPTED}),
+    # (connection never established, 429): the last goes back to ACCEPTED. A
+    # refusal only a person can fix (the provider rejected our credentials)
+    # goes to a person instead: sending again would be refused again.
+    State.SUBMITTING: frozenset(
+        {State.OUTCOME_KNOWN, State.UNKNOWN, State.ACCEPTED, State.MANUAL_REVIEW}
+    ),
     # Only time passing (a check falls due), late evidence, or a person
     # escalating move UNKNOWN. None of these sends anything.
     State.UNKNOWN: frozenset({State.RECONCILIATION_DUE, State.OUTCOME_KNOWN, State.MANUAL_REVIEW}),

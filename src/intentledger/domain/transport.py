@@ -7,6 +7,7 @@ The adapter reports *what it saw*; these rules decide *what that proves*.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 
@@ -19,11 +20,42 @@ class Transport(StrEnum):
 
 
 class Verdict(StrEnum):
+    """What one submit's answer proves, in the provider-neutral words the funnel reads.
+
+    Which of its statuses and error types means which is each adapter's
+    documented knowledge (`Provider.map_answer`); only the transport cases
+    (no connection, no answer) are decided here, by the exact httpx class.
+    """
+
     SUCCEEDED = "succeeded"
+    # Final for this request: the provider processed it and said no.
     FAILED = "failed"
-    # Evidence that the provider did not execute the request; it may be sent again.
+    # Evidence that the provider did not execute the request; it may be sent
+    # again with the same key.
     NOT_EXECUTED = "not_executed"
+    # Refused before processing because of our configuration (credentials,
+    # permissions): not executed, but sending again cannot help; a person fixes it.
+    MISCONFIGURED = "misconfigured"
+    # Executed or executing, outcome not final yet.
+    PENDING = "pending"
+    # The key was used before (other parameters, or still in flight): something
+    # may have executed under it.
+    KEY_CONFLICT = "key_conflict"
     UNKNOWN = "unknown"
+
+
+# What an answer may prove about its attempt's execution; the rest prove nothing.
+PROVING = frozenset(
+    {Verdict.SUCCEEDED, Verdict.FAILED, Verdict.NOT_EXECUTED, Verdict.MISCONFIGURED}
+)
+# Answers proving the provider did not execute the request.
+NOT_EXECUTED = frozenset({Verdict.NOT_EXECUTED, Verdict.MISCONFIGURED})
+
+
+@dataclass(frozen=True)
+class Classification:
+    verdict: Verdict
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -37,53 +69,27 @@ class ProviderAnswer:
     provider_reference: str | None = None
     retry_after: tuple[str, ...] = ()  # raw Retry-After header values
     detail: dict[str, object] = field(default_factory=dict)
-
-
-# Provider error codes that mean "something already happened under this key",
-# so a 4xx carrying them is not a final decline of this request.
-KEY_CONFLICT_CODES = frozenset(
-    {"idempotency_error", "idempotency_key_reused", "idempotency_key_in_use"}
-)
-# Statuses the provider documents as a final refusal of this very request.
-FINAL_REFUSAL_STATUSES = frozenset({400, 402, 422})
-
-
-@dataclass(frozen=True)
-class Classification:
-    verdict: Verdict
-    reason: str
+    # The adapter's reading of a response (None: the adapter does not map it).
+    mapped: Classification | None = None
 
 
 def classify(answer: ProviderAnswer) -> Classification:
+    """What an answer proves: the transport decides when there was no response,
+    the adapter's mapping when there was one. A response the adapter does not
+    map proves nothing: never success, never failure."""
     if answer.transport is Transport.NOT_SENT:
         return Classification(
             Verdict.NOT_EXECUTED, f"connection never established ({answer.error_class})"
         )
     if answer.transport is Transport.NO_RESPONSE:
         return Classification(Verdict.UNKNOWN, f"no response ({answer.error_class})")
-    status = answer.status
-    assert status is not None, "a response always has a status"
-    if 200 <= status < 300:
-        return Classification(Verdict.SUCCEEDED, f"provider answered {status}")
-    if status == 429:
-        return Classification(Verdict.NOT_EXECUTED, "provider refused with 429 before processing")
-    if status == 409:
-        # Stripe's idempotency_key_in_use: the earlier request reached the
-        # provider and is still being processed. Neither failed nor resendable.
-        return Classification(Verdict.UNKNOWN, "provider reports the key in use (409)")
-    if status in FINAL_REFUSAL_STATUSES:
-        if answer.error_code in KEY_CONFLICT_CODES:
-            return Classification(
-                Verdict.UNKNOWN, f"{status} {answer.error_code}: the key was used before"
-            )
+    assert answer.status is not None, "a response always has a status"
+    if answer.mapped is None:
+        code = f" ({answer.error_code})" if answer.error_code else ""
         return Classification(
-            Verdict.FAILED, f"provider refused with {status} ({answer.error_code})"
+            Verdict.UNKNOWN, f"status {answer.status}{code} is not mapped by the adapter"
         )
-    if status >= 500:
-        return Classification(Verdict.UNKNOWN, f"provider error {status}: outcome indeterminate")
-    # Anything else (401, 403, 404, 3xx, ...) is not documented as final for a
-    # charge: treat it as unknown rather than guess a failure.
-    return Classification(Verdict.UNKNOWN, f"undocumented status {status}")
+    return answer.mapped
 
 
 class LookupVerdict(StrEnum):
@@ -94,13 +100,19 @@ class LookupVerdict(StrEnum):
     FAILED = "found_failed"
     PROCESSING = "processing"
     NOT_FOUND = "not_found"
+    # Nothing found, but the lookup is eventually consistent and the last
+    # attempt is younger than its lag: inconclusive, not a not-found.
+    NOT_YET_VISIBLE = "not_yet_visible"
     LOOKUP_FAILED = "lookup_failed"
 
 
 @dataclass(frozen=True)
 class ChargeSeen:
     provider_reference: str
-    status: str  # the provider's own word: succeeded, failed, processing, ...
+    # The adapter's word for it: succeeded, failed, processing, or the
+    # provider's own status when the adapter does not map it (never final).
+    status: str
+    raw_status: str | None = None  # the provider's own status, as it said it
 
 
 @dataclass(frozen=True)
@@ -109,6 +121,14 @@ class LookupAnswer:
     charges: tuple[ChargeSeen, ...] = ()
     # False when a 2xx body could not be read: that is no evidence of absence.
     readable: bool = True
+    # False when the lookup did not cover everything (a bounded list scan that
+    # stopped at its bound): an absence it shows is no evidence either.
+    complete: bool = True
+    # How the adapter looked (retrieve by id, search, list scan), for the record.
+    method: str | None = None
+    # An eventually consistent lookup's lag (None: strongly consistent). Inside
+    # it, measured from the last attempt, "nothing found" is inconclusive.
+    lag: timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -121,13 +141,40 @@ class LookupJudgement:
     # Every charge the lookup listed as executed, and as finally failed.
     executed: frozenset[str] = frozenset()
     failed: frozenset[str] = frozenset()
+    # For NOT_YET_VISIBLE: when an absence starts to count.
+    visible_at: datetime | None = None
+
+
+def _nothing_found(
+    lookup: LookupAnswer, last_sent_at: datetime | None, now: datetime | None
+) -> LookupJudgement:
+    how = f" ({lookup.method})" if lookup.method else ""
+    if not lookup.complete:
+        return LookupJudgement(
+            LookupVerdict.LOOKUP_FAILED, f"nothing found, but the lookup{how} was not complete"
+        )
+    if lookup.lag is not None and last_sent_at is not None and now is not None:
+        visible_at = last_sent_at + lookup.lag
+        if now < visible_at:
+            return LookupJudgement(
+                LookupVerdict.NOT_YET_VISIBLE,
+                f"nothing found{how}, but the lookup may lag up to {lookup.lag} and the last "
+                f"attempt was sent {now - last_sent_at} ago: inconclusive until "
+                f"{visible_at.isoformat()}",
+                visible_at=visible_at,
+            )
+    return LookupJudgement(LookupVerdict.NOT_FOUND, f"no charge carries our reference{how}")
 
 
 # Only these words are final failures; anything unrecognised is not an outcome.
 _FAILED_WORDS = frozenset({"failed", "canceled", "cancelled", "declined"})
 
 
-def judge_lookup(lookup: LookupAnswer) -> LookupJudgement:
+def judge_lookup(
+    lookup: LookupAnswer, last_sent_at: datetime | None = None, now: datetime | None = None
+) -> LookupJudgement:
+    """What a lookup shows. `last_sent_at` (the last attempt's send) and `now`
+    place an eventually consistent lookup's "nothing found" inside or past its lag."""
     answer = lookup.answer
     if answer.transport is not Transport.RESPONSE:
         return LookupJudgement(
@@ -139,7 +186,7 @@ def judge_lookup(lookup: LookupAnswer) -> LookupJudgement:
     if not lookup.readable:
         return LookupJudgement(LookupVerdict.LOOKUP_FAILED, f"lookup answer {status} unreadable")
     if not lookup.charges:
-        return LookupJudgement(LookupVerdict.NOT_FOUND, "no charge carries our reference")
+        return _nothing_found(lookup, last_sent_at, now)
     succeeded = [c for c in lookup.charges if c.status == "succeeded"]
     failed = [c for c in lookup.charges if c.status in _FAILED_WORDS]
     executed = frozenset(c.provider_reference for c in succeeded)

@@ -79,6 +79,7 @@ def request_for(operation: Record, idempotency_key: str) -> ProviderRequest:
         idempotency_key=idempotency_key,
         body=body,
         target=context.get("provider_card_id"),
+        under_mandate=bool(context["body"].get("mandate_id")),
     )
 
 

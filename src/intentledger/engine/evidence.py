@@ -24,13 +24,10 @@ from intentledger.domain.evidence import (
     recorded_executions,
 )
 from intentledger.domain.states import NextAction, Outcome, State
-from intentledger.domain.transport import Verdict
+from intentledger.domain.transport import PROVING, Verdict
 from intentledger.engine.unknown import mark_unknown
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
-
-# What a submit answer may prove about its attempt (UNKNOWN proves nothing).
-_PROVING = frozenset({Verdict.SUCCEEDED, Verdict.FAILED, Verdict.NOT_EXECUTED})
 
 # Sends an operation without evidence to the safety review (the reconciler's).
 Review = Callable[[Ledger, Record, datetime, str, str], Awaitable[None]]
@@ -41,7 +38,7 @@ async def facts_of(ledger: Ledger, operation: Record) -> Facts:
     answers: dict[int, tuple[Verdict, str | None]] = {}
     checks = audits = 0
     for row in await ledger.evidence_rows(operation.operation_id):
-        if row.kind == "submit_result" and row.verdict in _PROVING:
+        if row.kind == "submit_result" and row.verdict in PROVING:
             answers.setdefault(row.attempt_number, (Verdict(row.verdict), row.provider_reference))
         elif row.kind == "lookup_result":
             checks += 1
@@ -160,7 +157,7 @@ async def carry_out(
             operation = await _relock(ledger, operation)
         await review(ledger, operation, now, effect.reason, str(effect.reconciliation_status))
     elif move is Move.OPERATOR:
-        await _to_a_person(ledger, operation, facts, effect, now, source, fields)
+        await _to_a_person(ledger, operation, facts, effect, now, source, fields, observation_id)
     elif move is Move.RECHECK:
         assert effect.check_at is not None
         await ledger.update_operation(
@@ -234,22 +231,29 @@ async def _to_a_person(
     now: datetime,
     source: str,
     fields: dict[str, Any],
+    observation_id: int | None,
 ) -> None:
-    """Past the limits with no outcome: a person decides (a decision row says
-    why), and the checks go on, so evidence still settles it when it comes."""
-    assert effect.check_at is not None
-    await ledger.add_decision(
-        operation_id=operation.operation_id,
-        at=now,
-        rule="checks_exhausted",
-        inputs={
+    """A person decides (a decision row says why under which rule): past the
+    limits with no outcome, the checks go on, so evidence still settles it when
+    it comes; after a refusal only a person can fix (a configuration error),
+    nothing was executed and there is nothing to check."""
+    if effect.rule == "checks_exhausted":
+        assert effect.check_at is not None
+        inputs: dict[str, Any] = {
             "checks": facts.checks + 1,
             "unresolved_since": facts.unresolved_since.isoformat()
             if facts.unresolved_since
             else None,
             "reconciliation_status": effect.reconciliation_status,
             "next_check_at": effect.check_at.isoformat(),
-        },
+        }
+    else:
+        inputs = {"observation_id": observation_id, "evidence": effect.reason}
+    await ledger.add_decision(
+        operation_id=operation.operation_id,
+        at=now,
+        rule=effect.rule,
+        inputs=inputs,
         next_action=NextAction.OPERATOR,
         reason=effect.reason,
         source=source,
@@ -265,4 +269,5 @@ async def _to_a_person(
         retry_after_at=effect.check_at,
         **fields,
     )
-    await ledger.enqueue(operation.operation_id, "reconcile", effect.check_at, now)
+    if effect.check_at is not None:
+        await ledger.enqueue(operation.operation_id, "reconcile", effect.check_at, now)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -35,12 +36,25 @@ from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
 
-def operation_lookup(operation: Record) -> ProviderLookup:
-    """The provider read that would show this operation's write."""
+async def operation_lookup(
+    ledger: Ledger, operation: Record, *, exhaustive: bool = False
+) -> ProviderLookup:
+    """The provider read that would show this operation's write: by our
+    reference, and by every provider id an answer or a lookup already named."""
+    named = {
+        row.provider_reference
+        for row in await ledger.evidence_rows(operation.operation_id)
+        if row.provider_reference
+    }
+    named |= set(operation.executed_references or ())
+    if operation.provider_reference:
+        named.add(operation.provider_reference)
     return ProviderLookup(
         kind=operation.kind,
         reference=operation.operation_id,
         target=operation.request_context.get("provider_card_id"),
+        known=tuple(sorted(named)),
+        exhaustive=exhaustive,
     )
 
 
@@ -68,12 +82,13 @@ class Reconciler:
         self.jitter = jitter
 
     async def deliver_reconcile(self, row: Record) -> None:
-        operation = await self._begin_check(row)
-        if operation is None:
+        begun = await self._begin_check(row)
+        if begun is None:
             return
+        operation, query = begun
         if self.blind_retry_for_tests:
             await self._blind_retry(operation)
-        lookup = await self.provider.lookup(operation_lookup(operation))
+        lookup = await self.provider.lookup(query)
         await self._record_check(row, lookup)
 
     async def deliver_audit(self, row: Record) -> None:
@@ -84,9 +99,12 @@ class Reconciler:
             if not await Ledger(conn).holds_lease(row.id, self.worker_id, self.clock()):
                 return
         async with self.engine.connect() as conn:
-            settled = await Ledger(conn).get_operation(row.operation_id)
-        assert settled is not None
-        lookup = await self.provider.lookup(operation_lookup(settled))
+            ledger = Ledger(conn)
+            settled = await ledger.get_operation(row.operation_id)
+            assert settled is not None
+            # The audit looks for every execution, not just the one it knows.
+            query = await operation_lookup(ledger, settled, exhaustive=True)
+        lookup = await self.provider.lookup(query)
         await self._record_lookup(row, lookup, kind="audit_lookup")
 
     async def _blind_retry(self, operation: Record) -> None:
@@ -99,7 +117,7 @@ class Reconciler:
             )
         )
 
-    async def _begin_check(self, row: Record) -> Record | None:
+    async def _begin_check(self, row: Record) -> tuple[Record, ProviderLookup] | None:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()
@@ -125,7 +143,7 @@ class Reconciler:
                 # keeps checking what the provider still calls processing.)
                 await ledger.finish_outbox_row(row.id, now)
                 return None
-            return operation
+            return operation, await operation_lookup(ledger, operation)
 
     async def _record_check(self, row: Record, lookup: LookupAnswer) -> None:
         await self._record_lookup(row, lookup, kind="lookup_result")
@@ -137,7 +155,8 @@ class Reconciler:
             now = self.clock()
             operation = await ledger.lock_operation(row.operation_id)
             assert operation is not None
-            judgement = judge_lookup(lookup)
+            last = await ledger.last_attempt(operation.operation_id)
+            judgement = judge_lookup(lookup, last.submitted_at if last else None, now)
             answer = lookup.answer
             retry_after = parse_retry_after(answer.retry_after, now)
             observation_id = await ledger.add_observation(
@@ -154,12 +173,7 @@ class Reconciler:
                 retry_after_raw=retry_after.raw,
                 retry_after_at=retry_after.at,
                 retry_after_problem=retry_after.problem,
-                detail={
-                    "charges": [
-                        {"reference": c.provider_reference, "status": c.status}
-                        for c in lookup.charges
-                    ]
-                },
+                detail=lookup_detail(lookup),
             )
             evidence = LookupResult(
                 judgement.verdict,
@@ -168,6 +182,7 @@ class Reconciler:
                 failed=judgement.failed,
                 retry_after=retry_after,
                 audit=kind == "audit_lookup",
+                visible_at=judgement.visible_at,
             )
             rules = self.rules_for(operation.provider)
             await weigh(
@@ -198,6 +213,28 @@ class Reconciler:
             reconciliation_status=status,
             recheck_at=now + delay,
         )
+
+
+def lookup_detail(lookup: LookupAnswer) -> dict[str, Any]:
+    """What a lookup showed, for the record: each charge in the adapter's word
+    and the provider's own, how it looked, and the provider's request id."""
+    detail: dict[str, Any] = {
+        "charges": [
+            {"reference": c.provider_reference, "status": c.status}
+            | ({"raw_status": c.raw_status} if c.raw_status and c.raw_status != c.status else {})
+            for c in lookup.charges
+        ]
+    }
+    if lookup.method:
+        detail["method"] = lookup.method
+    if lookup.lag is not None:
+        detail["lag_seconds"] = lookup.lag.total_seconds()
+    if not lookup.complete:
+        detail["complete"] = False
+    request_id = lookup.answer.detail.get("request-id")
+    if request_id:
+        detail["request_id"] = request_id
+    return detail
 
 
 def _iso(value: datetime | None) -> str:

@@ -1,11 +1,21 @@
-"""The Provider port: what the engine needs from a payment provider."""
+"""The Provider port: what the engine needs from a payment provider.
+
+An adapter owns its provider's semantics: what each of its answers proves (its
+mapping, applied to every submit's response), which operation kinds it can
+carry, how long the provider keeps idempotency keys, and how consistent its
+lookup by our reference is. Adapters are found through the entry-point group
+`intentledger.providers` (providers/registry.py).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Protocol
 
 from intentledger.domain.transport import LookupAnswer, ProviderAnswer
+
+KINDS = ("payment", "beneficiary", "card_issue", "card_freeze", "card_unfreeze")
 
 
 @dataclass(frozen=True)
@@ -18,6 +28,8 @@ class ProviderRequest:
     body: dict[str, object] = field(default_factory=dict)
     # The provider's object the write acts on (a card id for freeze/unfreeze).
     target: str | None = None
+    # The payment runs under a mandate: the customer is not present (off-session).
+    under_mandate: bool = False
 
 
 @dataclass(frozen=True)
@@ -27,18 +39,34 @@ class ProviderLookup:
     kind: str
     reference: str
     target: str | None = None
+    # The provider's ids some answer already named: read directly (strongly
+    # consistent where a search may lag).
+    known: tuple[str, ...] = ()
+    # A verification look (the audit): look for every execution, not just one.
+    exhaustive: bool = False
+
+
+@dataclass(frozen=True)
+class LookupConsistency:
+    """How far a lookup by our reference can be trusted to show a fresh write."""
+
+    # None: strongly consistent. Otherwise "nothing found" within this long of
+    # the last attempt is inconclusive.
+    lag: timedelta | None
+    note: str
 
 
 class Provider(Protocol):
     name: str
 
     async def submit(self, request: ProviderRequest) -> ProviderAnswer:
-        """Send one write. Never raises for transport trouble: the answer says what happened."""
+        """Send one write. Never raises for transport trouble: the answer says
+        what happened, with the adapter's reading of any response (`mapped`)."""
         ...
 
     async def lookup(self, query: ProviderLookup) -> LookupAnswer:
         """Report executions of the write under a reference, as `ChargeSeen` entries
-        whose status is the provider's word ("succeeded" when it took effect).
+        whose status is the adapter's word ("succeeded" when it took effect).
         Never raises for transport trouble."""
         ...
 

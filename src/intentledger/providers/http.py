@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 import httpx
 
-from intentledger.domain.transport import KEY_CONFLICT_CODES, ProviderAnswer, Transport
+from intentledger.domain.transport import Classification, ProviderAnswer, Transport
 
 # The connection was never established, so the provider cannot have read the
 # request (research S21, S22: raised from TCP connect, TLS start, pool wait).
@@ -33,19 +33,24 @@ def _qualified(exc: BaseException) -> str:
     return f"{module}.{type(exc).__name__}"
 
 
-def _error_code(body: Any) -> str | None:
-    """The provider's error code, or its error type when it gives no code.
-
-    A key-conflict marker may sit in either field (Stripe: type
-    `idempotency_error`), so when one of them names a key conflict, that wins.
-    """
+def error_fields(body: Any) -> dict[str, str]:
+    """The provider's error object's scalar fields (`type`, `code`,
+    `decline_code`...), as text: what an adapter maps a refusal by."""
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
         error = body if isinstance(body, dict) else {}
-    fields = [str(error[name]) for name in ("code", "type") if error.get(name) is not None]
-    conflict = [value for value in fields if value in KEY_CONFLICT_CODES]
-    chosen = conflict or fields
-    return chosen[0] if chosen else None
+    return {
+        str(name): str(value)
+        for name, value in error.items()
+        if isinstance(value, str | int) and not isinstance(value, bool)
+    }
+
+
+def _error_code(body: Any) -> str | None:
+    """The provider's error code, or its error type when it gives no code: the
+    raw word recorded beside the adapter's verdict."""
+    fields = error_fields(body)
+    return fields.get("code") or fields.get("type")
 
 
 def _reference(body: Any) -> str | None:
@@ -63,12 +68,25 @@ def call_deadline(timeout: timedelta) -> timedelta:
     return timeout + CALL_GRACE
 
 
-async def observe(call: Awaitable[httpx.Response], deadline: float | None = None) -> ProviderAnswer:
+# An adapter's reading of a response: what it proves, and why (its documented mapping).
+Mapping = Callable[[ProviderAnswer], Classification]
+
+
+async def observe(
+    call: Awaitable[httpx.Response],
+    deadline: float | None = None,
+    *,
+    mapping: Mapping | None = None,
+    keep_headers: tuple[str, ...] = (),
+) -> ProviderAnswer:
     """Await one provider request and report what the wire showed.
 
     httpx's timeout applies to each phase (connect, each read...), so a provider
     that trickles its answer could hold a call open for ever; `deadline` bounds
     the whole call, which keeps it shorter than the sweeper's stale threshold.
+    `mapping` is the adapter's reading of a response (a submit's); without it a
+    response proves nothing. `keep_headers` are recorded in the detail (a
+    provider's request id), lower-cased.
     """
     try:
         async with asyncio.timeout(deadline):
@@ -89,7 +107,10 @@ async def observe(call: Awaitable[httpx.Response], deadline: float | None = None
         body = detail["body"] = response.json()
     except ValueError:
         detail["body_text"] = response.text[:2000]
-    return ProviderAnswer(
+    for name in keep_headers:
+        if name in response.headers:
+            detail[name.lower()] = response.headers[name]
+    answer = ProviderAnswer(
         Transport.RESPONSE,
         status=response.status_code,
         error_code=_error_code(body) if response.status_code >= 400 else None,
@@ -97,6 +118,7 @@ async def observe(call: Awaitable[httpx.Response], deadline: float | None = None
         retry_after=tuple(response.headers.get_list("retry-after")),
         detail=detail,
     )
+    return replace(answer, mapped=mapping(answer)) if mapping is not None else answer
 
 
 # httpcore's pool walks every one of its connections on each request and each
@@ -179,6 +201,7 @@ class ShardedClient:
         path: str,
         *,
         json: Any = None,
+        data: dict[str, str] | None = None,
         params: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
     ) -> httpx.Response:
@@ -190,6 +213,7 @@ class ShardedClient:
             method,
             self._base_url + path,
             json=json,
+            data=data,  # form-encoded (Stripe's wire format)
             params=params,
             headers=_HEADERS if headers is None else {**_HEADERS, **headers},
             extensions=self._extensions,

@@ -7,9 +7,22 @@ from typing import Any
 
 import httpx
 
-from intentledger.domain.transport import ChargeSeen, LookupAnswer, ProviderAnswer, Transport
-from intentledger.providers.base import ProviderLookup, ProviderRequest
-from intentledger.providers.http import ShardedClient, call_deadline, observe
+from intentledger.domain.retention import sandbox_policy
+from intentledger.domain.transport import (
+    ChargeSeen,
+    Classification,
+    LookupAnswer,
+    ProviderAnswer,
+    Transport,
+    Verdict,
+)
+from intentledger.providers.base import KINDS, LookupConsistency, ProviderLookup, ProviderRequest
+from intentledger.providers.http import ShardedClient, call_deadline, error_fields, observe
+from intentledger.providers.registry import (
+    BuildArguments,
+    ProviderNotConfigured,
+    ProviderPlugin,
+)
 
 # What a card must show for each card action to have taken effect.
 CARD_STATUS_AFTER = {"card_freeze": "frozen", "card_unfreeze": "active"}
@@ -17,6 +30,46 @@ CARD_STATUS_AFTER = {"card_freeze": "frozen", "card_unfreeze": "active"}
 
 class UnknownKind(ValueError):
     pass
+
+
+# The sandbox's error types that mean "something already happened under this
+# key": a 4xx carrying one is not a final decline of this request.
+KEY_CONFLICT_TYPES = frozenset(
+    {"idempotency_error", "idempotency_key_reused", "idempotency_key_in_use"}
+)
+# Statuses the sandbox answers only for a final refusal of this very request.
+FINAL_REFUSAL_STATUSES = frozenset({400, 402, 422})
+
+
+def map_answer(answer: ProviderAnswer) -> Classification:
+    """What a sandbox response proves (its API is documented in
+    providers/sandbox/app.py and docs/providers.md)."""
+    status = answer.status
+    assert status is not None, "only a response is mapped"
+    error = error_fields(answer.detail.get("body"))
+    conflict = next(
+        (v for v in (error.get("code"), error.get("type")) if v in KEY_CONFLICT_TYPES), None
+    )
+    if 200 <= status < 300:
+        return Classification(Verdict.SUCCEEDED, f"provider answered {status}")
+    if status == 429:
+        return Classification(Verdict.NOT_EXECUTED, "provider refused with 429 before processing")
+    if status == 409:
+        # The earlier request under this key reached the provider and is still
+        # being processed: neither failed nor resendable.
+        return Classification(Verdict.KEY_CONFLICT, "provider reports the key in use (409)")
+    if status in FINAL_REFUSAL_STATUSES:
+        if conflict is not None:
+            return Classification(
+                Verdict.KEY_CONFLICT, f"{status} {conflict}: the key was used before"
+            )
+        return Classification(
+            Verdict.FAILED, f"provider refused with {status} ({answer.error_code})"
+        )
+    if status >= 500:
+        return Classification(Verdict.UNKNOWN, f"provider error {status}: outcome indeterminate")
+    # The sandbox documents no other status for a write: not an outcome.
+    return Classification(Verdict.UNKNOWN, f"undocumented status {status}")
 
 
 class SandboxProvider:
@@ -34,7 +87,7 @@ class SandboxProvider:
         body = {"reference": request.reference, **request.body}
         headers = {"Idempotency-Key": request.idempotency_key}
         call = self._clients.request("POST", path, json=body, headers=headers)
-        return await observe(call, self._deadline)
+        return await observe(call, self._deadline, mapping=map_answer)
 
     @staticmethod
     def _write_path(request: ProviderRequest) -> str:
@@ -101,3 +154,26 @@ def _seen(item: Any, kind: str) -> ChargeSeen:
         return ChargeSeen(str(item.get("id")), str(item.get("status")))
     # A beneficiary or card that exists under our reference is the write's success.
     return ChargeSeen(str(item.get("id")), "succeeded")
+
+
+def _build(arguments: BuildArguments) -> SandboxProvider:
+    url = arguments.settings.provider_url or arguments.default_url
+    if url is None:
+        raise ProviderNotConfigured(
+            "INTENTLEDGER_PROVIDER_URL is required when no sandbox runs in this process"
+        )
+    return SandboxProvider(url, arguments.timeout, max_connections=arguments.max_connections)
+
+
+PLUGIN = ProviderPlugin(
+    name="sandbox",
+    summary="the built-in sandbox provider (Stripe-v1-like charges, beneficiaries, cards)",
+    kinds=frozenset(KINDS),
+    retention=lambda settings: sandbox_policy(settings.sandbox_key_retention),
+    consistency=lambda _settings: LookupConsistency(
+        None,
+        "list by reference, read from the sandbox's own store; its pm_lookup_lag scenario "
+        "hides a charge for a while as a fault the safety review must survive",
+    ),
+    build=_build,
+)

@@ -1,0 +1,444 @@
+"""The Stripe adapter: PaymentIntents on API v1, in Stripe's own wire format.
+
+Own httpx code, not the `stripe` SDK: the SDK folds a refused connection and a
+lost answer into one `APIConnectionError`, so it cannot tell "never sent" from
+"sent, answer lost" — the distinction the whole ledger rests on. Transport is
+classified by the shared code (providers/http.py); what each Stripe answer
+proves is the mapping below, documented with its reasons in docs/providers.md
+(a test holds the two together).
+
+Lookups by our reference: a PaymentIntent id some answer gave is retrieved
+(strongly consistent); otherwise Stripe's Search, which Stripe documents as
+eventually consistent, so "nothing found" within the search lag of the last
+attempt is inconclusive. Where Search is missing (a fake Stripe), a bounded
+list scan filtered here is the fallback, named so in the observation.
+
+The secret key goes only into the Authorization header: never into a log, an
+observation or an error text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+import httpx
+
+from intentledger.domain.retention import REGISTRY
+from intentledger.domain.transport import (
+    ChargeSeen,
+    Classification,
+    LookupAnswer,
+    ProviderAnswer,
+    Transport,
+    Verdict,
+)
+from intentledger.providers.base import LookupConsistency, ProviderLookup, ProviderRequest
+from intentledger.providers.http import ShardedClient, call_deadline, error_fields, observe
+from intentledger.providers.registry import BuildArguments, ProviderPlugin
+from intentledger.settings import Settings
+
+# Pinned, so a change of Stripe's default version cannot change what an answer means.
+STRIPE_VERSION = "2026-10-28.endive"
+# The metadata key under which every PaymentIntent carries our operation id.
+REFERENCE_KEY = "intentledger_reference"
+# Answer headers kept in the observation: Stripe's request id (what Stripe
+# support asks for), whether the answer was a stored replay, and its retry hint.
+KEPT_HEADERS = ("Request-Id", "Idempotent-Replayed", "Stripe-Should-Retry")
+# The fallback list scan reads at most this many pages of 100: past it, an
+# absence proves nothing.
+SCAN_PAGES = 20
+PAGE_SIZE = 100
+
+
+@dataclass(frozen=True)
+class IntentStatus:
+    """What a PaymentIntent in one status proves, as a create's answer and in a lookup."""
+
+    verdict: Verdict
+    lookup_word: str  # succeeded | failed | canceled | processing (see judge_lookup)
+    why: str
+
+
+# docs/providers.md, "PaymentIntent statuses", is this table with its reasons.
+INTENT_STATUSES: dict[str, IntentStatus] = {
+    "succeeded": IntentStatus(Verdict.SUCCEEDED, "succeeded", "the payment is complete"),
+    "processing": IntentStatus(
+        Verdict.PENDING, "processing", "executed or executing; Stripe has not finished"
+    ),
+    # Only with `last_payment_error`: a confirmation was attempted and declined.
+    "requires_payment_method": IntentStatus(
+        Verdict.FAILED, "failed", "the confirmation was declined (last_payment_error)"
+    ),
+    "requires_action": IntentStatus(
+        Verdict.FAILED,
+        "failed",
+        "needs the customer (3-D Secure) and nobody will act on a server-side payment; "
+        "never succeeded — a later success arrives as late evidence and is flagged",
+    ),
+    "requires_confirmation": IntentStatus(
+        Verdict.FAILED,
+        "failed",
+        "not confirmed although confirm=true was sent; never succeeded — a later success "
+        "arrives as late evidence and is flagged",
+    ),
+    "canceled": IntentStatus(Verdict.FAILED, "canceled", "cancelled: it can never succeed"),
+}
+
+
+@dataclass(frozen=True)
+class ErrorRule:
+    """What a Stripe error answer proves: by HTTP status and, where it matters,
+    the error's `type` or `code`."""
+
+    status: int | range
+    marker: str | None  # an error type or code; None: any
+    verdict: Verdict
+    why: str
+
+    def matches(self, status: int, error: dict[str, str]) -> bool:
+        in_status = (
+            status in self.status if isinstance(self.status, range) else (status == self.status)
+        )
+        markers = {error.get("type"), error.get("code")}
+        return in_status and (self.marker is None or self.marker in markers)
+
+
+# First match wins. docs/providers.md, "Error answers", is this table.
+ERROR_RULES: tuple[ErrorRule, ...] = (
+    ErrorRule(
+        400,
+        "idempotency_error",
+        Verdict.KEY_CONFLICT,
+        "the key was used with other parameters: what it did then is not this answer",
+    ),
+    ErrorRule(
+        409,
+        None,
+        Verdict.KEY_CONFLICT,
+        "idempotency_key_in_use: an earlier request under the key is still executing",
+    ),
+    ErrorRule(
+        402,
+        None,
+        Verdict.FAILED,
+        "card_error: Stripe processed the payment and declined it (authentication_required "
+        "included: off-session, Stripe declines instead of asking the customer)",
+    ),
+    ErrorRule(
+        429,
+        None,
+        Verdict.NOT_EXECUTED,
+        "rate_limit: refused before the idempotency layer; sent again with the same key "
+        "no earlier than Retry-After",
+    ),
+    ErrorRule(
+        401,
+        None,
+        Verdict.MISCONFIGURED,
+        "authentication_error: refused before processing, and sending again will be refused "
+        "again: a person fixes the key",
+    ),
+    ErrorRule(
+        403,
+        None,
+        Verdict.MISCONFIGURED,
+        "permission_error: refused before processing; a person fixes the key's permissions",
+    ),
+    ErrorRule(
+        400,
+        "invalid_request_error",
+        Verdict.FAILED,
+        "invalid_request_error: the parameters were refused; nothing was created",
+    ),
+    ErrorRule(
+        404,
+        "invalid_request_error",
+        Verdict.FAILED,
+        "resource_missing: an object the request names does not exist; nothing was created",
+    ),
+    ErrorRule(
+        range(500, 600),
+        None,
+        Verdict.UNKNOWN,
+        "api_error: Stripe documents a 5xx as indeterminate (it may have executed, and the "
+        "key replays the same 5xx)",
+    ),
+)
+
+
+def map_answer(answer: ProviderAnswer) -> Classification:
+    """What one Stripe answer to a PaymentIntent create proves. Anything this
+    table does not name proves nothing: never success, never failure."""
+    status = answer.status
+    assert status is not None, "only a response is mapped"
+    body = answer.detail.get("body")
+    replayed = (
+        " (Stripe's stored answer: Idempotent-Replayed)"
+        if answer.detail.get("idempotent-replayed") == "true"
+        else ""
+    )
+    if 200 <= status < 300:
+        return _intent_answer(body, status, replayed)
+    error = error_fields(body)
+    for rule in ERROR_RULES:
+        if rule.matches(status, error):
+            words = ", ".join(
+                f"{k}={error[k]}" for k in ("type", "code", "decline_code") if k in error
+            )
+            return Classification(
+                rule.verdict, f"Stripe answered {status} ({words}): {rule.why}{replayed}"
+            )
+    return Classification(
+        Verdict.UNKNOWN, f"Stripe answered {status} ({answer.error_code}): not a documented answer"
+    )
+
+
+def _intent_answer(body: Any, status: int, replayed: str) -> Classification:
+    if not isinstance(body, dict) or body.get("object") != "payment_intent":
+        return Classification(Verdict.UNKNOWN, f"Stripe answered {status} without a PaymentIntent")
+    word = str(body.get("status"))
+    known = INTENT_STATUSES.get(word)
+    if known is None or (word == "requires_payment_method" and not body.get("last_payment_error")):
+        return Classification(
+            Verdict.UNKNOWN, f"PaymentIntent {body.get('id')} is {word!r}: not a documented outcome"
+        )
+    decline = _decline(body)
+    return Classification(
+        known.verdict, f"PaymentIntent {body.get('id')} is {word}{decline}: {known.why}{replayed}"
+    )
+
+
+def _decline(intent: dict[str, Any]) -> str:
+    error = intent.get("last_payment_error")
+    if not isinstance(error, dict):
+        return ""
+    codes = [str(error[k]) for k in ("code", "decline_code") if error.get(k)]
+    return f" ({', '.join(codes)})" if codes else ""
+
+
+def lookup_word(intent: dict[str, Any]) -> str:
+    """A PaymentIntent's status in the lookup's words; a status the table does
+    not name stays the provider's own word, which is never final."""
+    word = str(intent.get("status"))
+    if word == "requires_payment_method" and not intent.get("last_payment_error"):
+        return word
+    known = INTENT_STATUSES.get(word)
+    return known.lookup_word if known is not None else word
+
+
+def _intent_id(answer: ProviderAnswer) -> str | None:
+    """The PaymentIntent an answer names: a 2xx's object, or a decline's
+    `error.payment_intent` (Stripe attaches the declined intent)."""
+    body = answer.detail.get("body")
+    if not isinstance(body, dict):
+        return None
+    if answer.status is not None and 200 <= answer.status < 300:
+        return str(body["id"]) if "id" in body else None
+    error = body.get("error")
+    intent = error.get("payment_intent") if isinstance(error, dict) else None
+    return str(intent["id"]) if isinstance(intent, dict) and "id" in intent else None
+
+
+class StripeProvider:
+    name = "stripe"
+
+    def __init__(
+        self,
+        api_key: str,
+        api_base: str,
+        timeout: timedelta,
+        search_lag: timedelta,
+        max_connections: int = 200,
+    ) -> None:
+        self._deadline = call_deadline(timeout).total_seconds()
+        self._clients = ShardedClient(
+            max_connections, api_base, httpx.Timeout(timeout.total_seconds())
+        )
+        self._headers = {"Authorization": f"Bearer {api_key}", "Stripe-Version": STRIPE_VERSION}
+        self._search_lag = search_lag
+        # Set once Search answers 404 (a fake Stripe): the list scan is used from then on.
+        self._search_missing = False
+
+    async def submit(self, request: ProviderRequest) -> ProviderAnswer:
+        if request.kind != "payment":
+            raise ValueError(f"provider stripe does not carry {request.kind!r}")
+        call = self._clients.request(
+            "POST",
+            "/v1/payment_intents",
+            data=payment_intent_form(request),
+            headers={**self._headers, "Idempotency-Key": request.idempotency_key},
+        )
+        answer = await observe(call, self._deadline, mapping=map_answer, keep_headers=KEPT_HEADERS)
+        if answer.transport is Transport.RESPONSE:
+            # A decline names its PaymentIntent too: recorded beside the verdict.
+            answer = _with_reference(answer, _intent_id(answer))
+        return answer
+
+    async def lookup(self, query: ProviderLookup) -> LookupAnswer:
+        if query.kind != "payment":
+            raise ValueError(f"provider stripe does not carry {query.kind!r}")
+        seen: dict[str, ChargeSeen] = {}
+        last: ProviderAnswer | None = None
+        for intent_id in query.known:
+            answer = await self._get(f"/v1/payment_intents/{intent_id}")
+            intent = _object(answer, "payment_intent")
+            if intent is None:
+                # A failed call, or a 200 that is no PaymentIntent: no evidence either way.
+                return LookupAnswer(answer, readable=False, method=f"retrieve {intent_id}")
+            seen[intent_id] = _seen(intent)
+            last = answer
+        if query.known and not query.exhaustive:
+            assert last is not None
+            return LookupAnswer(last, tuple(seen.values()), method="retrieve by id")
+        found = await self._by_reference(query.reference)
+        merged = {**{c.provider_reference: c for c in found.charges}, **seen}
+        return LookupAnswer(
+            found.answer,
+            tuple(merged.values()),
+            readable=found.readable,
+            complete=found.complete,
+            method=found.method if not seen else f"retrieve by id + {found.method}",
+            lag=None if seen else found.lag,
+        )
+
+    async def _by_reference(self, reference: str) -> LookupAnswer:
+        if not self._search_missing:
+            query = f"metadata['{REFERENCE_KEY}']:'{reference}'"
+            answer = await self._get("/v1/payment_intents/search", {"query": query, "limit": "100"})
+            if answer.transport is Transport.RESPONSE and answer.status == 404:
+                self._search_missing = True
+            else:
+                return _listing(answer, reference, "search", lag=self._search_lag)
+        return await self._scan(reference)
+
+    async def _scan(self, reference: str) -> LookupAnswer:
+        """Search is missing: page through the list (consistent, Stripe documents)
+        and filter here; past SCAN_PAGES an absence proves nothing."""
+        method = f"list scan, search unavailable (at most {SCAN_PAGES * PAGE_SIZE})"
+        charges: list[ChargeSeen] = []
+        params = {"limit": str(PAGE_SIZE)}
+        answer: ProviderAnswer | None = None
+        for _ in range(SCAN_PAGES):
+            answer = await self._get("/v1/payment_intents", params)
+            page = _listing(answer, reference, method, lag=None)
+            if page.answer.status != 200 or not page.readable:
+                return page
+            charges += page.charges
+            body = answer.detail["body"]
+            assert isinstance(body, dict)
+            data = body.get("data") or []
+            if not body.get("has_more") or not data:
+                return LookupAnswer(answer, tuple(charges), method=method)
+            params = {"limit": str(PAGE_SIZE), "starting_after": str(data[-1].get("id"))}
+        assert answer is not None
+        return LookupAnswer(answer, tuple(charges), complete=False, method=method)
+
+    async def _get(self, path: str, params: dict[str, str] | None = None) -> ProviderAnswer:
+        call = self._clients.request("GET", path, params=params, headers=self._headers)
+        return await observe(call, self._deadline, keep_headers=KEPT_HEADERS)
+
+    async def aclose(self) -> None:
+        await self._clients.aclose()
+
+
+def payment_intent_form(request: ProviderRequest) -> dict[str, str]:
+    """A PaymentIntent create, form-encoded with nested keys, confirmed at once."""
+    body = request.body
+    form = {
+        "amount": str(body["amount"]),
+        "currency": str(body["currency"]).lower(),
+        "payment_method": str(body["payment_method"]),
+        "confirm": "true",
+    }
+    if request.under_mandate:
+        # The customer is not present: Stripe declines (402 authentication_required)
+        # rather than waiting for an authentication nobody will give.
+        form["off_session"] = "true"
+    if body.get("description"):
+        form["description"] = str(body["description"])
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict):
+        form.update({f"metadata[{key}]": str(value) for key, value in metadata.items()})
+    # Ours last: a merchant's metadata cannot hide the reference lookups search by.
+    form[f"metadata[{REFERENCE_KEY}]"] = request.reference
+    return form
+
+
+def _with_reference(answer: ProviderAnswer, reference: str | None) -> ProviderAnswer:
+    return replace(answer, provider_reference=reference) if reference else answer
+
+
+def _ok(answer: ProviderAnswer) -> bool:
+    return answer.transport is Transport.RESPONSE and answer.status == 200
+
+
+def _object(answer: ProviderAnswer, kind: str) -> dict[str, Any] | None:
+    body = answer.detail.get("body")
+    if _ok(answer) and isinstance(body, dict) and body.get("object") == kind:
+        return body
+    return None
+
+
+def _seen(intent: dict[str, Any]) -> ChargeSeen:
+    raw = str(intent.get("status"))
+    return ChargeSeen(str(intent.get("id")), lookup_word(intent), raw_status=raw)
+
+
+def _listing(
+    answer: ProviderAnswer, reference: str, method: str, lag: timedelta | None
+) -> LookupAnswer:
+    """The PaymentIntents of a search or list answer that carry our reference."""
+    if not _ok(answer):
+        return LookupAnswer(answer, method=method)
+    body = answer.detail.get("body")
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+        return LookupAnswer(answer, readable=False, method=method)
+    ours = [
+        item
+        for item in data
+        if isinstance(item.get("metadata"), dict)
+        and item["metadata"].get(REFERENCE_KEY) == reference
+    ]
+    return LookupAnswer(answer, tuple(_seen(item) for item in ours), method=method, lag=lag)
+
+
+def _problems(settings: Settings) -> list[str]:
+    key = settings.stripe_api_key.get_secret_value() if settings.stripe_api_key else ""
+    if not key:
+        return ["INTENTLEDGER_STRIPE_API_KEY is required"]
+    if not key.startswith(("sk_", "rk_")):
+        # A publishable key (pk_) cannot create payments; say so without echoing it.
+        return ["INTENTLEDGER_STRIPE_API_KEY must be a secret (sk_) or restricted (rk_) key"]
+    return []
+
+
+def _build(arguments: BuildArguments) -> StripeProvider:
+    settings = arguments.settings
+    assert settings.stripe_api_key is not None, "checked by the plug-in's problems()"
+    return StripeProvider(
+        settings.stripe_api_key.get_secret_value(),
+        settings.stripe_api_base,
+        arguments.timeout,
+        settings.stripe_search_lag,
+        max_connections=arguments.max_connections,
+    )
+
+
+PLUGIN = ProviderPlugin(
+    name="stripe",
+    summary="Stripe PaymentIntents on API v1 (INTENTLEDGER_STRIPE_API_KEY)",
+    kinds=frozenset({"payment"}),
+    retention=lambda _settings: REGISTRY["stripe-v1"],
+    consistency=lambda settings: LookupConsistency(
+        settings.stripe_search_lag,
+        "a PaymentIntent an answer named is retrieved (strongly consistent); otherwise "
+        "Search by metadata, eventually consistent: nothing found within "
+        "INTENTLEDGER_STRIPE_SEARCH_LAG of the last attempt is inconclusive; without "
+        "Search, a bounded list scan",
+    ),
+    build=_build,
+    problems=_problems,
+)
