@@ -78,7 +78,13 @@ FAULTED_CREATES = frozenset({"/v1/payment_intents", "/v1/refunds"})
 PAYMENT_INTENT_CREATE = "/v1/payment_intents"
 SEARCH_PATH = "/v1/payment_intents/search"
 # localstripe rejects parameters it does not model; real Stripe accepts these.
-STRIPPED_FROM_CREATE = frozenset({"description"})
+STRIPPED_FROM_CREATE = frozenset(
+    {
+        "description",
+        "automatic_payment_methods[enabled]",
+        "automatic_payment_methods[allow_redirects]",
+    }
+)
 # Stripe's search syntax for one metadata clause; either quote style is valid there.
 METADATA_CLAUSE = re.compile(
     r"""^\s*metadata\[(?P<kq>['"])(?P<key>[^'"]+)(?P=kq)\]\s*:\s*(?P<vq>['"])(?P<value>[^'"]*)(?P=vq)\s*$"""
@@ -250,19 +256,27 @@ class PublicListener:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._protocol_factory, sock=sock)
 
-    def close(self) -> None:
+    def close(self, *, busy_too: bool = True) -> None:
         self._cancel_reopen()
         if self._server is not None:
             self._server.close()
             self._server = None
-        # Stripe being unreachable also ends idle keep-alive connections, or a
-        # pooled client would keep talking to the "down" server. Connections
-        # with a request in progress close once it is answered.
-        for connection in self._protocol_factory.connections:
-            connection.close()
+        # Stripe being unreachable also ends its open connections, or a pooled
+        # client would keep talking to the "down" server: aborted, because a
+        # graceful close leaves an idle keep-alive connection open long enough
+        # for a client to send on it and wait for ever. With `busy_too`, a
+        # request in progress (maybe forwarded) loses its answer as well.
+        for connection in list(self._protocol_factory.connections):
+            # aiohttp's handler marks a request being answered (a private slot).
+            busy = getattr(connection, "_request_in_progress", False)
+            if connection.transport is not None and (busy_too or not busy):
+                connection.transport.abort()
 
     def close_for(self, seconds: float) -> None:
-        self.close()
+        """A short refusal window (the `refuse` fault): new connections are
+        refused and idle ones dropped; requests other clients have in progress
+        are answered."""
+        self.close(busy_too=False)
         loop = asyncio.get_running_loop()
         self._reopen = loop.call_later(seconds, lambda: loop.create_task(self.open()))
 
@@ -281,6 +295,10 @@ class Proxy:
         self.keys: dict[tuple[str, str], KeyRecord] = {}
         # When each PaymentIntent's create answer passed through: search hides it until the lag.
         self.created_at: dict[str, float] = {}
+        # The metadata of every PaymentIntent a create's answer showed: Search
+        # reads only these, fresh from localstripe, instead of listing all of
+        # localstripe (whose list is too slow for a search per check under load).
+        self.metadata_of: dict[str, dict[str, Any]] = {}
         self.log: list[dict[str, Any]] = []
         self.session: aiohttp.ClientSession | None = None
         self.listener: PublicListener | None = None
@@ -387,6 +405,7 @@ class Proxy:
         self.rng = random.Random(self.config.seed)
         self.keys.clear()
         self.created_at.clear()
+        self.metadata_of.clear()
         self.log.clear()
         await self._listener().open()
         async with self._session().delete(f"{self.upstream}/_config/data") as response:
@@ -618,6 +637,8 @@ class Proxy:
             intent = payload["error"].get("payment_intent")
         if isinstance(intent, dict) and isinstance(intent.get("id"), str):
             self.created_at.setdefault(intent["id"], time.time())
+            metadata = intent.get("metadata")
+            self.metadata_of[intent["id"]] = metadata if isinstance(metadata, dict) else {}
 
     async def _search(self, request: web.Request, request_id: str) -> Answer:
         if not self.config.search:
@@ -633,12 +654,16 @@ class Proxy:
         auth = {"Authorization": request.headers.get("Authorization", "")}
         now = time.time()
         found = []
-        for intent in await self._all_payment_intents(auth):
-            if (intent.get("metadata") or {}).get(key) != value:
-                continue
-            seen = self.created_at.get(intent["id"])
+        # Search covers the PaymentIntents created through this proxy (every one
+        # in the suite's tests); each is read fresh, so its status is current.
+        matching = [i for i, metadata in self.metadata_of.items() if metadata.get(key) == value]
+        for intent_id in matching:
+            seen = self.created_at.get(intent_id)
             if seen is not None and now - seen < self.config.search_lag:
                 continue  # not indexed yet, as with Stripe's search shortly after a create
+            intent = await self._get_json(f"/v1/payment_intents/{intent_id}", auth)
+            if intent is None:
+                return Answer(500, _json_bytes(_api_error("search failed")), request_id)
             found.append(_stripe_shaped(intent))
         found.sort(key=lambda intent: intent.get("created") or 0, reverse=True)
         result = {
@@ -649,20 +674,6 @@ class Proxy:
             "url": SEARCH_PATH,
         }
         return Answer(200, _json_bytes(result), request_id)
-
-    async def _all_payment_intents(self, auth: dict[str, str]) -> list[dict[str, Any]]:
-        intents: list[dict[str, Any]] = []
-        params: dict[str, str] = {"limit": "100"}
-        while True:
-            async with self._session().get(
-                f"{self.upstream}/v1/payment_intents", params=params, headers=auth
-            ) as response:
-                response.raise_for_status()
-                page = await response.json()
-            intents.extend(page["data"])
-            if not page.get("has_more") or not page["data"]:
-                return intents
-            params["starting_after"] = page["data"][-1]["id"]
 
     # -- faults --------------------------------------------------------------
 

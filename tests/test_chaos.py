@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from intentledger.chaos import restart_database
+from intentledger.chaos import VIOLATIONS, restart_database
 from tests.conftest import BACKENDS, Databases
+from tests.stripe_fake import StripeFake, stripe_fake  # noqa: F401
 from tests.support import INTENTLEDGER, wait_until
 
 pytestmark = pytest.mark.skipif(
@@ -28,7 +29,9 @@ def chaos(database_url: str, *args: str) -> tuple[int, dict[str, object], str]:
         text=True,
         timeout=900,
     )
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"chaos printed no report (exit {done.returncode}):\n{done.stderr[-5000:]}"
+    report = json.loads(lines[-1])
     return done.returncode, report, done.stderr[-3000:]
 
 
@@ -55,6 +58,61 @@ def test_short_chaos_run_is_clean(databases: Databases) -> None:
     assert report["kills"] >= 5  # type: ignore[operator]
     assert report["db_restarts"] == 1
     assert report["violations"] == 0
+
+
+def test_a_chaos_run_against_stripe_is_clean(
+    databases: Databases,
+    stripe_fake: StripeFake,  # noqa: F811
+) -> None:
+    """The ledger on Stripe's wire format (localstripe behind the fault proxy),
+    under SIGKILLs and the proxy's whole fault mix, checked against the list of
+    PaymentIntents localstripe itself holds."""
+    stripe_fake.reset()
+    stripe_fake.configure(
+        mix={
+            "none": 70,
+            "rate_limited": 6,
+            "error_before": 5,
+            "error_after": 5,
+            "reset_after": 7,
+            "hold_after": 4,
+            "refuse": 3,
+        },
+        seed=11,
+        retry_after=1,
+        hold_seconds=4,
+        refuse_seconds=0.3,
+        search_lag=1.5,
+    )
+    code, report, log = chaos(
+        databases.create("postgresql"),
+        "--provider",
+        "stripe",
+        "--stripe-api-base",
+        stripe_fake.api_base,
+        "--stripe-truth-base",
+        stripe_fake.truth_base,
+        "--operations",
+        "500",
+        "--kill-every",
+        "1.5",
+        "--timeout",
+        "300",
+        "--seed",
+        "5",
+    )
+    faults = {entry["fault"] for entry in stripe_fake.log()}
+    violations = {name: report[name] for name in VIOLATIONS}
+    assert code == 0, (violations, report, log)
+    assert report["operations"] >= 500 and report["kills"] >= 5, report  # type: ignore[operator]
+    assert report["duplicates"] == report["lost"] == report["contradictions"] == 0, report
+    assert report["violations"] == 0, violations
+    # Checked against localstripe's own list: every PaymentIntent is one of ours
+    # (an accepted payment that reached Stripe), and nothing unresolved is silent.
+    assert report["orphans"] == 0, report
+    assert report["provider_payment_intents"] <= report["accepted"], report  # type: ignore[operator]
+    assert set(report["unresolved_next_action"]) <= {"operator", "reconcile"}, report  # type: ignore[arg-type]
+    assert {"reset_after", "hold_after", "error_after", "rate_limited", "refuse"} <= faults
 
 
 def test_chaos_catches_a_blind_retry_bug(databases: Databases) -> None:

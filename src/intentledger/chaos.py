@@ -2,9 +2,14 @@
 and provider faults, then the ledger checked against the provider's own truth.
 
 Everything is a real OS process: the sandbox, API processes, workers. The
-checker reads the ledger tables and the sandbox's executed charges and counts
-violations; any violation makes the exit code non-zero. The last line printed is
-one JSON object with the counts.
+checker reads the ledger tables and the provider's executed payments (the
+sandbox's charges, or Stripe's PaymentIntents from its list API, which Stripe
+documents as consistent) and counts violations; any violation makes the exit
+code non-zero. The last line printed is one JSON object with the counts.
+
+With `--provider stripe` the faults are whatever sits between the ledger and
+`--stripe-api-base` (the test suite puts a fault-injecting proxy there); the
+load uses Stripe's test payment methods.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ SCENARIOS = {
     "pm_rate_limited": 8,
     "pm_blackhole": 4,
 }
+# Stripe's test payment methods: a card that succeeds and one that is declined.
+STRIPE_SCENARIOS = {"pm_card_visa": 85, "pm_card_chargeCustomerFail": 15}
+# The secret key a Stripe fleet uses unless INTENTLEDGER_STRIPE_API_KEY is set.
+TEST_STRIPE_KEY = "sk_test_intentledger_chaos"
 FINAL = {"OUTCOME_KNOWN", "CANCELLED"}
 # How long the load's client keeps retrying one request (same key) before it
 # gives up, and how long the database's restart command may take.
@@ -79,6 +88,15 @@ class ChaosConfig:
     seed: int = 1
     timeout: float = 600.0
     break_for_tests: str | None = None
+    provider: str = "sandbox"
+    # Where the Stripe fleet sends (Stripe, or a fake behind a fault proxy), and
+    # where the checker reads Stripe's truth (default: the same base).
+    stripe_api_base: str | None = None
+    stripe_truth_base: str | None = None
+
+    @property
+    def on_stripe(self) -> bool:
+        return self.provider == "stripe"
 
 
 @dataclass
@@ -126,6 +144,29 @@ class Fleet:
         }
         if config.break_for_tests:
             self.env["INTENTLEDGER_BREAK_FOR_TESTS"] = config.break_for_tests
+        if config.on_stripe:
+            assert config.stripe_api_base, "a Stripe fleet needs --stripe-api-base"
+            del self.env["INTENTLEDGER_PROVIDER_URL"]
+            self.env.update(
+                {
+                    "INTENTLEDGER_PROVIDER": "stripe",
+                    "INTENTLEDGER_STRIPE_API_BASE": config.stripe_api_base,
+                    "INTENTLEDGER_STRIPE_API_KEY": os.environ.get(
+                        "INTENTLEDGER_STRIPE_API_KEY", TEST_STRIPE_KEY
+                    ),
+                    "INTENTLEDGER_STRIPE_SEARCH_LAG": "2s",
+                    # A fake Stripe on a loaded machine answers in seconds, not
+                    # milliseconds: a 1 s timeout would make most calls ambiguous.
+                    "INTENTLEDGER_SUBMIT_TIMEOUT": "3s",
+                    "INTENTLEDGER_LEASE": "10s",
+                    "INTENTLEDGER_STALE_SUBMITTING": "10s",
+                }
+            )
+
+    @property
+    def health_urls(self) -> list[str]:
+        own = [] if self.config.on_stripe else [self.sandbox_url + "/healthz"]
+        return own + [f"http://127.0.0.1:{p}/healthz" for p in self.api_ports]
 
     def _command(self, name: str) -> list[str]:
         cli = [sys.executable, "-m", "intentledger.cli"]
@@ -148,7 +189,8 @@ class Fleet:
         log.close()
 
     def start_all(self) -> None:
-        self.start("sandbox")
+        if not self.config.on_stripe:
+            self.start("sandbox")
         for n in range(self.config.api):
             self.start(f"api{n}")
         for n in range(self.config.workers):
@@ -238,7 +280,8 @@ class Load:
             self.mandates.append(response.json()["id"])
 
     async def one_payment(self, client: httpx.AsyncClient, n: int) -> None:
-        method = self.rng.choices(list(SCENARIOS), weights=list(SCENARIOS.values()))[0]
+        scenarios = STRIPE_SCENARIOS if self.config.on_stripe else SCENARIOS
+        method = self.rng.choices(list(scenarios), weights=list(scenarios.values()))[0]
         body: dict[str, Any] = {
             "amount": 100 + n % 900,
             "currency": "EUR",
@@ -355,10 +398,37 @@ def _view(tally: Tally, states: Counter[str], pending: int, started: float) -> T
     return table
 
 
-def check(database_url: str, sandbox_url: str, tally: Tally) -> dict[str, Any]:
-    """Compare the ledger with the provider's truth."""
+def sandbox_truth(sandbox_url: str) -> Counter[str]:
+    """Executed charges per operation id, from the sandbox's own store."""
     charges = httpx.get(f"{sandbox_url}/charges", timeout=30).json()["data"]
-    executed = Counter(c["reference"] for c in charges)
+    return Counter(c["reference"] for c in charges)
+
+
+def stripe_truth(api_base: str, api_key: str) -> tuple[Counter[str], int]:
+    """Succeeded PaymentIntents per operation id (their metadata reference),
+    paged through Stripe's list API; and how many PaymentIntents there are."""
+    executed: Counter[str] = Counter()
+    total = 0
+    params = {"limit": "100"}
+    with httpx.Client(
+        base_url=api_base, headers={"Authorization": f"Bearer {api_key}"}, timeout=30
+    ) as client:
+        while True:
+            page = client.get("/v1/payment_intents", params=params)
+            page.raise_for_status()
+            body = page.json()
+            for intent in body["data"]:
+                total += 1
+                if intent["status"] == "succeeded":
+                    reference = (intent.get("metadata") or {}).get("intentledger_reference", "")
+                    executed[reference] += 1
+            if not body.get("has_more") or not body["data"]:
+                return executed, total
+            params = {"limit": "100", "starting_after": body["data"][-1]["id"]}
+
+
+def check(database_url: str, executed: Counter[str], tally: Tally) -> dict[str, Any]:
+    """Compare the ledger with the provider's truth (executed payments per operation id)."""
     engine = create_engine(sync_url(database_url))
     try:
         with engine.connect() as conn:
@@ -431,10 +501,7 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
     rng = random.Random(config.seed + 1)
     fleet.start_all()
     try:
-        await _wait_healthy(
-            [fleet.sandbox_url + "/healthz"]
-            + [f"http://127.0.0.1:{p}/healthz" for p in fleet.api_ports]
-        )
+        await _wait_healthy(fleet.health_urls)
         stop = asyncio.Event()
         monkey = asyncio.create_task(_chaos_monkey(config, fleet, tally, stop, rng))
         load = asyncio.create_task(Load(config, fleet, token, tally).run())
@@ -473,7 +540,20 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
                 if pending == 0 or out_of_time:
                     break
         tally.phase = "checking"
-        report = check(config.database_url, fleet.sandbox_url, tally)
+        provider_payments: int | None = None
+        if config.on_stripe:
+            assert config.stripe_api_base is not None
+            executed, provider_payments = stripe_truth(
+                config.stripe_truth_base or config.stripe_api_base,
+                fleet.env["INTENTLEDGER_STRIPE_API_KEY"],
+            )
+        else:
+            executed = sandbox_truth(fleet.sandbox_url)
+        report = check(config.database_url, executed, tally)
+        report["provider"] = config.provider
+        report["provider_executed"] = sum(executed.values())
+        if provider_payments is not None:
+            report["provider_payment_intents"] = provider_payments
     finally:
         fleet.stop_all()
     report.update(

@@ -310,6 +310,31 @@ def worker(
 
 
 @app.command()
+def providers() -> None:
+    """List the installed provider adapters: the kinds each carries, the key
+    retention the safety review weighs for it, and its lookup's consistency."""
+    from rich.table import Table
+
+    from intentledger.providers.registry import plugins
+
+    settings = load_settings()
+    table = Table(title="provider adapters (entry points: intentledger.providers)")
+    for column in ("name", "kinds", "key retention", "lookup consistency"):
+        table.add_column(column, overflow="fold")
+    for plugin in plugins().values():
+        policy = plugin.retention(settings)
+        consistency = plugin.consistency(settings)
+        lag = "strong" if consistency.lag is None else f"may lag {consistency.lag}"
+        table.add_row(
+            f"{plugin.name}\n{plugin.summary}",
+            ", ".join(sorted(plugin.kinds)),
+            policy.note,
+            f"{lag}: {consistency.note}",
+        )
+    Console(width=160).print(table)
+
+
+@app.command()
 def migrate(database_url: DatabaseUrl = None) -> None:
     """Bring the database schema up to date."""
     from intentledger.store.database import UnsupportedDatabase
@@ -467,6 +492,16 @@ def chaos(
         ),
     ] = 600,
     break_for_tests: Annotated[str | None, typer.Option(hidden=True)] = None,
+    provider: Annotated[
+        str, typer.Option(help="sandbox (started by the run) or stripe (--stripe-api-base).")
+    ] = "sandbox",
+    stripe_api_base: Annotated[
+        str | None, typer.Option(help="Where a stripe fleet sends (INTENTLEDGER_STRIPE_API_KEY).")
+    ] = None,
+    stripe_truth_base: Annotated[
+        str | None,
+        typer.Option(help="Where the checker lists Stripe's PaymentIntents (default: API base)."),
+    ] = None,
 ) -> None:
     """Payments under SIGKILLs, a database restart and provider faults, checked against
     the provider's truth. The last line is a JSON report; any violation exits 1."""
@@ -475,6 +510,9 @@ def chaos(
 
     if dialect_of(database_url) != "postgresql":
         err.print("[red]chaos runs on PostgreSQL: pass --database-url postgresql://...[/red]")
+        raise typer.Exit(2)
+    if provider not in ("sandbox", "stripe") or (provider == "stripe") != bool(stripe_api_base):
+        err.print("[red]--provider is sandbox, or stripe with --stripe-api-base[/red]")
         raise typer.Exit(2)
     config = ChaosConfig(
         database_url,
@@ -486,6 +524,9 @@ def chaos(
         seed,
         timeout,
         break_for_tests,
+        provider,
+        stripe_api_base,
+        stripe_truth_base,
     )
 
     async def main() -> dict[str, Any]:

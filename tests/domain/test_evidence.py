@@ -25,7 +25,15 @@ from intentledger.domain.evidence import (
 )
 from intentledger.domain.retry_after import RetryAfter
 from intentledger.domain.states import FINAL, UNRESOLVED, Outcome, State
-from intentledger.domain.transport import LookupVerdict, Verdict
+from intentledger.domain.transport import (
+    ChargeSeen,
+    LookupAnswer,
+    LookupVerdict,
+    ProviderAnswer,
+    Transport,
+    Verdict,
+    judge_lookup,
+)
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 LIMITS = Limits(timedelta(seconds=30), max_checks=10, max_age=timedelta(days=7))
@@ -289,3 +297,70 @@ def test_a_decline_contradicts_only_the_success_of_its_own_key() -> None:
     assert not other_key.contradiction
     same_key = judge(known, SubmitAnswer(1, Verdict.FAILED, "402"), NOW, LIMITS)
     assert same_key.contradiction
+
+
+# -- the adapters' verdicts and an eventually consistent lookup (issue 14) ---------------------
+
+SUBMITTING_ONE_KEY = Facts(
+    state=State.SUBMITTING, attempts=(AttemptFacts(1, "op:1"),), unresolved_since=NOW
+)
+
+
+def test_a_refusal_of_our_credentials_goes_to_a_person_and_nothing_is_resent() -> None:
+    answer = SubmitAnswer(1, Verdict.MISCONFIGURED, "Stripe answered 401")
+    effect = judge(SUBMITTING_ONE_KEY, answer, NOW, LIMITS)
+    assert effect.move is Move.OPERATOR and effect.rule == "provider_refused_configuration"
+    assert effect.check_at is None  # nothing to check: it was not executed
+    # ...and it proves non-execution of its key, like a 429.
+    assert not may_have_executed("op:1", (AttemptFacts(1, "op:1", Verdict.MISCONFIGURED),))
+
+
+def test_a_refusal_of_our_credentials_while_another_key_may_have_executed_is_unknown() -> None:
+    facts = replace(SUBMITTING_ONE_KEY, attempts=(AttemptFacts(1, "op:1"), AttemptFacts(2, "op:2")))
+    effect = judge(facts, SubmitAnswer(2, Verdict.MISCONFIGURED, "401"), NOW, LIMITS)
+    assert effect.move is Move.UNKNOWN and "op:1" in effect.reason
+
+
+def test_pending_and_key_conflict_prove_nothing() -> None:
+    for verdict in (Verdict.PENDING, Verdict.KEY_CONFLICT):
+        effect = judge(SUBMITTING_ONE_KEY, SubmitAnswer(1, verdict, "said"), NOW, LIMITS)
+        assert effect.move is Move.UNKNOWN and effect.check_at is not None
+        assert may_have_executed("op:1", (AttemptFacts(1, "op:1", None),))
+
+
+def test_not_yet_visible_waits_for_the_window_and_is_never_a_review() -> None:
+    visible_at = NOW + timedelta(minutes=1)
+    due = Facts(
+        state=State.RECONCILIATION_DUE, attempts=(AttemptFacts(1, "op:1"),), unresolved_since=NOW
+    )
+    lookup = LookupResult(LookupVerdict.NOT_YET_VISIBLE, "search lag", visible_at=visible_at)
+    effect = judge(due, lookup, NOW, LIMITS)
+    assert effect.move is Move.UNKNOWN and effect.check_at is not None
+    assert effect.check_at >= visible_at
+    in_review = replace(due, state=State.MANUAL_REVIEW)
+    assert judge(in_review, lookup, NOW, LIMITS).move is Move.RECHECK
+    # The same absence past the window is a not-found: the safety review's question.
+    past = LookupResult(LookupVerdict.NOT_FOUND, "nothing")
+    assert judge(due, past, NOW, LIMITS).move is Move.REVIEW
+
+
+@given(sent_ago=st.integers(0, 600), lag=st.integers(0, 300))
+def test_an_absence_inside_the_lag_of_the_last_attempt_is_inconclusive(
+    sent_ago: int, lag: int
+) -> None:
+    ok = ProviderAnswer(Transport.RESPONSE, status=200)
+    sent = NOW - timedelta(seconds=sent_ago)
+    empty = LookupAnswer(ok, lag=timedelta(seconds=lag), method="search")
+    got = judge_lookup(empty, sent, NOW)
+    expected = LookupVerdict.NOT_YET_VISIBLE if sent_ago < lag else LookupVerdict.NOT_FOUND
+    assert got.verdict is expected
+    if expected is LookupVerdict.NOT_YET_VISIBLE:
+        assert got.visible_at == sent + timedelta(seconds=lag)
+    # A strongly consistent lookup's absence is an absence at once...
+    assert judge_lookup(LookupAnswer(ok), sent, NOW).verdict is LookupVerdict.NOT_FOUND
+    # ...one that did not look everywhere proves none...
+    partial = LookupAnswer(ok, complete=False)
+    assert judge_lookup(partial, sent, NOW).verdict is LookupVerdict.LOOKUP_FAILED
+    # ...and what is found is found, lag or not.
+    found = replace(empty, charges=(ChargeSeen("pi_1", "succeeded", "succeeded"),))
+    assert judge_lookup(found, sent, NOW).verdict is LookupVerdict.SUCCEEDED

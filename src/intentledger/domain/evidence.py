@@ -132,7 +132,9 @@ class Move(StrEnum):
     UNKNOWN = "unknown"  # UNKNOWN, checked again at `check_at`
     REQUEUE = "requeue"  # proof of non-execution: ACCEPTED, sent again at `check_at`
     REVIEW = "review"  # no evidence: the safety review decides
-    OPERATOR = "operator"  # MANUAL_REVIEW (limits reached), re-checked at `check_at`
+    # MANUAL_REVIEW under `rule`: limits reached (re-checked at `check_at`), or a
+    # refusal only a person can fix (no `check_at`: nothing to check).
+    OPERATOR = "operator"
     RECHECK = "recheck"  # state unchanged, looked at again at `check_at`
     RECORD = "record"  # recorded; the state does not change
 

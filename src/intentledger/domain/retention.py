@@ -36,7 +36,9 @@ class RetentionPolicy:
 
 def _human(span: timedelta) -> str:
     seconds = int(span.total_seconds())
-    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+    # Up to a day reads in hours ("24 h"), as providers document it.
+    units = (("days", 86400),) if seconds > 86400 else ()
+    for unit, size in (*units, ("h", 3600), ("min", 60)):
         if seconds >= size and seconds % size == 0:
             return f"{seconds // size} {unit}"
     return f"{seconds} s"

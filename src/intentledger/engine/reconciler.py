@@ -49,12 +49,15 @@ async def operation_lookup(
     named |= set(operation.executed_references or ())
     if operation.provider_reference:
         named.add(operation.provider_reference)
+    # With more than one key sent, a payment under a key whose answer named
+    # nothing may exist beside the ones named: look for every one.
+    keys = {a.provider_idempotency_key for a in await ledger.attempts_of(operation.operation_id)}
     return ProviderLookup(
         kind=operation.kind,
         reference=operation.operation_id,
         target=operation.request_context.get("provider_card_id"),
         known=tuple(sorted(named)),
-        exhaustive=exhaustive,
+        exhaustive=exhaustive or len(keys) > 1,
     )
 
 

@@ -19,6 +19,7 @@ observation or an error text.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -154,9 +155,10 @@ ERROR_RULES: tuple[ErrorRule, ...] = (
     ),
     ErrorRule(
         404,
-        "invalid_request_error",
-        Verdict.FAILED,
-        "resource_missing: an object the request names does not exist; nothing was created",
+        None,
+        Verdict.MISCONFIGURED,
+        "unrecognised URL: nothing was created, and every payment would meet the same "
+        "answer (a wrong INTENTLEDGER_STRIPE_API_BASE): a person fixes it",
     ),
     ErrorRule(
         range(500, 600),
@@ -219,13 +221,16 @@ def _decline(intent: dict[str, Any]) -> str:
 
 
 def lookup_word(intent: dict[str, Any]) -> str:
-    """A PaymentIntent's status in the lookup's words; a status the table does
-    not name stays the provider's own word, which is never final."""
+    """A PaymentIntent's status in the lookup's words. A status the table does
+    not name is marked unmapped, so it can never read as a final word (a future
+    status "failed" would otherwise pass for one)."""
     word = str(intent.get("status"))
-    if word == "requires_payment_method" and not intent.get("last_payment_error"):
-        return word
     known = INTENT_STATUSES.get(word)
-    return known.lookup_word if known is not None else word
+    if known is None or (
+        word == "requires_payment_method" and not intent.get("last_payment_error")
+    ):
+        return f"unmapped:{word}"
+    return known.lookup_word
 
 
 def _intent_id(answer: ProviderAnswer) -> str | None:
@@ -235,10 +240,17 @@ def _intent_id(answer: ProviderAnswer) -> str | None:
     if not isinstance(body, dict):
         return None
     if answer.status is not None and 200 <= answer.status < 300:
-        return str(body["id"]) if "id" in body else None
+        return _pi_id(body)
     error = body.get("error")
-    intent = error.get("payment_intent") if isinstance(error, dict) else None
-    return str(intent["id"]) if isinstance(intent, dict) and "id" in intent else None
+    return _pi_id(error.get("payment_intent")) if isinstance(error, dict) else None
+
+
+def _pi_id(intent: Any) -> str | None:
+    """The id of a PaymentIntent object, or None for anything else."""
+    if not isinstance(intent, dict) or intent.get("object") != "payment_intent":
+        return None
+    identifier = intent.get("id")
+    return identifier if isinstance(identifier, str) and identifier.startswith("pi_") else None
 
 
 class StripeProvider:
@@ -256,10 +268,9 @@ class StripeProvider:
         self._clients = ShardedClient(
             max_connections, api_base, httpx.Timeout(timeout.total_seconds())
         )
+        self._api_key = api_key
         self._headers = {"Authorization": f"Bearer {api_key}", "Stripe-Version": STRIPE_VERSION}
         self._search_lag = search_lag
-        # Set once Search answers 404 (a fake Stripe): the list scan is used from then on.
-        self._search_missing = False
 
     async def submit(self, request: ProviderRequest) -> ProviderAnswer:
         if request.kind != "payment":
@@ -271,6 +282,7 @@ class StripeProvider:
             headers={**self._headers, "Idempotency-Key": request.idempotency_key},
         )
         answer = await observe(call, self._deadline, mapping=map_answer, keep_headers=KEPT_HEADERS)
+        answer = recordable(answer, self._api_key)
         if answer.transport is Transport.RESPONSE:
             # A decline names its PaymentIntent too: recorded beside the verdict.
             answer = _with_reference(answer, _intent_id(answer))
@@ -284,10 +296,11 @@ class StripeProvider:
         for intent_id in query.known:
             answer = await self._get(f"/v1/payment_intents/{intent_id}")
             intent = _object(answer, "payment_intent")
-            if intent is None:
+            charge = _seen(intent) if intent is not None else None
+            if charge is None:
                 # A failed call, or a 200 that is no PaymentIntent: no evidence either way.
                 return LookupAnswer(answer, readable=False, method=f"retrieve {intent_id}")
-            seen[intent_id] = _seen(intent)
+            seen[intent_id] = charge
             last = answer
         if query.known and not query.exhaustive:
             assert last is not None
@@ -304,14 +317,16 @@ class StripeProvider:
         )
 
     async def _by_reference(self, reference: str) -> LookupAnswer:
-        if not self._search_missing:
-            query = f"metadata['{REFERENCE_KEY}']:'{reference}'"
-            answer = await self._get("/v1/payment_intents/search", {"query": query, "limit": "100"})
-            if answer.transport is Transport.RESPONSE and answer.status == 404:
-                self._search_missing = True
-            else:
-                return _listing(answer, reference, "search", lag=self._search_lag)
-        return await self._scan(reference)
+        query = f"metadata['{REFERENCE_KEY}']:'{reference}'"
+        answer = await self._get("/v1/payment_intents/search", {"query": query, "limit": "100"})
+        if answer.transport is Transport.RESPONSE and answer.status == 404:
+            # No Search here (a Stripe-compatible server without it); asked each
+            # time, as it costs one request, so a server that gains it is used.
+            return await self._scan(reference)
+        # The window counts from the attempt's start; its write may land as late
+        # as the end of the call.
+        lag = self._search_lag + timedelta(seconds=self._deadline)
+        return _listing(answer, reference, "search", lag=lag)
 
     async def _scan(self, reference: str) -> LookupAnswer:
         """Search is missing: page through the list (consistent, Stripe documents)
@@ -337,10 +352,36 @@ class StripeProvider:
 
     async def _get(self, path: str, params: dict[str, str] | None = None) -> ProviderAnswer:
         call = self._clients.request("GET", path, params=params, headers=self._headers)
-        return await observe(call, self._deadline, keep_headers=KEPT_HEADERS)
+        return recordable(
+            await observe(call, self._deadline, keep_headers=KEPT_HEADERS), self._api_key
+        )
 
     async def aclose(self) -> None:
         await self._clients.aclose()
+
+
+# Fields of a PaymentIntent that must not be kept: the client secret lets a
+# browser confirm the payment.
+UNKEPT_FIELDS = frozenset({"client_secret"})
+
+
+def recordable(answer: ProviderAnswer, api_key: str) -> ProviderAnswer:
+    """The answer as it may be stored and shown: no client secret in any body,
+    and the API key nowhere in an error's text (an HTTP library may quote the
+    header it refused)."""
+    detail = {name: _without_secrets(value) for name, value in answer.detail.items()}
+    error = detail.get("error")
+    if isinstance(error, str) and api_key in error:
+        detail["error"] = error.replace(api_key, "[redacted]")
+    return replace(answer, detail=detail)
+
+
+def _without_secrets(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_secrets(v) for k, v in value.items() if k not in UNKEPT_FIELDS}
+    if isinstance(value, list):
+        return [_without_secrets(item) for item in value]
+    return value
 
 
 def payment_intent_form(request: ProviderRequest) -> dict[str, str]:
@@ -351,6 +392,10 @@ def payment_intent_form(request: ProviderRequest) -> dict[str, str]:
         "currency": str(body["currency"]).lower(),
         "payment_method": str(body["payment_method"]),
         "confirm": "true",
+        # Confirmed server-side: a method that would redirect the customer is
+        # refused at once rather than left waiting for a return_url.
+        "automatic_payment_methods[enabled]": "true",
+        "automatic_payment_methods[allow_redirects]": "never",
     }
     if request.under_mandate:
         # The customer is not present: Stripe declines (402 authentication_required)
@@ -381,9 +426,12 @@ def _object(answer: ProviderAnswer, kind: str) -> dict[str, Any] | None:
     return None
 
 
-def _seen(intent: dict[str, Any]) -> ChargeSeen:
-    raw = str(intent.get("status"))
-    return ChargeSeen(str(intent.get("id")), lookup_word(intent), raw_status=raw)
+def _seen(intent: dict[str, Any]) -> ChargeSeen | None:
+    """A listed PaymentIntent, or None for an item that is not one (no usable id)."""
+    identifier = _pi_id(intent)
+    if identifier is None:
+        return None
+    return ChargeSeen(identifier, lookup_word(intent), raw_status=str(intent.get("status")))
 
 
 def _listing(
@@ -402,16 +450,29 @@ def _listing(
         if isinstance(item.get("metadata"), dict)
         and item["metadata"].get(REFERENCE_KEY) == reference
     ]
-    return LookupAnswer(answer, tuple(_seen(item) for item in ours), method=method, lag=lag)
+    seen = [_seen(item) for item in ours]
+    if any(charge is None for charge in seen):
+        # One of ours we cannot name: the listing is no evidence either way.
+        return LookupAnswer(answer, readable=False, method=method)
+    return LookupAnswer(answer, tuple(c for c in seen if c is not None), method=method, lag=lag)
+
+
+# A secret or restricted key, and nothing else: a stray newline or space would
+# make every request fail inside the HTTP library, whose error text quotes the
+# header (and so the key).
+API_KEY_SHAPE = re.compile(r"(sk|rk)_[A-Za-z0-9_]+")
 
 
 def _problems(settings: Settings) -> list[str]:
     key = settings.stripe_api_key.get_secret_value() if settings.stripe_api_key else ""
     if not key:
         return ["INTENTLEDGER_STRIPE_API_KEY is required"]
-    if not key.startswith(("sk_", "rk_")):
+    if not API_KEY_SHAPE.fullmatch(key):
         # A publishable key (pk_) cannot create payments; say so without echoing it.
-        return ["INTENTLEDGER_STRIPE_API_KEY must be a secret (sk_) or restricted (rk_) key"]
+        return [
+            "INTENTLEDGER_STRIPE_API_KEY must be a secret (sk_) or restricted (rk_) key, "
+            "letters, digits and underscores only (check for a trailing newline)"
+        ]
     return []
 
 
