@@ -74,6 +74,19 @@ async def sql_null_details(engine: AsyncEngine, operation_id: str) -> list[bool]
         return list(result.scalars())
 
 
+TIMERS = ("httpx.ReadTimeout", "builtins.TimeoutError")
+
+
+def _timer(error_class: str | None) -> str | None:
+    return "a timeout" if error_class in TIMERS else error_class
+
+
+def _timers_in(text: str | None) -> str | None:
+    for timer in TIMERS:
+        text = text.replace(timer, "a timeout") if text else text
+    return text
+
+
 async def story(engine: AsyncEngine, sandbox: str, operation_id: str) -> dict[str, Any]:
     """Everything a reviewer would read about an operation, minus ids and times."""
     op = await operation(engine, operation_id)
@@ -91,6 +104,11 @@ async def story(engine: AsyncEngine, sandbox: str, operation_id: str) -> dict[st
         "observations": [
             {
                 **columns(o, operation_id),
+                # Which timer names a withheld answer (httpx's read timeout, or the
+                # whole call's deadline a little later) depends on the machine's
+                # load, not on the path that recorded it.
+                "error_class": _timer(o.error_class),
+                "reason": _timers_in(o.reason),
                 "has_provider_reference": o.provider_reference is not None,
                 "has_retry_after_at": o.retry_after_at is not None,
                 "detail": sorted(o.detail) if isinstance(o.detail, dict) else o.detail,

@@ -91,7 +91,9 @@ bodies = st.one_of(
 latin1 = st.text(
     alphabet=st.characters(min_codepoint=0x20, max_codepoint=0xFF, exclude_characters="\x7f"),
     max_size=300,
-)
+    # A field value has no leading or trailing whitespace on the wire (RFC 9110
+    # 5.5: it is not part of the value), and httpx refuses to send any.
+).filter(lambda value: value == value.strip(" \t"))
 ids = st.one_of(st.sampled_from(["op_missing", "md_missing", "crd_missing"]), st.text(max_size=60))
 
 
