@@ -88,12 +88,14 @@ def _flags(command: str) -> set[str]:
     ("command", "not_applicable"),
     [
         # A secret key is read from the environment only (`ps` shows a command line).
-        ("serve", {"break_for_tests", "stripe_api_key"}),
+        ("serve", {"break_for_tests", "stripe_api_key", "stripe_webhook_secret"}),
         (
             "worker",
             {
                 "break_for_tests",
                 "stripe_api_key",
+                "stripe_webhook_secret",
+                "sandbox_webhook_secret",
                 "sandbox_database",
                 "header_timeout",
                 "body_timeout",

@@ -89,7 +89,11 @@ class Ledger:
 
 
 def serve_stripe(
-    database_url: str, workdir: Path, api_base: str, env: dict[str, str] | None = None
+    database_url: str,
+    workdir: Path,
+    api_base: str,
+    env: dict[str, str] | None = None,
+    recheck_backoff: str = "1s",
 ) -> tuple[Process, str]:
     port = free_port()
     proc = Process(
@@ -110,7 +114,7 @@ def serve_stripe(
             "--sync-timeout",
             SUBMIT_TIMEOUT,
             "--recheck-backoff",
-            "1s",
+            recheck_backoff,
             "--poll-interval",
             "50ms",
         ],

@@ -63,6 +63,10 @@ KeyRetention = Annotated[
     str | None,
     typer.Option("--sandbox-key-retention", help="INTENTLEDGER_SANDBOX_KEY_RETENTION, e.g. 24h"),
 ]
+SandboxWebhookSecret = Annotated[
+    str | None,
+    typer.Option("--sandbox-webhook-secret", help="INTENTLEDGER_SANDBOX_WEBHOOK_SECRET"),
+]
 SandboxDatabase = Annotated[
     str | None, typer.Option("--sandbox-database", help="INTENTLEDGER_SANDBOX_DATABASE")
 ]
@@ -179,6 +183,7 @@ def serve(
     stale_submitting: StaleSubmitting = None,
     sandbox_key_retention: KeyRetention = None,
     sandbox_database: SandboxDatabase = None,
+    sandbox_webhook_secret: SandboxWebhookSecret = None,
     concurrency: Concurrency = None,
     batch: Batch = None,
     poll_interval: PollInterval = None,
@@ -205,6 +210,7 @@ def serve(
         stale_submitting=stale_submitting,
         sandbox_key_retention=sandbox_key_retention,
         sandbox_database=sandbox_database,
+        sandbox_webhook_secret=sandbox_webhook_secret,
         worker_concurrency=concurrency,
         worker_batch=batch,
         poll_interval=poll_interval,

@@ -21,9 +21,10 @@ from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.sync_writes import SyncWriter
 from intentledger.engine.worker import Worker, run_worker
-from intentledger.providers.base import Provider
+from intentledger.providers.base import Provider, WebhookReader
 from intentledger.providers.registry import build_provider, plugin_for, retention_policy_for
 from intentledger.providers.sandbox import create_sandbox_app
+from intentledger.providers.sandbox.webhooks import SandboxWebhooks
 from intentledger.safety_config import load_safety_rules
 from intentledger.settings import Settings
 from intentledger.store.database import create_ledger_engine
@@ -138,10 +139,24 @@ def build_service_app(
         policy_for=retention_policy_for(settings),
         body_timeout=settings.body_timeout.total_seconds(),
         provider_kinds=plugin_for(settings.provider).kinds,
+        webhook_readers=webhook_readers(settings),
+        recheck_backoff=settings.recheck_backoff,
     )
     if mounts_sandbox(settings):
-        app.mount(SANDBOX_MOUNT, build_sandbox_app(settings))
+        webhooks = None
+        if settings.sandbox_webhook_secret:
+            webhooks = SandboxWebhooks(
+                own_url.rstrip("/") + "/v1/provider-webhooks/sandbox",
+                settings.sandbox_webhook_secret,
+            )
+        app.mount(SANDBOX_MOUNT, build_sandbox_app(settings, webhooks))
     return app
+
+
+def webhook_readers(settings: Settings) -> dict[str, WebhookReader]:
+    """The configured provider's webhook verifier, if its secret is set."""
+    reader = plugin_for(settings.provider).webhooks(settings)
+    return {settings.provider: reader} if reader is not None else {}
 
 
 def mounts_sandbox(settings: Settings) -> bool:
@@ -151,8 +166,10 @@ def mounts_sandbox(settings: Settings) -> bool:
     return settings.provider == "sandbox" and settings.provider_url is None
 
 
-def build_sandbox_app(settings: Settings) -> Starlette:
-    return create_sandbox_app(settings.sandbox_database, settings.sandbox_key_retention)
+def build_sandbox_app(settings: Settings, webhooks: SandboxWebhooks | None = None) -> Starlette:
+    return create_sandbox_app(
+        settings.sandbox_database, settings.sandbox_key_retention, webhooks=webhooks
+    )
 
 
 def build_standalone_sandbox(settings: Settings) -> Starlette:

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     recheck_backoff: Duration = timedelta(seconds=30)
     stale_submitting: Duration = timedelta(minutes=2)
     sandbox_key_retention: Duration = DEFAULT_SANDBOX_RETENTION
+    # Set: the sandbox signs its webhooks (pm_webhook_late) with it and the
+    # serving process verifies them. A test provider's, so also a flag.
+    sandbox_webhook_secret: str | None = None
     # Not in DESIGN.md's table: where the sandbox keeps its truth.
     sandbox_database: str = "intentledger-sandbox.db"
     # How many outbox deliveries one worker process runs at once.
@@ -63,6 +66,9 @@ class Settings(BaseSettings):
     # How long Stripe's Search may not yet show a PaymentIntent (documented:
     # usually under a minute): "not found" inside it is inconclusive.
     stripe_search_lag: Duration = timedelta(minutes=1)
+    # Verifies Stripe-Signature on /v1/provider-webhooks/stripe; several,
+    # comma-separated, while a secret is rotated. Environment only, like the key.
+    stripe_webhook_secret: SecretStr | None = None
     # Optional TOML file of per-provider safety rules (see safety_config.py).
     safety_rules: str | None = None
     # TEST ONLY: deliberately break the engine so the chaos harness can prove it

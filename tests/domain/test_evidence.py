@@ -17,6 +17,7 @@ from intentledger.domain.evidence import (
     LookupResult,
     Move,
     OperatorStatement,
+    ProviderNotice,
     SubmitAnswer,
     judge,
     mandate_share,
@@ -364,3 +365,78 @@ def test_an_absence_inside_the_lag_of_the_last_attempt_is_inconclusive(
     # ...and what is found is found, lag or not.
     found = replace(empty, charges=(ChargeSeen("pi_1", "succeeded", "succeeded"),))
     assert judge_lookup(found, sent, NOW).verdict is LookupVerdict.SUCCEEDED
+
+
+# -- provider webhooks (issue 15) -----------------------------------------------------------------
+
+NOTICE_WORDS = st.sampled_from(["succeeded", "failed", "canceled", "processing", "unmapped:x"])
+
+
+@settings(max_examples=300)
+@given(facts=facts(), status=NOTICE_WORDS, reference=REFS)
+def test_a_provider_event_settles_or_records_and_never_sends_anything(
+    facts: Facts, status: str, reference: str
+) -> None:
+    effect = judge(facts, ProviderNotice(status, reference, "an event"), NOW, LIMITS)
+    assert effect.move in (Move.SETTLE, Move.RECORD)
+    if effect.move is Move.SETTLE:
+        assert facts.state not in FINAL and facts.state is not State.ACCEPTED
+        assert status in ("succeeded", "failed", "canceled")
+    if status == "succeeded":
+        assert reference in effect.executed  # an execution always counts
+    if status in ("processing", "unmapped:x"):
+        assert effect.move is Move.RECORD and not effect.contradiction
+
+
+def test_a_success_event_settles_every_unresolved_state() -> None:
+    for state in (*UNRESOLVED, State.SUBMITTING):
+        facts = Facts(state=state, attempts=(AttemptFacts(1, "op:1"),), unresolved_since=NOW)
+        effect = judge(facts, ProviderNotice("succeeded", "pi_1", "evt"), NOW, LIMITS)
+        assert (effect.move, effect.outcome, effect.adopt_reference) == (
+            Move.SETTLE,
+            Outcome.SUCCEEDED,
+            "pi_1",
+        ), state
+
+
+def test_a_success_event_after_a_persons_failed_is_a_contradiction() -> None:
+    facts = Facts(
+        state=State.OUTCOME_KNOWN,
+        outcome=Outcome.FAILED,
+        attempts=(AttemptFacts(1, "op:1"),),
+    )
+    effect = judge(facts, ProviderNotice("succeeded", "pi_1", "evt"), NOW, LIMITS)
+    assert effect.move is Move.RECORD and effect.contradiction
+    assert effect.executed == {"pi_1"}  # counted: the books follow the provider
+
+
+def test_a_failure_event_speaks_for_its_object_only() -> None:
+    one = Facts(state=State.UNKNOWN, attempts=(AttemptFacts(1, "op:1"),), unresolved_since=NOW)
+    settled = judge(one, ProviderNotice("failed", "pi_1", "evt"), NOW, LIMITS)
+    assert (settled.move, settled.outcome) == (Move.SETTLE, Outcome.FAILED)
+    two = replace(one, attempts=(AttemptFacts(1, "op:1"), AttemptFacts(2, "op:2")))
+    assert judge(two, ProviderNotice("failed", "pi_1", "evt"), NOW, LIMITS).move is Move.RECORD
+    ours = Facts(
+        state=State.OUTCOME_KNOWN,
+        outcome=Outcome.SUCCEEDED,
+        provider_reference="pi_1",
+        executed=frozenset({"pi_1"}),
+        attempts=(AttemptFacts(1, "op:1", Verdict.SUCCEEDED, "pi_1"),),
+    )
+    assert judge(ours, ProviderNotice("failed", "pi_1", "evt"), NOW, LIMITS).contradiction
+    other = judge(ours, ProviderNotice("canceled", "pi_9", "evt"), NOW, LIMITS)
+    assert other.move is Move.RECORD and not other.contradiction
+
+
+def test_a_second_success_event_for_another_object_is_a_duplicate() -> None:
+    ours = Facts(
+        state=State.OUTCOME_KNOWN,
+        outcome=Outcome.SUCCEEDED,
+        provider_reference="pi_1",
+        executed=frozenset({"pi_1"}),
+        attempts=(AttemptFacts(1, "op:1", Verdict.SUCCEEDED, "pi_1"),),
+    )
+    effect = judge(ours, ProviderNotice("succeeded", "pi_2", "evt"), NOW, LIMITS)
+    assert effect.duplicate and effect.executed == {"pi_1", "pi_2"}
+    again = judge(ours, ProviderNotice("succeeded", "pi_1", "evt"), NOW, LIMITS)
+    assert not again.duplicate and not again.contradiction

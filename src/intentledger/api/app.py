@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -29,6 +31,7 @@ from intentledger.api.problems import (
 from intentledger.api.resource_routes import router as resource_router
 from intentledger.api.schemas import PaymentRequest
 from intentledger.api.validation import valid_idempotency_key
+from intentledger.api.webhook_routes import router as webhook_router
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.retention import (
     DEFAULT_SANDBOX_RETENTION,
@@ -39,7 +42,7 @@ from intentledger.engine.clock import Clock
 from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.intake import PaymentIntent
 from intentledger.engine.sync_writes import SyncWriter
-from intentledger.providers.base import KINDS
+from intentledger.providers.base import KINDS, WebhookReader
 from intentledger.store.ledger import Ledger
 
 PAYMENTS_ROUTE = "POST /v1/payments"
@@ -177,6 +180,8 @@ def create_app(
     policy_for: Callable[[str], RetentionPolicy] | None = None,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     provider_kinds: frozenset[str] = frozenset(KINDS),
+    webhook_readers: Mapping[str, WebhookReader] | None = None,
+    recheck_backoff: timedelta = timedelta(seconds=30),
 ) -> FastAPI:
     app = FastAPI(
         lifespan=lifespan,
@@ -190,6 +195,10 @@ def create_app(
     app.state.provider_name = provider_name
     # The operation kinds the provider's adapter carries: others are refused at intake.
     app.state.provider_kinds = provider_kinds
+    # Provider webhooks: each provider's verifier, and how many were refused.
+    app.state.webhook_readers = dict(webhook_readers or {})
+    app.state.webhook_rejections = Counter()
+    app.state.recheck_backoff = recheck_backoff
     # Concurrent payment intents share a commit (engine/group_intake.py).
     app.state.intake_groups = IntakeGroups(engine, clock)
     # Beneficiary and card writes call the provider in the request path.
@@ -207,5 +216,6 @@ def create_app(
     app.include_router(operator_router)
     app.include_router(mandate_router)
     app.include_router(resource_router)
+    app.include_router(webhook_router)
     install_openapi(app)
     return app

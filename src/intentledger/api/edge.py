@@ -8,7 +8,8 @@ and happen *before* a body is read or a route writes anything:
 2. path segments: every id this service issues is 1-40 of `[A-Za-z0-9_-]`;
    anything else (too long, `%00`, other bytes) names nothing here -> 404,
    before it can reach a `VARCHAR(40)` column;
-3. authentication, before the body is read: no work for strangers -> 401;
+3. authentication, before the body is read: no work for strangers -> 401
+   (provider webhooks prove themselves by their signature instead);
 4. the body: `Content-Encoding` other than identity -> 415; a declared or
    streamed size over 64 KiB -> 413; not all there within the body timeout
    (a client trickling it) -> 408; a non-empty body that is not
@@ -43,6 +44,9 @@ MAX_INTEGER_DIGITS = 40
 # segments all fit; the longest id column is VARCHAR(40).
 PATH_SEGMENT = re.compile(r"[A-Za-z0-9_-]{1,40}")
 GUARDED_PREFIX = "/v1/"
+# Provider webhooks carry no bearer token: the route verifies their signature
+# over the raw body (api/webhook_routes.py). Every other check still applies.
+SIGNED_PREFIX = "/v1/provider-webhooks/"
 SINGLETON_HEADERS = (b"idempotency-key", b"authorization")
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 JSON_STATE = "json_body"
@@ -78,8 +82,9 @@ class EdgeGuard:
         headers = _headers(scope)
         _refuse_unknown_path(scope["path"])
         request = Request(scope, receive)
-        # Stored in the request's state: routes get it from there (auth.py).
-        await authenticate(request)
+        if not scope["path"].startswith(SIGNED_PREFIX):
+            # Stored in the request's state: routes get it from there (auth.py).
+            await authenticate(request)
         if scope["method"] not in BODY_METHODS:
             return receive
         body = await _read_body(headers, receive, self.body_timeout)

@@ -179,6 +179,19 @@ OPERATIONS_LIST = {
     },
 }
 
+WEBHOOK_RECEIPT = {
+    "type": "object",
+    "required": ["event_id", "disposition", "duplicate", "operation_id"],
+    "properties": {
+        "event_id": {"type": "string"},
+        "disposition": {
+            "type": "string",
+            "enum": ["applied", "recorded", "unknown_reference", "unmapped_type"],
+        },
+        "duplicate": {"type": "boolean"},
+        "operation_id": {"type": ["string", "null"]},
+    },
+}
 SCHEMAS = {
     "Problem": PROBLEM,
     "Operation": OPERATION,
@@ -186,6 +199,20 @@ SCHEMAS = {
     "Mandate": MANDATE,
     "Card": CARD,
     "OperationList": OPERATIONS_LIST,
+    "WebhookReceipt": WEBHOOK_RECEIPT,
+    # Any JSON without a NUL in any text (the edge refuses one anywhere).
+    "NulFreeJson": {
+        "anyOf": [
+            {"type": "string", "pattern": NO_NUL},
+            {"type": ["number", "boolean", "null"]},
+            {"type": "array", "items": {"$ref": "#/components/schemas/NulFreeJson"}},
+            {
+                "type": "object",
+                "propertyNames": {"type": "string", "pattern": NO_NUL},
+                "additionalProperties": {"$ref": "#/components/schemas/NulFreeJson"},
+            },
+        ]
+    },
 }
 
 # What each /v1 operation answers on success: {status: (schema, description)}.
@@ -236,7 +263,31 @@ def _problem(status: int) -> dict[str, Any]:
     }
 
 
+# A provider's webhook: signed, not authenticated by a token, no Idempotency-Key
+# (the event's id is its idempotency).
+WEBHOOK_ERRORS = (400, 404, 408, 413, 415, 503)
+
+
+def _complete_webhook(operation: dict[str, Any]) -> None:
+    operation["security"] = []
+    responses: dict[str, Any] = {
+        "200": {
+            "description": "Stored (or stored before: duplicate) and judged",
+            "content": {"application/json": {"schema": _ref("WebhookReceipt")}},
+        }
+    }
+    for status in WEBHOOK_ERRORS:
+        responses[str(status)] = _problem(status)
+    operation["responses"] = responses
+    for parameter in operation.get("parameters", []):
+        if parameter["in"] == "path":
+            parameter["schema"] = {"type": "string", "pattern": ID_PATTERN}
+
+
 def _complete(path: str, method: str, operation: dict[str, Any]) -> None:
+    if path.startswith("/v1/provider-webhooks/"):
+        _complete_webhook(operation)
+        return
     operation["security"] = [{"bearer": []}]
     responses: dict[str, Any] = {
         str(status): {

@@ -1,13 +1,14 @@
 """The evidence funnel: what one new piece of evidence means for an operation.
 
 Everything that can say what happened at the provider — the answer to a submit
-(or its absence), a lookup by our reference, an operator's statement — is judged
-here, and only here. `judge` takes what the ledger knows about one operation
-(`Facts`) and one piece of evidence, and returns the `Effect`: settle, become
-UNKNOWN with a check time, go back to ACCEPTED on proof of non-execution, go to
-the safety review, go to a person, look again, or record only — plus the flags
-a reviewer must see (a contradiction, a duplicate) and a provider reference to
-adopt. The engine carries the effect out; it keeps no outcome rules of its own.
+(or its absence), a lookup by our reference, a provider's webhook, an
+operator's statement — is judged here, and only here. `judge` takes what the
+ledger knows about one operation (`Facts`) and one piece of evidence, and
+returns the `Effect`: settle, become UNKNOWN with a check time, go back to
+ACCEPTED on proof of non-execution, go to the safety review, go to a person,
+look again, or record only — plus the flags a reviewer must see (a
+contradiction, a duplicate) and a provider reference to adopt. The engine
+carries the effect out; it keeps no outcome rules of its own.
 
 Evidence never authorises a resubmission: the most it does is send the
 operation to the safety review, whose decision (a rule or a person) may.
@@ -110,7 +111,18 @@ class OperatorStatement:
     reference: str | None = None
 
 
-Evidence = SubmitAnswer | LookupResult | OperatorStatement
+@dataclass(frozen=True)
+class ProviderNotice:
+    """A provider's verified webhook about one of its objects under our
+    reference: the object's status in the lookup's words (succeeded, failed,
+    canceled, processing, or unmapped:<status>)."""
+
+    status: str
+    reference: str  # the provider's object, e.g. a PaymentIntent id
+    reason: str
+
+
+Evidence = SubmitAnswer | LookupResult | OperatorStatement | ProviderNotice
 
 
 @dataclass(frozen=True)
@@ -243,6 +255,8 @@ def judge(facts: Facts, evidence: Evidence, now: datetime, limits: Limits) -> Ef
         effect = _judge_answer(facts, evidence, now, limits)
     elif isinstance(evidence, LookupResult):
         effect = _judge_lookup(facts, evidence, now, limits)
+    elif isinstance(evidence, ProviderNotice):
+        effect = _judge_notice(facts, evidence)
     else:
         effect = _judge_statement(facts, evidence)
     return _finish(facts, effect, now, limits)
@@ -555,6 +569,52 @@ def _against_settled_lookup(facts: Facts, lookup: LookupResult) -> Effect:
     )
 
 
+# What a notice's status must say to be final (the lookup's words).
+_NOTICE_FAILED = frozenset({"failed", "canceled"})
+
+
+def _judge_notice(facts: Facts, notice: ProviderNotice) -> Effect:
+    """A provider's webhook about one object. It can settle an operation waiting
+    anywhere unresolved (or still SUBMITTING: the webhook may beat the answer),
+    raise a flag against a settled one, or be recorded; it never sends anything
+    and never sends an operation to the safety review.
+
+    A success names an execution, which always counts. A failure speaks for
+    its object only: it settles a payment only if one key was ever sent (a
+    charge under another key may exist), and contradicts a recorded success
+    only if it names that success's own object."""
+    reason = f"provider event: {notice.reason}"
+    if notice.status == "succeeded":
+        executed = frozenset({notice.reference})
+        if _settled(facts):
+            return _success_against_settled(facts, reason, executed, notice.reference)
+        if facts.state is State.ACCEPTED:
+            return Effect(Move.RECORD, _late(facts, reason), executed=executed)
+        return _settle(
+            facts, Outcome.SUCCEEDED, reason, executed=executed, adopt_reference=notice.reference
+        )
+    if notice.status not in _NOTICE_FAILED:
+        return Effect(Move.RECORD, f"{reason} (not an outcome)")
+    if _settled(facts):
+        names_our_success = (
+            facts.state is State.OUTCOME_KNOWN
+            and facts.outcome is Outcome.SUCCEEDED
+            and facts.provider_reference == notice.reference
+        )
+        if names_our_success:
+            return Effect(
+                Move.RECORD,
+                f"the provider says {notice.reference} {notice.status}, the ledger says "
+                f"succeeded: {reason}",
+                contradiction=True,
+            )
+        return Effect(Move.RECORD, f"late evidence, recorded only: {reason}")
+    one_key = len(keys_in_order(facts.attempts)) <= 1
+    if facts.state is State.ACCEPTED or not one_key or notice.reference in facts.executed:
+        return Effect(Move.RECORD, _late(facts, f"{reason}; not conclusive for the operation"))
+    return _settle(facts, Outcome.FAILED, reason)
+
+
 def _judge_statement(facts: Facts, statement: OperatorStatement) -> Effect:
     """A person's resolution settles an unresolved operation; the provider is then
     asked once more (the audit), so a wrong statement meets the provider's truth."""
@@ -584,6 +644,7 @@ __all__ = [
     "LookupResult",
     "Move",
     "OperatorStatement",
+    "ProviderNotice",
     "Share",
     "SubmitAnswer",
     "judge",

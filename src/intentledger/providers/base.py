@@ -9,9 +9,10 @@ lookup by our reference is. Adapters are found through the entry-point group
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Protocol
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
 from intentledger.domain.transport import LookupAnswer, ProviderAnswer
 
@@ -71,3 +72,28 @@ class Provider(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class WebhookEvent:
+    """A provider's webhook, verified and read by its adapter."""
+
+    event_id: str
+    type: str
+    signed_at: datetime
+    object_id: str | None  # the provider's object it is about (a PaymentIntent id)
+    reference: str | None  # our reference, as the object carries it
+    # The object's status in the lookup's words (succeeded, failed, canceled,
+    # processing, unmapped:<status>); None for an event type the adapter does not map.
+    status: str | None
+    payload: dict[str, Any]
+
+
+class UnreadableEvent(ValueError):
+    """A verified body that is not an event the adapter can read."""
+
+
+class WebhookReader(Protocol):
+    def read(self, body: bytes, headers: Mapping[str, str], now: datetime) -> WebhookEvent:
+        """Verify the signature (SignatureRefused) and read the event (UnreadableEvent)."""
+        ...

@@ -18,7 +18,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 
 from intentledger.domain.retention import RetentionPolicy, policy_for_provider
-from intentledger.providers.base import KINDS, LookupConsistency, Provider
+from intentledger.providers.base import KINDS, LookupConsistency, Provider, WebhookReader
 from intentledger.settings import Settings
 
 ENTRY_POINT_GROUP = "intentledger.providers"
@@ -51,6 +51,8 @@ class ProviderPlugin:
     build: Callable[[BuildArguments], Provider]
     # What is wrong with the settings for this adapter (empty: nothing).
     problems: Callable[[Settings], list[str]] = lambda _settings: []
+    # How its webhooks are verified and read (None: it sends none we take).
+    webhooks: Callable[[Settings], WebhookReader | None] = lambda _settings: None
 
     def __post_init__(self) -> None:
         unknown = self.kinds - set(KINDS)

@@ -23,6 +23,7 @@ from intentledger.providers.registry import (
     ProviderNotConfigured,
     ProviderPlugin,
 )
+from intentledger.providers.sandbox.webhooks import SandboxWebhookReader
 
 # What a card must show for each card action to have taken effect.
 CARD_STATUS_AFTER = {"card_freeze": "frozen", "card_unfreeze": "active"}
@@ -176,4 +177,9 @@ PLUGIN = ProviderPlugin(
         "hides a charge for a while as a fault the safety review must survive",
     ),
     build=_build,
+    webhooks=lambda settings: (
+        SandboxWebhookReader(settings.sandbox_webhook_secret)
+        if settings.sandbox_webhook_secret
+        else None
+    ),
 )

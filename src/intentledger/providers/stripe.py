@@ -19,14 +19,17 @@ observation or an error text.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 
 from intentledger.domain.retention import REGISTRY
+from intentledger.domain.signatures import verify_stripe_signature
 from intentledger.domain.transport import (
     ChargeSeen,
     Classification,
@@ -35,7 +38,13 @@ from intentledger.domain.transport import (
     Transport,
     Verdict,
 )
-from intentledger.providers.base import LookupConsistency, ProviderLookup, ProviderRequest
+from intentledger.providers.base import (
+    LookupConsistency,
+    ProviderLookup,
+    ProviderRequest,
+    UnreadableEvent,
+    WebhookEvent,
+)
 from intentledger.providers.http import ShardedClient, call_deadline, error_fields, observe
 from intentledger.providers.registry import BuildArguments, ProviderPlugin
 from intentledger.settings import Settings
@@ -463,6 +472,61 @@ def _listing(
 API_KEY_SHAPE = re.compile(r"(sk|rk)_[A-Za-z0-9_]+")
 
 
+# The PaymentIntent events this adapter reads as evidence; any other type is
+# stored and acknowledged, and changes nothing.
+PAYMENT_INTENT_EVENTS = frozenset(
+    {
+        "payment_intent.succeeded",
+        "payment_intent.payment_failed",
+        "payment_intent.processing",
+        "payment_intent.canceled",
+    }
+)
+
+
+@dataclass(frozen=True)
+class StripeWebhooks:
+    """Stripe-Signature verification and the event's reading."""
+
+    secrets: tuple[str, ...]
+
+    def read(self, body: bytes, headers: Mapping[str, str], now: datetime) -> WebhookEvent:
+        signed = verify_stripe_signature(
+            body, headers.get("stripe-signature"), self.secrets, int(now.timestamp())
+        )
+        try:
+            event = json.loads(body)
+        except ValueError as exc:
+            raise UnreadableEvent("the body is not JSON") from exc
+        if not isinstance(event, dict) or event.get("object") != "event":
+            raise UnreadableEvent("the body is not a Stripe event")
+        event_id, kind = event.get("id"), event.get("type")
+        if not isinstance(event_id, str) or not event_id or not isinstance(kind, str):
+            raise UnreadableEvent("the event has no id or type")
+        data = event.get("data")
+        item = data.get("object") if isinstance(data, dict) else None
+        intent = item if isinstance(item, dict) else {}
+        metadata = intent.get("metadata")
+        reference = metadata.get(REFERENCE_KEY) if isinstance(metadata, dict) else None
+        mapped = kind in PAYMENT_INTENT_EVENTS and _pi_id(intent) is not None
+        return WebhookEvent(
+            event_id=event_id[:255],
+            type=kind[:100],
+            signed_at=datetime.fromtimestamp(signed, UTC),
+            object_id=str(intent["id"])[:255] if "id" in intent else None,
+            reference=str(reference)[:255] if reference is not None else None,
+            status=lookup_word(intent) if mapped else None,
+            payload=_without_secrets(event),
+        )
+
+
+def _webhooks(settings: Settings) -> StripeWebhooks | None:
+    if settings.stripe_webhook_secret is None:
+        return None
+    secrets = [s.strip() for s in settings.stripe_webhook_secret.get_secret_value().split(",")]
+    return StripeWebhooks(tuple(s for s in secrets if s))
+
+
 def _problems(settings: Settings) -> list[str]:
     key = settings.stripe_api_key.get_secret_value() if settings.stripe_api_key else ""
     if not key:
@@ -502,4 +566,5 @@ PLUGIN = ProviderPlugin(
     ),
     build=_build,
     problems=_problems,
+    webhooks=_webhooks,
 )

@@ -8,6 +8,7 @@ appends the transition row in the same statement batch.
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -44,6 +45,10 @@ class ConcurrentUpdate(RuntimeError):
 
 def new_operation_id() -> str:
     return "op_" + secrets.token_hex(12)
+
+
+# What new_operation_id makes: anything else names no operation of ours.
+OPERATION_ID = re.compile(r"op_[0-9a-f]{24}")
 
 
 class Ledger:

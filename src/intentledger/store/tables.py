@@ -276,6 +276,27 @@ outbox = Table(
     Index(None, "operation_id"),
 )
 
+# A provider's webhooks, each stored once by its event id (a redelivery finds
+# its row and changes nothing). `disposition` says what became of it: applied
+# to an operation, about a reference we do not know, a type the adapter does
+# not map. The payload is kept as verified, for the reviewer.
+provider_events = Table(
+    "provider_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("provider", String(40), nullable=False),
+    Column("event_id", String(255), nullable=False),
+    Column("type", String(100), nullable=False),
+    _timestamp("received_at"),
+    _timestamp("signed_at"),
+    Column("object_id", String(255), nullable=True),
+    Column("reference", String(255), nullable=True),
+    Column("operation_id", String(40), nullable=True),
+    Column("disposition", String(32), nullable=False),
+    Column("payload", Json, nullable=False),
+    UniqueConstraint("provider", "event_id"),
+    Index(None, "operation_id"),
+)
 
 # A row of any of the tables above, as the repository returns it.
 Record = Row[*tuple[Any, ...]]

@@ -49,6 +49,7 @@ from intentledger.providers.sandbox.store import (
     TargetMissing,
     WriteOutcome,
 )
+from intentledger.providers.sandbox.webhooks import WEBHOOK_METHOD, SandboxWebhooks
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ _EVERY_ATTEMPT: dict[str, Scenario] = {
     "pm_declined": Scenario(StoreRefusal(DECLINED), Delivery.ANSWER),
     "pm_blackhole": Scenario(LeaveUnexecuted(), Delivery.WITHHOLD_THEN_TIMEOUT),
     "pm_slow": Scenario(Execute(), Delivery.SLOW),
+    # Executes, never answers, and tells by webhook (providers/sandbox/webhooks.py).
+    WEBHOOK_METHOD: Scenario(Execute(), Delivery.WITHHOLD_THEN_TIMEOUT),
 }
 
 # Faults that strike only the first submit for a reference; retries then behave like pm_ok.
@@ -427,10 +430,17 @@ class Timing:
 class Sandbox:
     """Route handlers over one store; everything mutable lives in the store's file."""
 
-    def __init__(self, store: SandboxStore, timing: Timing, clock: Callable[[], datetime]):
+    def __init__(
+        self,
+        store: SandboxStore,
+        timing: Timing,
+        clock: Callable[[], datetime],
+        webhooks: SandboxWebhooks | None = None,
+    ):
         self._store = store
         self._timing = timing
         self._clock = clock
+        self._webhooks = webhooks
 
     async def create_charge(self, request: Request) -> Response:
         payload = _parse_json_object(await request.body())
@@ -443,6 +453,10 @@ class Sandbox:
             self._clock(),
             payment_method=_optional_str(payload, "payment_method"),
         )
+        if self._webhooks is not None and received.payment_method == WEBHOOK_METHOD:
+            reference = received.reference
+            if reference:
+                self._webhooks.after_charge(reference, self._store.charges)
         return await self._handle(
             request, received, lambda request_id: self._answer_submit(key, payload, request_id)
         )
@@ -721,12 +735,14 @@ def create_sandbox_app(
     *,
     slow_seconds: float = 1.0,
     clock: Callable[[], datetime] = utc_now,
+    webhooks: SandboxWebhooks | None = None,
 ) -> Starlette:
     """The sandbox provider as an ASGI app with relative routes; mount it where you like."""
     sandbox = Sandbox(
         SandboxStore(database_path, key_retention),
         Timing(withhold_seconds, lookup_lag_seconds, slow_seconds),
         clock,
+        webhooks,
     )
     # Plain Starlette: FastAPI's dependency solving and extra middleware cost the sandbox
     # (which shares the machine with the code under test) more CPU than its routes did.

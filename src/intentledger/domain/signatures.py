@@ -1,0 +1,75 @@
+"""Webhook signatures: Stripe's `Stripe-Signature` scheme, pure.
+
+Stripe signs `"{timestamp}.{raw body}"` with HMAC-SHA256 under the endpoint's
+secret and sends `Stripe-Signature: t=<timestamp>,v1=<hex>[,v1=<hex>...]`;
+during a secret rotation several `v1` signatures (and several secrets here)
+are valid at once. A signature is accepted only if one of the `v1` values
+matches under one of our secrets (compared in constant time) and the timestamp
+is within the tolerance of now, either way: an old signature replayed later is
+refused. Other schemes (`v0`, a test-mode scheme) are ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+
+# Stripe's documented default tolerance: five minutes.
+STRIPE_TOLERANCE_SECONDS = 300
+
+
+class SignatureRefused(ValueError):
+    """Why a webhook's signature was not accepted (never includes a secret)."""
+
+
+def stripe_signature(payload: bytes, secret: str, timestamp: int) -> str:
+    """The `v1` signature Stripe computes for `payload` at `timestamp`."""
+    signed = f"{timestamp}.".encode() + payload
+    return hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+
+
+def stripe_signature_header(payload: bytes, secret: str, timestamp: int) -> str:
+    """A whole `Stripe-Signature` header value, as Stripe (and our sandbox) sends it."""
+    return f"t={timestamp},v1={stripe_signature(payload, secret, timestamp)}"
+
+
+def verify_stripe_signature(
+    payload: bytes,
+    header: str | None,
+    secrets: Sequence[str],
+    now: int,
+    tolerance: int = STRIPE_TOLERANCE_SECONDS,
+) -> int:
+    """The signed timestamp, if `header` signs `payload` under one of `secrets`
+    within `tolerance` seconds of `now`; otherwise SignatureRefused."""
+    if not secrets:
+        raise SignatureRefused("no webhook secret is configured")
+    if not header:
+        raise SignatureRefused("no Stripe-Signature header")
+    timestamps: list[str] = []
+    signatures: list[str] = []
+    for part in header.split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "t":
+            timestamps.append(value)
+        elif name == "v1":
+            signatures.append(value)
+    if len(timestamps) != 1 or not timestamps[0].isdigit():
+        raise SignatureRefused("the header does not carry exactly one numeric timestamp")
+    if not signatures:
+        raise SignatureRefused("the header carries no v1 signature")
+    timestamp = int(timestamps[0])
+    if abs(now - timestamp) > tolerance:
+        raise SignatureRefused(
+            f"the timestamp is {now - timestamp} s from now, outside the {tolerance} s tolerance"
+        )
+    expected = [stripe_signature(payload, secret, timestamp) for secret in secrets]
+    # Every pair is compared, each in constant time: no early exit tells which came close.
+    matched = False
+    for candidate in signatures:
+        for wanted in expected:
+            matched |= hmac.compare_digest(candidate.encode(), wanted.encode())
+    if not matched:
+        raise SignatureRefused("no v1 signature matches a configured secret")
+    return timestamp

@@ -1,0 +1,157 @@
+"""Provider webhooks as evidence: a provider's signed word about one of its objects.
+
+`POST /v1/provider-webhooks/{provider}` hands the raw body to the adapter,
+which verifies its signature and reads the event (`WebhookReader`). Here, in
+one transaction under the operation's lock, the event is stored once by its
+id and, when it names an operation of ours at this provider and the adapter
+maps its type, recorded as an observation and judged by the evidence funnel
+like any other evidence (`domain.evidence.ProviderNotice`): it may settle the
+operation or raise a flag, and never sends anything.
+
+A redelivery (the same event id) finds its row and changes nothing; an event
+about a reference we do not know is stored and reported, and acknowledged so
+the provider stops retrying.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.domain.evidence import Limits, Move, ProviderNotice
+from intentledger.engine.clock import Clock
+from intentledger.engine.evidence import weigh
+from intentledger.providers.base import WebhookEvent
+from intentledger.store.ledger import OPERATION_ID, Ledger
+from intentledger.store.tables import Record, provider_events
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Receipt:
+    event_id: str
+    disposition: str  # applied | recorded | unknown_reference | unmapped_type
+    duplicate: bool
+    operation_id: str | None = None
+
+
+async def receive(
+    engine: AsyncEngine, clock: Clock, provider: str, event: WebhookEvent, backoff: timedelta
+) -> Receipt:
+    """Store `event` once and let the funnel judge it; see the module docstring."""
+    try:
+        async with engine.begin() as conn:
+            ledger = Ledger(conn)
+            now = clock()
+            operation = await _ours(ledger, provider, event.reference)
+            disposition = _disposition(event, operation)
+            await conn.execute(
+                insert(provider_events).values(
+                    provider=provider,
+                    event_id=event.event_id,
+                    type=event.type,
+                    received_at=now,
+                    signed_at=event.signed_at,
+                    object_id=event.object_id,
+                    reference=event.reference,
+                    operation_id=operation.operation_id if operation is not None else None,
+                    disposition=disposition,
+                    payload=event.payload,
+                )
+            )
+            if operation is not None and event.status is not None and event.object_id:
+                disposition = await _judge(ledger, operation, provider, event, now, backoff)
+                await conn.execute(
+                    provider_events.update()
+                    .where(provider_events.c.provider == provider)
+                    .where(provider_events.c.event_id == event.event_id)
+                    .values(disposition=disposition)
+                )
+    except IntegrityError:
+        # Stored before (a redelivery, or the same event racing itself): once is enough.
+        async with engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(provider_events.c.disposition, provider_events.c.operation_id)
+                    .where(provider_events.c.provider == provider)
+                    .where(provider_events.c.event_id == event.event_id)
+                )
+            ).one()
+        return Receipt(event.event_id, row.disposition, True, row.operation_id)
+    if disposition == "unknown_reference":
+        log.warning(
+            "provider %s event %s (%s) names no operation of ours: %r; stored, acknowledged",
+            provider,
+            event.event_id,
+            event.type,
+            event.reference,
+        )
+    return Receipt(
+        event.event_id,
+        disposition,
+        False,
+        operation.operation_id if operation is not None else None,
+    )
+
+
+async def _ours(ledger: Ledger, provider: str, reference: str | None) -> Record | None:
+    """The operation the event names, if it is ours and was sent to this provider."""
+    if reference is None or not OPERATION_ID.fullmatch(reference):
+        return None
+    operation = await ledger.lock_operation(reference)
+    if operation is None or operation.provider != provider:
+        return None
+    return operation
+
+
+def _disposition(event: WebhookEvent, operation: Record | None) -> str:
+    if operation is None:
+        return "unknown_reference"
+    if event.status is None or not event.object_id:
+        return "unmapped_type"
+    return "recorded"
+
+
+async def _judge(
+    ledger: Ledger,
+    operation: Record,
+    provider: str,
+    event: WebhookEvent,
+    now: datetime,
+    backoff: timedelta,
+) -> str:
+    assert event.status is not None and event.object_id is not None
+    reason = f"{event.type} {event.event_id}: {event.object_id} is {event.status}"
+    source = f"webhook:{provider}"
+    observation_id = await ledger.add_observation(
+        operation_id=operation.operation_id,
+        at=now,
+        kind="provider_event",
+        source=source,
+        verdict=event.status.split(":")[0][:16],
+        reason=reason,
+        provider_reference=event.object_id,
+        detail={
+            "event_id": event.event_id,
+            "type": event.type,
+            "status": event.status,
+            "signed_at": event.signed_at.isoformat(),
+        },
+    )
+    effect = await weigh(
+        ledger,
+        operation,
+        ProviderNotice(event.status, event.object_id, reason),
+        now=now,
+        limits=Limits(backoff),
+        source=source,
+        observation_id=observation_id,
+    )
+    changed = effect.move is not Move.RECORD or effect.contradiction or effect.duplicate
+    return "applied" if changed else "recorded"
