@@ -21,7 +21,7 @@ from intentledger.store.tables import provider_events
 from tests.conftest import BACKENDS, Databases
 from tests.served import Served
 from tests.stripe_fake import StripeFake, stripe_fake  # noqa: F401
-from tests.support import Process, free_port
+from tests.support import Process, free_port, wait_until
 from tests.test_intake_http import assert_problem, create_key
 from tests.test_stripe import Ledger, serve_stripe
 
@@ -221,11 +221,31 @@ def test_an_event_about_a_reference_we_do_not_know_is_stored_and_acknowledged(
     no_reference = {**stranger, "metadata": {}}
     other = hooked.deliver(intent_event("evt_no_ref", "payment_intent.succeeded", no_reference))
     assert other.json()["disposition"] == "unknown_reference"
-    unmapped = hooked.deliver(
-        {**intent_event("evt_customer", "customer.created", {"id": "cus_1"}), "type": "x.y"}
-    )
-    assert unmapped.status_code == 200
+    unmapped = hooked.deliver(intent_event("evt_customer", "customer.created", {"id": "cus_1"}))
+    assert unmapped.status_code == 200 and unmapped.json()["disposition"] == "unmapped_type"
     assert hooked.stored_events() == before + 3
+    # A lone surrogate PostgreSQL could not store: refused as unreadable, not a 500.
+    odd = json.dumps(intent_event("evt_odd", "payment_intent.succeeded", stranger)).replace(
+        "pi_stranger", "pi_\\ud800"
+    )
+    signed = stripe.WebhookSignature.generate_signature_header(odd, WEBHOOK_SECRET)
+    assert assert_problem(hooked.post_raw(odd.encode(), signed), 400)["type"].endswith(
+        "unreadable-event"
+    )
+    assert hooked.stored_events() == before + 3
+
+
+def test_a_failed_event_settles_a_lost_decline(hooked: Hooked) -> None:
+    hooked.stripe.configure(queue=["hold_after"], hold_seconds=3)
+    op_id = hooked.pay("pm_card_chargeCustomerFail")
+    hooked.settle(op_id, {"UNKNOWN"})
+    (intent,) = hooked.intents_of(op_id)
+    assert intent["status"] == "requires_payment_method" and intent["last_payment_error"]
+    response = hooked.deliver(intent_event("evt_failed", "payment_intent.payment_failed", intent))
+    assert response.json()["disposition"] == "applied"
+    op = hooked.operation(op_id)
+    assert op["state"] == "OUTCOME_KNOWN" and op["outcome"] == "failed"
+    assert len(hooked.creates(op_id)) == 1
 
 
 def test_a_webhook_success_after_a_persons_failed_is_flagged(hooked: Hooked) -> None:
@@ -297,9 +317,19 @@ def test_the_sandboxs_late_repeated_reordered_webhooks_settle_once_before_any_ch
     op_id = sandbox_hooked.pay("pm_webhook_late", f"hook-{time.monotonic_ns()}")
     op = sandbox_hooked.settle(op_id, {"OUTCOME_KNOWN"}, timeout=20)
     assert op["outcome"] == "succeeded"
-    time.sleep(1.5)  # the redelivery and the older event come after the first
+
+    def observed_events() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in sandbox_hooked.events(op_id)
+            if e["type"] == "observation" and e["kind"] == "provider_event"
+        ]
+
+    # The redelivery and the older event come after the first.
+    wait_until(lambda: len(observed_events()) >= 2, 15, "the older event to arrive")
+    time.sleep(0.5)  # and nothing more after it
     events = sandbox_hooked.events(op_id)
-    observed = [e for e in events if e["type"] == "observation" and e["kind"] == "provider_event"]
+    observed = observed_events()
     # charge.succeeded once (its redelivery was acknowledged and stored nothing),
     # then the older charge.pending, recorded and changing nothing.
     assert [o["detail"]["type"] for o in observed] == ["charge.succeeded", "charge.pending"]

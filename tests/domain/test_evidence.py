@@ -440,3 +440,25 @@ def test_a_second_success_event_for_another_object_is_a_duplicate() -> None:
     assert effect.duplicate and effect.executed == {"pi_1", "pi_2"}
     again = judge(ours, ProviderNotice("succeeded", "pi_1", "evt"), NOW, LIMITS)
     assert not again.duplicate and not again.contradiction
+
+
+def test_a_failure_event_never_settles_failed_over_a_known_execution() -> None:
+    known = Facts(
+        state=State.UNKNOWN,
+        attempts=(AttemptFacts(1, "op:1"),),
+        executed=frozenset({"pi_1"}),
+        unresolved_since=NOW,
+    )
+    effect = judge(known, ProviderNotice("failed", "pi_2", "evt"), NOW, LIMITS)
+    assert effect.move is Move.RECORD
+
+
+def test_a_failure_event_contradicts_an_unnamed_success_on_the_only_key() -> None:
+    said = Facts(
+        state=State.OUTCOME_KNOWN,
+        outcome=Outcome.SUCCEEDED,
+        attempts=(AttemptFacts(1, "op:1"),),
+    )
+    assert judge(said, ProviderNotice("failed", "pi_1", "evt"), NOW, LIMITS).contradiction
+    two_keys = replace(said, attempts=(AttemptFacts(1, "op:1"), AttemptFacts(2, "op:2")))
+    assert not judge(two_keys, ProviderNotice("failed", "pi_1", "evt"), NOW, LIMITS).contradiction

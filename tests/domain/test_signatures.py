@@ -62,6 +62,8 @@ def test_during_a_rotation_either_secret_and_either_signature_verifies() -> None
         ("t=soon,v1=abc", "timestamp"),
         ("t=1800000000,v0=" + "0" * 64, "no v1"),
         ("t=1800000000,v1=" + "0" * 64, "matches"),
+        ("t=\u00b2,v1=abc", "timestamp"),  # a digit to str.isdigit(), not to int()
+        ("t=" + "1" * 5000 + ",v1=abc", "timestamp"),  # beyond int()'s digit limit
     ],
 )
 def test_malformed_or_wrong_headers_are_refused(header: str | None, why: str) -> None:
@@ -80,8 +82,9 @@ def test_a_stale_or_future_signature_is_refused() -> None:
 
 def test_without_a_secret_nothing_verifies() -> None:
     header = stripe_signature_header(EVENT, SECRET, 1_800_000_000)
-    with pytest.raises(SignatureRefused, match="no webhook secret"):
-        verify_stripe_signature(EVENT, header, [], 1_800_000_000)
+    for secrets in ([], [""], [SECRET, ""]):
+        with pytest.raises(SignatureRefused, match="no webhook secret"):
+            verify_stripe_signature(EVENT, header, secrets, 1_800_000_000)
 
 
 @given(flip=st.integers(min_value=0, max_value=len(EVENT) - 1))

@@ -595,11 +595,14 @@ def _judge_notice(facts: Facts, notice: ProviderNotice) -> Effect:
         )
     if notice.status not in _NOTICE_FAILED:
         return Effect(Move.RECORD, f"{reason} (not an outcome)")
+    one_key = len(keys_in_order(facts.attempts)) <= 1
     if _settled(facts):
-        names_our_success = (
-            facts.state is State.OUTCOME_KNOWN
-            and facts.outcome is Outcome.SUCCEEDED
-            and facts.provider_reference == notice.reference
+        succeeded = facts.state is State.OUTCOME_KNOWN and facts.outcome is Outcome.SUCCEEDED
+        # Its own object failed, or (as a lookup's only failed charges do) the
+        # only key's object failed under a success nobody named.
+        names_our_success = succeeded and (
+            facts.provider_reference == notice.reference
+            or (facts.provider_reference is None and one_key and not facts.executed)
         )
         if names_our_success:
             return Effect(
@@ -609,8 +612,8 @@ def _judge_notice(facts: Facts, notice: ProviderNotice) -> Effect:
                 contradiction=True,
             )
         return Effect(Move.RECORD, f"late evidence, recorded only: {reason}")
-    one_key = len(keys_in_order(facts.attempts)) <= 1
-    if facts.state is State.ACCEPTED or not one_key or notice.reference in facts.executed:
+    # Any execution known (of this object or another) outweighs one object's failure.
+    if facts.state is State.ACCEPTED or not one_key or facts.executed:
         return Effect(Move.RECORD, _late(facts, f"{reason}; not conclusive for the operation"))
     return _settle(facts, Outcome.FAILED, reason)
 

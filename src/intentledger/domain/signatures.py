@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Sequence
 
+TIMESTAMP = re.compile(r"[0-9]{1,12}")
 # Stripe's documented default tolerance: five minutes.
 STRIPE_TOLERANCE_SECONDS = 300
 
@@ -43,8 +45,8 @@ def verify_stripe_signature(
 ) -> int:
     """The signed timestamp, if `header` signs `payload` under one of `secrets`
     within `tolerance` seconds of `now`; otherwise SignatureRefused."""
-    if not secrets:
-        raise SignatureRefused("no webhook secret is configured")
+    if not secrets or not all(secrets):
+        raise SignatureRefused("no webhook secret, or an empty one, is configured")
     if not header:
         raise SignatureRefused("no Stripe-Signature header")
     timestamps: list[str] = []
@@ -55,7 +57,9 @@ def verify_stripe_signature(
             timestamps.append(value)
         elif name == "v1":
             signatures.append(value)
-    if len(timestamps) != 1 or not timestamps[0].isdigit():
+    # ASCII digits only, and few of them: str.isdigit() takes "²", and int() of
+    # thousands of digits raises.
+    if len(timestamps) != 1 or not TIMESTAMP.fullmatch(timestamps[0]):
         raise SignatureRefused("the header does not carry exactly one numeric timestamp")
     if not signatures:
         raise SignatureRefused("the header carries no v1 signature")

@@ -18,9 +18,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.evidence import Limits, Move, ProviderNotice
@@ -45,37 +47,27 @@ async def receive(
     engine: AsyncEngine, clock: Clock, provider: str, event: WebhookEvent, backoff: timedelta
 ) -> Receipt:
     """Store `event` once and let the funnel judge it; see the module docstring."""
-    try:
-        async with engine.begin() as conn:
-            ledger = Ledger(conn)
-            now = clock()
-            operation = await _ours(ledger, provider, event.reference)
-            disposition = _disposition(event, operation)
-            await conn.execute(
-                insert(provider_events).values(
-                    provider=provider,
-                    event_id=event.event_id,
-                    type=event.type,
-                    received_at=now,
-                    signed_at=event.signed_at,
-                    object_id=event.object_id,
-                    reference=event.reference,
-                    operation_id=operation.operation_id if operation is not None else None,
-                    disposition=disposition,
-                    payload=event.payload,
-                )
+    async with engine.begin() as conn:
+        ledger = Ledger(conn)
+        now = clock()
+        operation = await _ours(ledger, provider, event.reference)
+        disposition = _disposition(event, operation)
+        stored = await conn.execute(
+            _insert_once(conn.dialect.name).values(
+                provider=provider,
+                event_id=event.event_id,
+                type=event.type,
+                received_at=now,
+                signed_at=event.signed_at,
+                object_id=event.object_id,
+                reference=event.reference,
+                operation_id=operation.operation_id if operation is not None else None,
+                disposition=disposition,
+                payload=event.payload,
             )
-            if operation is not None and event.status is not None and event.object_id:
-                disposition = await _judge(ledger, operation, provider, event, now, backoff)
-                await conn.execute(
-                    provider_events.update()
-                    .where(provider_events.c.provider == provider)
-                    .where(provider_events.c.event_id == event.event_id)
-                    .values(disposition=disposition)
-                )
-    except IntegrityError:
-        # Stored before (a redelivery, or the same event racing itself): once is enough.
-        async with engine.connect() as conn:
+        )
+        if stored.rowcount == 0:
+            # Stored before (a redelivery, or the same event racing itself): once is enough.
             row = (
                 await conn.execute(
                     select(provider_events.c.disposition, provider_events.c.operation_id)
@@ -83,7 +75,16 @@ async def receive(
                     .where(provider_events.c.event_id == event.event_id)
                 )
             ).one()
-        return Receipt(event.event_id, row.disposition, True, row.operation_id)
+            return Receipt(event.event_id, row.disposition, True, row.operation_id)
+        if disposition == "recorded":
+            assert operation is not None
+            disposition = await _judge(ledger, operation, provider, event, now, backoff)
+            await conn.execute(
+                provider_events.update()
+                .where(provider_events.c.provider == provider)
+                .where(provider_events.c.event_id == event.event_id)
+                .values(disposition=disposition)
+            )
     if disposition == "unknown_reference":
         log.warning(
             "provider %s event %s (%s) names no operation of ours: %r; stored, acknowledged",
@@ -100,6 +101,18 @@ async def receive(
     )
 
 
+def _insert_once(dialect: str) -> Any:
+    """An insert that does nothing for an event already stored (both dialects
+    spell ON CONFLICT DO NOTHING; the unique key is (provider, event_id))."""
+    if dialect == "postgresql":
+        return postgresql_insert(provider_events).on_conflict_do_nothing(
+            index_elements=["provider", "event_id"]
+        )
+    return sqlite_insert(provider_events).on_conflict_do_nothing(
+        index_elements=["provider", "event_id"]
+    )
+
+
 async def _ours(ledger: Ledger, provider: str, reference: str | None) -> Record | None:
     """The operation the event names, if it is ours and was sent to this provider."""
     if reference is None or not OPERATION_ID.fullmatch(reference):
@@ -111,10 +124,10 @@ async def _ours(ledger: Ledger, provider: str, reference: str | None) -> Record 
 
 
 def _disposition(event: WebhookEvent, operation: Record | None) -> str:
+    if event.status is None or not event.object_id:
+        return "unmapped_type"  # a type the adapter does not read: nothing to judge
     if operation is None:
         return "unknown_reference"
-    if event.status is None or not event.object_id:
-        return "unmapped_type"
     return "recorded"
 
 

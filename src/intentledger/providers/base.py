@@ -9,11 +9,13 @@ lookup by our reference is. Adapters are found through the entry-point group
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from intentledger.domain.canonical import canonical_json
 from intentledger.domain.transport import LookupAnswer, ProviderAnswer
 
 KINDS = ("payment", "beneficiary", "card_issue", "card_freeze", "card_unfreeze")
@@ -97,3 +99,14 @@ class WebhookReader(Protocol):
     def read(self, body: bytes, headers: Mapping[str, str], now: datetime) -> WebhookEvent:
         """Verify the signature (SignatureRefused) and read the event (UnreadableEvent)."""
         ...
+
+
+def read_event_json(body: bytes) -> Any:
+    """A verified webhook body as JSON that every database can store: no lone
+    surrogate anywhere (PostgreSQL refuses one that SQLite keeps)."""
+    try:
+        event = json.loads(body)
+        canonical_json(event)
+    except (ValueError, TypeError) as exc:
+        raise UnreadableEvent(f"the body is not storable JSON: {exc}") from exc
+    return event

@@ -19,7 +19,6 @@ observation or an error text.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -44,6 +43,7 @@ from intentledger.providers.base import (
     ProviderRequest,
     UnreadableEvent,
     WebhookEvent,
+    read_event_json,
 )
 from intentledger.providers.http import ShardedClient, call_deadline, error_fields, observe
 from intentledger.providers.registry import BuildArguments, ProviderPlugin
@@ -494,10 +494,7 @@ class StripeWebhooks:
         signed = verify_stripe_signature(
             body, headers.get("stripe-signature"), self.secrets, int(now.timestamp())
         )
-        try:
-            event = json.loads(body)
-        except ValueError as exc:
-            raise UnreadableEvent("the body is not JSON") from exc
+        event = read_event_json(body)
         if not isinstance(event, dict) or event.get("object") != "event":
             raise UnreadableEvent("the body is not a Stripe event")
         event_id, kind = event.get("id"), event.get("type")
@@ -520,17 +517,25 @@ class StripeWebhooks:
         )
 
 
-def _webhooks(settings: Settings) -> StripeWebhooks | None:
+def _webhook_secrets(settings: Settings) -> tuple[str, ...]:
+    """The configured webhook secrets: several, comma-separated, while rotating."""
     if settings.stripe_webhook_secret is None:
-        return None
-    secrets = [s.strip() for s in settings.stripe_webhook_secret.get_secret_value().split(",")]
-    return StripeWebhooks(tuple(s for s in secrets if s))
+        return ()
+    secrets = (s.strip() for s in settings.stripe_webhook_secret.get_secret_value().split(","))
+    return tuple(s for s in secrets if s)
+
+
+def _webhooks(settings: Settings) -> StripeWebhooks | None:
+    secrets = _webhook_secrets(settings)
+    return StripeWebhooks(secrets) if secrets else None
 
 
 def _problems(settings: Settings) -> list[str]:
     key = settings.stripe_api_key.get_secret_value() if settings.stripe_api_key else ""
     if not key:
         return ["INTENTLEDGER_STRIPE_API_KEY is required"]
+    if settings.stripe_webhook_secret is not None and not _webhook_secrets(settings):
+        return ["INTENTLEDGER_STRIPE_WEBHOOK_SECRET is set but holds no secret"]
     if not API_KEY_SHAPE.fullmatch(key):
         # A publishable key (pk_) cannot create payments; say so without echoing it.
         return [

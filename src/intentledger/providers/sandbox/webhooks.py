@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from intentledger.domain.signatures import stripe_signature_header, verify_stripe_signature
-from intentledger.providers.base import UnreadableEvent, WebhookEvent
+from intentledger.providers.base import UnreadableEvent, WebhookEvent, read_event_json
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +105,7 @@ class SandboxWebhookReader:
         signed = verify_stripe_signature(
             body, headers.get("stripe-signature"), [self.secret], int(now.timestamp())
         )
-        try:
-            event = json.loads(body)
-        except ValueError as exc:
-            raise UnreadableEvent("the body is not JSON") from exc
+        event = read_event_json(body)
         if not isinstance(event, dict) or not isinstance(event.get("id"), str):
             raise UnreadableEvent("the body is not a sandbox event")
         data = event.get("data")
