@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -349,3 +350,16 @@ def test_the_sdk_accepts_what_the_sandbox_signs() -> None:
     body, headers = sender.signed(event)
     verified = stripe.Webhook.construct_event(body, headers["Stripe-Signature"], SANDBOX_SECRET)
     assert verified.id == event["id"]
+
+
+def test_the_same_event_delivered_ten_times_at_once_is_judged_once(hooked: Hooked) -> None:
+    op_id = hooked.lost_payment()
+    (intent,) = hooked.intents_of(op_id)
+    body = json.dumps(intent_event("evt_racing", "payment_intent.succeeded", intent))
+    header = stripe.WebhookSignature.generate_signature_header(body, WEBHOOK_SECRET)
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        answers = list(pool.map(lambda _: hooked.post_raw(body.encode(), header), range(10)))
+    assert [a.status_code for a in answers] == [200] * 10
+    assert sorted(a.json()["duplicate"] for a in answers) == [False] + [True] * 9
+    assert len(hooked.event_observations(op_id)) == 1
+    assert hooked.operation(op_id)["outcome"] == "succeeded"

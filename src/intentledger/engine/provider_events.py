@@ -53,7 +53,9 @@ async def receive(
         operation = await _ours(ledger, provider, event.reference)
         disposition = _disposition(event, operation)
         stored = await conn.execute(
-            _insert_once(conn.dialect.name).values(
+            _insert_once(conn.dialect.name)
+            .returning(provider_events.c.id)
+            .values(
                 provider=provider,
                 event_id=event.event_id,
                 type=event.type,
@@ -66,7 +68,8 @@ async def receive(
                 payload=event.payload,
             )
         )
-        if stored.rowcount == 0:
+        # RETURNING, not rowcount: a driver may report -1 for an insert that did nothing.
+        if stored.first() is None:
             # Stored before (a redelivery, or the same event racing itself): once is enough.
             row = (
                 await conn.execute(
