@@ -1,0 +1,455 @@
+"""A Python client for intentledger's API, sync (`Client`) and async (`AsyncClient`).
+
+The client does what a careful caller of a payments API must:
+
+- every logical call gets one `Idempotency-Key` (made here unless given), and
+  every retry of that call sends the same key, so a lost answer can never make
+  a second payment;
+- transport failures (no connection, an answer cut off, a timeout) and 5xx
+  answers are retried with that key, a bounded number of times, with
+  exponential backoff, waiting at least what a `Retry-After` asks; so is 409
+  `request-in-progress` (the original is still being answered);
+- answers come back as typed objects, problem documents as typed errors; an
+  operation whose outcome is UNKNOWN is returned as what it is, never raised;
+- `wait` returns when an operation's outcome is known or a person is needed;
+- `verify_webhook` checks a merchant webhook's Standard Webhooks signature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+# Outcomes a caller waits for: known, or handed to a person.
+SETTLED_STATES = frozenset({"OUTCOME_KNOWN", "CANCELLED"})
+RETRYABLE_STATUSES = frozenset({500, 502, 503, 504})
+# How far a webhook's timestamp may be from now (the Standard Webhooks default).
+WEBHOOK_TOLERANCE_SECONDS = 300
+
+
+@dataclass(frozen=True)
+class Operation:
+    id: str
+    state: str
+    kind: str
+    next_action: str
+    outcome: str | None
+    provider_reference: str | None
+    amount: int | None
+    currency: str | None
+    duplicate_detected: bool
+    outcome_contradicted: bool
+    raw: dict[str, Any] = field(repr=False, compare=False)
+    replayed: bool = False
+
+    @property
+    def settled(self) -> bool:
+        return self.state in SETTLED_STATES
+
+    @property
+    def needs_a_person(self) -> bool:
+        return self.next_action == "operator"
+
+    @classmethod
+    def of(cls, document: dict[str, Any], replayed: bool = False) -> Operation:
+        return cls(
+            id=document["id"],
+            state=document["state"],
+            kind=document.get("kind", "payment"),
+            next_action=document.get("next_action", ""),
+            outcome=document.get("outcome"),
+            provider_reference=document.get("provider_reference"),
+            amount=document.get("amount"),
+            currency=document.get("currency"),
+            duplicate_detected=bool(document.get("duplicate_detected")),
+            outcome_contradicted=bool(document.get("outcome_contradicted")),
+            raw=document,
+            replayed=replayed,
+        )
+
+
+@dataclass(frozen=True)
+class Mandate:
+    id: str
+    status: str
+    currency: str
+    max_amount: int
+    total_limit: int
+    reserved: int
+    spent: int
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> Mandate:
+        return cls(
+            id=document["id"],
+            status=document["status"],
+            currency=document["currency"],
+            max_amount=document["max_amount"],
+            total_limit=document["total_limit"],
+            reserved=document.get("reserved", 0),
+            spent=document.get("spent", 0),
+            raw=document,
+        )
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+class IntentledgerError(Exception):
+    """A problem document (RFC 9457) the API answered with."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        self.status = status
+        self.problem = problem
+        self.type = str(problem.get("type", ""))
+        self.detail = str(problem.get("detail", ""))
+        super().__init__(f"{status} {problem.get('title', '')}: {self.detail}".strip())
+
+
+class Unauthorized(IntentledgerError):
+    """401 or 403: the token is missing, unknown, revoked, or lacks the role."""
+
+
+class NotFound(IntentledgerError):
+    """404."""
+
+
+class Conflict(IntentledgerError):
+    """409: the key was used with another request, or the state does not allow it."""
+
+
+class ValidationFailed(IntentledgerError):
+    """400, 413, 415 or 422: the request itself was refused; nothing was stored."""
+
+
+class Unavailable(IntentledgerError):
+    """5xx still answered after every retry (the request may be retried, same key)."""
+
+
+class GaveUp(Exception):
+    """No answer after every retry. The call may or may not have been stored:
+    call again with the same `idempotency_key` to find out, never with a new one."""
+
+    def __init__(self, idempotency_key: str, cause: BaseException) -> None:
+        super().__init__(f"no answer after retries (Idempotency-Key {idempotency_key}): {cause}")
+        self.idempotency_key = idempotency_key
+
+
+def _error_for(status: int, problem: dict[str, Any]) -> IntentledgerError:
+    if status in (401, 403):
+        return Unauthorized(status, problem)
+    if status == 404:
+        return NotFound(status, problem)
+    if status == 409:
+        return Conflict(status, problem)
+    if status >= 500:
+        return Unavailable(status, problem)
+    return ValidationFailed(status, problem)
+
+
+# -- the retry policy (shared by both clients) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Retries:
+    attempts: int = 6
+    backoff: float = 0.2  # seconds before the second attempt, doubled each time
+    cap: float = 5.0  # no wait longer than this, whatever Retry-After says
+
+    def delay(self, attempt: int, response: httpx.Response | None) -> float:
+        wait = min(self.cap, self.backoff * 2.0 ** (attempt - 1))
+        asked = str(response.headers.get("retry-after", "")) if response is not None else ""
+        if asked.isdigit():
+            wait = max(wait, min(self.cap, float(asked)))
+        return wait
+
+
+def _retryable(response: httpx.Response) -> bool:
+    if response.status_code in RETRYABLE_STATUSES:
+        return True
+    # The original request under this key is still being answered.
+    kind = str(_problem(response).get("type", ""))
+    return response.status_code == 409 and kind.endswith("request-in-progress")
+
+
+def _problem(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {"title": response.reason_phrase, "detail": response.text[:500]}
+    return body if isinstance(body, dict) else {"detail": str(body)[:500]}
+
+
+def _result(response: httpx.Response) -> dict[str, Any]:
+    if response.status_code >= 400:
+        raise _error_for(response.status_code, _problem(response))
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def new_key() -> str:
+    return "il-" + secrets.token_urlsafe(18)
+
+
+def _payment(
+    amount: int,
+    currency: str,
+    payment_method: str,
+    description: str | None,
+    metadata: Mapping[str, str] | None,
+    mandate_id: str | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "amount": amount,
+        "currency": currency,
+        "payment_method": payment_method,
+    }
+    if description is not None:
+        body["description"] = description
+    if metadata:
+        body["metadata"] = dict(metadata)
+    if mandate_id is not None:
+        body["mandate_id"] = mandate_id
+    return body
+
+
+# -- the sync client ----------------------------------------------------------------------------
+
+
+class Client:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 15.0,
+        retries: Retries | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.retries = retries or Retries()
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def pay(
+        self,
+        amount: int,
+        currency: str,
+        payment_method: str,
+        *,
+        description: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        mandate_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Operation:
+        body = _payment(amount, currency, payment_method, description, metadata, mandate_id)
+        response = self._send("POST", "/v1/payments", body, idempotency_key or new_key())
+        return Operation.of(_result(response), _replayed(response))
+
+    def create_mandate(
+        self,
+        currency: str,
+        max_amount: int,
+        total_limit: int,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Mandate:
+        body = {"currency": currency, "max_amount": max_amount, "total_limit": total_limit}
+        response = self._send("POST", "/v1/mandates", body, idempotency_key or new_key())
+        return Mandate.of(_result(response))
+
+    def operation(self, operation_id: str) -> Operation:
+        return Operation.of(_result(self._send("GET", f"/v1/operations/{operation_id}")))
+
+    def mandate(self, mandate_id: str) -> Mandate:
+        return Mandate.of(_result(self._send("GET", f"/v1/mandates/{mandate_id}")))
+
+    def wait(self, operation_id: str, timeout: float, poll: float = 0.5) -> Operation:
+        """The operation once its outcome is known or a person is needed; at
+        `timeout`, as it is then (possibly still UNKNOWN: that is an answer too)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            operation = self.operation(operation_id)
+            if operation.settled or operation.needs_a_person or time.monotonic() >= deadline:
+                return operation
+            time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+    def _send(
+        self, method: str, path: str, body: Any = None, key: str | None = None
+    ) -> httpx.Response:
+        headers = {"Idempotency-Key": key} if key is not None else {}
+        last: BaseException | None = None
+        for attempt in range(1, self.retries.attempts + 1):
+            response: httpx.Response | None = None
+            try:
+                response = self._http.request(method, path, json=body, headers=headers)
+                if not _retryable(response) or attempt == self.retries.attempts:
+                    return response
+            except httpx.TransportError as exc:
+                last = exc
+                if attempt == self.retries.attempts:
+                    break
+            time.sleep(self.retries.delay(attempt, response))
+        raise GaveUp(key or "(none)", last or RuntimeError("no answer"))
+
+
+# -- the async client ---------------------------------------------------------------------------
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 15.0,
+        retries: Retries | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.retries = retries or Retries()
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def pay(
+        self,
+        amount: int,
+        currency: str,
+        payment_method: str,
+        *,
+        description: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        mandate_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Operation:
+        body = _payment(amount, currency, payment_method, description, metadata, mandate_id)
+        response = await self._send("POST", "/v1/payments", body, idempotency_key or new_key())
+        return Operation.of(_result(response), _replayed(response))
+
+    async def create_mandate(
+        self,
+        currency: str,
+        max_amount: int,
+        total_limit: int,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Mandate:
+        body = {"currency": currency, "max_amount": max_amount, "total_limit": total_limit}
+        response = await self._send("POST", "/v1/mandates", body, idempotency_key or new_key())
+        return Mandate.of(_result(response))
+
+    async def operation(self, operation_id: str) -> Operation:
+        return Operation.of(_result(await self._send("GET", f"/v1/operations/{operation_id}")))
+
+    async def mandate(self, mandate_id: str) -> Mandate:
+        return Mandate.of(_result(await self._send("GET", f"/v1/mandates/{mandate_id}")))
+
+    async def wait(self, operation_id: str, timeout: float, poll: float = 0.5) -> Operation:  # noqa: ASYNC109
+        """As `Client.wait`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            operation = await self.operation(operation_id)
+            if operation.settled or operation.needs_a_person or time.monotonic() >= deadline:
+                return operation
+            await asyncio.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+    async def _send(
+        self, method: str, path: str, body: Any = None, key: str | None = None
+    ) -> httpx.Response:
+        headers = {"Idempotency-Key": key} if key is not None else {}
+        last: BaseException | None = None
+        for attempt in range(1, self.retries.attempts + 1):
+            response: httpx.Response | None = None
+            try:
+                response = await self._http.request(method, path, json=body, headers=headers)
+                if not _retryable(response) or attempt == self.retries.attempts:
+                    return response
+            except httpx.TransportError as exc:
+                last = exc
+                if attempt == self.retries.attempts:
+                    break
+            await asyncio.sleep(self.retries.delay(attempt, response))
+        raise GaveUp(key or "(none)", last or RuntimeError("no answer"))
+
+
+def _replayed(response: httpx.Response) -> bool:
+    return bool(response.headers.get("idempotent-replayed") == "true")
+
+
+# -- merchant webhooks ----------------------------------------------------------------------------
+
+
+class WebhookRefused(ValueError):
+    """A merchant webhook whose Standard Webhooks signature does not verify."""
+
+
+def verify_webhook(
+    headers: Mapping[str, str],
+    body: bytes,
+    secret: str,
+    *,
+    now: float | None = None,
+    tolerance: int = WEBHOOK_TOLERANCE_SECONDS,
+) -> Any:
+    """The JSON payload of a webhook signed per the Standard Webhooks
+    specification (`webhook-id`, `webhook-timestamp`, `webhook-signature:
+    v1,<base64>`; HMAC-SHA256 over "id.timestamp.body" with the base64 key
+    after `whsec_`), or WebhookRefused."""
+    lowered = {name.lower(): value for name, value in headers.items()}
+    message_id = lowered.get("webhook-id")
+    stamp = lowered.get("webhook-timestamp", "")
+    signatures = lowered.get("webhook-signature", "")
+    if not message_id or not stamp.isascii() or not stamp.isdigit() or len(stamp) > 12:
+        raise WebhookRefused("missing webhook-id or a numeric webhook-timestamp")
+    moment = time.time() if now is None else now
+    if abs(moment - int(stamp)) > tolerance:
+        raise WebhookRefused("webhook-timestamp is outside the tolerance")
+    try:
+        key = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+    except ValueError as exc:
+        raise WebhookRefused("the secret is not a whsec_ base64 key") from exc
+    signed = f"{message_id}.{stamp}.".encode() + body
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest())
+    matched = False
+    for candidate in signatures.split():
+        version, _, value = candidate.partition(",")
+        if version == "v1":
+            matched |= hmac.compare_digest(value.encode(), expected)
+    if not matched:
+        raise WebhookRefused("no v1 signature matches")
+    return json.loads(body)
