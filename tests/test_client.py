@@ -18,12 +18,14 @@ from standardwebhooks.webhooks import Webhook
 
 from intentledger.client import (
     AsyncClient,
+    BadAnswer,
     Client,
     Conflict,
     GaveUp,
     NotFound,
     Retries,
     Unauthorized,
+    Unavailable,
     ValidationFailed,
     WebhookRefused,
     verify_webhook,
@@ -154,8 +156,11 @@ def signed_by_the_reference(at: datetime) -> dict[str, str]:
 def test_verify_webhook_accepts_what_standard_webhooks_signs() -> None:
     headers = signed_by_the_reference(datetime.now(UTC))
     assert verify_webhook(headers, PAYLOAD.encode(), SECRET)["data"]["id"] == "op_1"
-    # ...and the reference accepts what it signed, so both read the same scheme.
-    assert Webhook(SECRET).verify(PAYLOAD, headers)["data"]["id"] == "op_1"
+    # Several signatures (a key rotation): any v1 that matches will do.
+    rotated = {**headers, "webhook-signature": "v1,bm90IGl0 v2,x " + headers["webhook-signature"]}
+    assert verify_webhook(rotated, PAYLOAD.encode(), SECRET)["data"]["id"] == "op_1"
+    # The reference reads the secret without its padding too.
+    assert verify_webhook(headers, PAYLOAD.encode(), SECRET.rstrip("="))["type"]
 
 
 def test_verify_webhook_refuses_tampered_stale_and_foreign_signatures() -> None:
@@ -170,3 +175,98 @@ def test_verify_webhook_refuses_tampered_stale_and_foreign_signatures() -> None:
         verify_webhook(headers, PAYLOAD.encode(), "whsec_" + "A" * 32)
     with pytest.raises(WebhookRefused):
         verify_webhook({**headers, "webhook-timestamp": "\u00b2"}, PAYLOAD.encode(), SECRET)
+    future = signed_by_the_reference(datetime.fromtimestamp(time.time() + 600, UTC))
+    with pytest.raises(WebhookRefused, match="tolerance"):
+        verify_webhook(future, PAYLOAD.encode(), SECRET)
+    with pytest.raises(WebhookRefused, match="empty"):
+        verify_webhook(headers, PAYLOAD.encode(), "whsec_")
+
+
+# -- the retry policy, answer by answer (a scripted transport: no server needed) -----------------
+
+
+class Script:
+    """Answers requests from a list, and keeps what each request carried."""
+
+    def __init__(self, *answers: httpx.Response | Exception) -> None:
+        self.answers = list(answers)
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def sent_keys(self) -> list[str | None]:
+        return [r.headers.get("idempotency-key") for r in self.requests]
+
+
+OPERATION = {"id": "op_1", "state": "UNKNOWN", "next_action": "reconcile", "kind": "payment"}
+
+
+def problem(status: int, slug: str, **headers: str) -> httpx.Response:
+    return httpx.Response(
+        status,
+        json={"type": f"https://intentledger.dev/problems/{slug}", "title": "t", "detail": "d"},
+        headers=headers,
+    )
+
+
+def scripted(script: Script) -> Client:
+    retries = Retries(attempts=6, backoff=0.01, cap=0.5)
+    return Client(
+        "http://ledger.test", "il_x", retries=retries, transport=httpx.MockTransport(script)
+    )
+
+
+def test_every_retry_carries_the_same_key_and_an_unknown_is_an_answer() -> None:
+    script = Script(
+        httpx.ConnectError("refused"),
+        problem(503, "database-unavailable", **{"Retry-After": "0"}),
+        problem(409, "request-in-progress", **{"Retry-After": "0"}),
+        httpx.ReadError("cut off"),
+        httpx.Response(200, json=OPERATION, headers={"Idempotent-Replayed": "true"}),
+    )
+    with scripted(script) as client:
+        operation = client.pay(100, "EUR", "pm_ok")
+    keys = script.sent_keys()
+    assert len(keys) == 5 and len(set(keys)) == 1 and keys[0]
+    assert operation.state == "UNKNOWN" and operation.replayed
+
+
+def test_refusals_are_not_retried_and_carry_the_key() -> None:
+    for status, slug, error in (
+        (409, "idempotency-key-reused", Conflict),
+        (422, "invalid-body", ValidationFailed),
+        (404, "operation-not-found", NotFound),
+    ):
+        script = Script(problem(status, slug))
+        with scripted(script) as client, pytest.raises(error) as raised:
+            client.pay(100, "EUR", "pm_ok", idempotency_key="k-refused")
+        assert len(script.requests) == 1 and raised.value.idempotency_key == "k-refused"
+
+
+def test_a_retry_after_longer_than_the_cap_ends_the_retries_with_the_key() -> None:
+    script = Script(problem(503, "database-unavailable", **{"Retry-After": "3600"}))
+    with scripted(script) as client, pytest.raises(Unavailable) as raised:
+        client.pay(100, "EUR", "pm_ok", idempotency_key="k-later")
+    assert len(script.requests) == 1 and raised.value.idempotency_key == "k-later"
+
+
+def test_a_malformed_success_is_a_bad_answer_with_the_key() -> None:
+    for answer in (httpx.Response(200, text="<html>"), httpx.Response(202, json={"state": "X"})):
+        with scripted(Script(answer)) as client, pytest.raises(BadAnswer) as raised:
+            client.pay(100, "EUR", "pm_ok", idempotency_key="k-bad")
+        assert raised.value.idempotency_key == "k-bad"
+
+
+def test_a_read_carries_no_key_and_wait_is_bounded_by_its_timeout() -> None:
+    script = Script(*[httpx.ReadTimeout("slow") for _ in range(50)])
+    with scripted(script) as client:
+        began = time.monotonic()
+        with pytest.raises(GaveUp):
+            client.wait("op_1", timeout=1, poll=0.1)
+        assert time.monotonic() - began < 3
+    assert all(key is None for key in script.sent_keys())

@@ -7,8 +7,10 @@ The client does what a careful caller of a payments API must:
   a second payment;
 - transport failures (no connection, an answer cut off, a timeout) and 5xx
   answers are retried with that key, a bounded number of times, with
-  exponential backoff, waiting at least what a `Retry-After` asks; so is 409
-  `request-in-progress` (the original is still being answered);
+  exponential backoff, waiting what a `Retry-After` asks (a longer ask than
+  the cap ends the retries: the caller hears the answer); so are 408 and 409
+  `request-in-progress` (the original is still being answered); every error
+  carries the key, to retry with;
 - answers come back as typed objects, problem documents as typed errors; an
   operation whose outcome is UNKNOWN is returned as what it is, never raised;
 - `wait` returns when an operation's outcome is known or a person is needed;
@@ -24,15 +26,15 @@ import hmac
 import json
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
+T = TypeVar("T")
 # Outcomes a caller waits for: known, or handed to a person.
 SETTLED_STATES = frozenset({"OUTCOME_KNOWN", "CANCELLED"})
-RETRYABLE_STATUSES = frozenset({500, 502, 503, 504})
 # How far a webhook's timestamp may be from now (the Standard Webhooks default).
 WEBHOOK_TOLERANCE_SECONDS = 300
 
@@ -109,9 +111,13 @@ class Mandate:
 class IntentledgerError(Exception):
     """A problem document (RFC 9457) the API answered with."""
 
-    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+    def __init__(
+        self, status: int, problem: dict[str, Any], idempotency_key: str | None = None
+    ) -> None:
         self.status = status
         self.problem = problem
+        # The key the call was sent with: retry with it, never with a new one.
+        self.idempotency_key = idempotency_key
         self.type = str(problem.get("type", ""))
         self.detail = str(problem.get("detail", ""))
         super().__init__(f"{status} {problem.get('title', '')}: {self.detail}".strip())
@@ -137,6 +143,11 @@ class Unavailable(IntentledgerError):
     """5xx still answered after every retry (the request may be retried, same key)."""
 
 
+class BadAnswer(IntentledgerError):
+    """A 2xx (or other non-error status) whose body is not the document the API
+    promises. The call may well have been stored: retry with the same key."""
+
+
 class GaveUp(Exception):
     """No answer after every retry. The call may or may not have been stored:
     call again with the same `idempotency_key` to find out, never with a new one."""
@@ -146,16 +157,16 @@ class GaveUp(Exception):
         self.idempotency_key = idempotency_key
 
 
-def _error_for(status: int, problem: dict[str, Any]) -> IntentledgerError:
+def _error_for(status: int, problem: dict[str, Any], key: str | None) -> IntentledgerError:
     if status in (401, 403):
-        return Unauthorized(status, problem)
+        return Unauthorized(status, problem, key)
     if status == 404:
-        return NotFound(status, problem)
+        return NotFound(status, problem, key)
     if status == 409:
-        return Conflict(status, problem)
+        return Conflict(status, problem, key)
     if status >= 500:
-        return Unavailable(status, problem)
-    return ValidationFailed(status, problem)
+        return Unavailable(status, problem, key)
+    return ValidationFailed(status, problem, key)
 
 
 # -- the retry policy (shared by both clients) ---------------------------------------------------
@@ -167,16 +178,22 @@ class Retries:
     backoff: float = 0.2  # seconds before the second attempt, doubled each time
     cap: float = 5.0  # no wait longer than this, whatever Retry-After says
 
-    def delay(self, attempt: int, response: httpx.Response | None) -> float:
+    def delay(self, attempt: int, response: httpx.Response | None) -> float | None:
+        """How long to wait before the next attempt; None when the server asks
+        for longer than the cap (the caller hears the answer, and its key)."""
         wait = min(self.cap, self.backoff * 2.0 ** (attempt - 1))
         asked = str(response.headers.get("retry-after", "")) if response is not None else ""
-        if asked.isdigit():
-            wait = max(wait, min(self.cap, float(asked)))
+        if asked.isascii() and asked.isdigit() and len(asked) <= 9:
+            if float(asked) > self.cap:
+                return None
+            wait = max(wait, float(asked))
         return wait
 
 
 def _retryable(response: httpx.Response) -> bool:
-    if response.status_code in RETRYABLE_STATUSES:
+    # Every 5xx, and the edge's 408 (the body did not arrive in time): the
+    # same key makes a retry safe.
+    if response.status_code >= 500 or response.status_code == 408:
         return True
     # The original request under this key is still being answered.
     kind = str(_problem(response).get("type", ""))
@@ -191,11 +208,23 @@ def _problem(response: httpx.Response) -> dict[str, Any]:
     return body if isinstance(body, dict) else {"detail": str(body)[:500]}
 
 
-def _result(response: httpx.Response) -> dict[str, Any]:
+def _result(response: httpx.Response, key: str | None = None) -> dict[str, Any]:
     if response.status_code >= 400:
-        raise _error_for(response.status_code, _problem(response))
-    body: dict[str, Any] = response.json()
+        raise _error_for(response.status_code, _problem(response), key)
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not 200 <= response.status_code < 300 or not isinstance(body, dict) or "id" not in body:
+        raise BadAnswer(response.status_code, {"detail": response.text[:500]}, key)
     return body
+
+
+def _read(kind: Callable[[dict[str, Any]], T], body: dict[str, Any], key: str | None) -> T:
+    try:
+        return kind(body)
+    except (KeyError, TypeError) as exc:
+        raise BadAnswer(200, {"detail": f"missing or malformed field: {exc}"}, key) from exc
 
 
 def new_key() -> str:
@@ -225,6 +254,9 @@ def _payment(
 
 
 # -- the sync client ----------------------------------------------------------------------------
+
+# A failure to get a whole answer: retried with the same key.
+NO_ANSWER = (httpx.TransportError, httpx.DecodingError)
 
 
 class Client:
@@ -266,8 +298,9 @@ class Client:
         idempotency_key: str | None = None,
     ) -> Operation:
         body = _payment(amount, currency, payment_method, description, metadata, mandate_id)
-        response = self._send("POST", "/v1/payments", body, idempotency_key or new_key())
-        return Operation.of(_result(response), _replayed(response))
+        key = idempotency_key or new_key()
+        response = self._send("POST", "/v1/payments", body, key)
+        return _read(lambda d: Operation.of(d, _replayed(response)), _result(response, key), key)
 
     def create_mandate(
         self,
@@ -278,23 +311,40 @@ class Client:
         idempotency_key: str | None = None,
     ) -> Mandate:
         body = {"currency": currency, "max_amount": max_amount, "total_limit": total_limit}
-        response = self._send("POST", "/v1/mandates", body, idempotency_key or new_key())
-        return Mandate.of(_result(response))
+        key = idempotency_key or new_key()
+        response = self._send("POST", "/v1/mandates", body, key)
+        return _read(Mandate.of, _result(response, key), key)
 
     def operation(self, operation_id: str) -> Operation:
-        return Operation.of(_result(self._send("GET", f"/v1/operations/{operation_id}")))
+        return _read(
+            Operation.of, _result(self._send("GET", f"/v1/operations/{operation_id}")), None
+        )
 
     def mandate(self, mandate_id: str) -> Mandate:
-        return Mandate.of(_result(self._send("GET", f"/v1/mandates/{mandate_id}")))
+        return _read(Mandate.of, _result(self._send("GET", f"/v1/mandates/{mandate_id}")), None)
 
     def wait(self, operation_id: str, timeout: float, poll: float = 0.5) -> Operation:
         """The operation once its outcome is known or a person is needed; at
-        `timeout`, as it is then (possibly still UNKNOWN: that is an answer too)."""
+        `timeout`, as it was last seen (possibly still UNKNOWN: that is an
+        answer too). Each look is bounded by the time left; one that fails is
+        followed by another until then."""
         deadline = time.monotonic() + timeout
+        seen: Operation | None = None
         while True:
-            operation = self.operation(operation_id)
-            if operation.settled or operation.needs_a_person or time.monotonic() >= deadline:
-                return operation
+            left = deadline - time.monotonic()
+            try:
+                response = self._http.get(f"/v1/operations/{operation_id}", timeout=max(0.1, left))
+                if not _retryable(response):
+                    seen = _read(Operation.of, _result(response), None)
+                    if seen.settled or seen.needs_a_person:
+                        return seen
+            except NO_ANSWER as exc:
+                if time.monotonic() >= deadline and seen is None:
+                    raise GaveUp("(none: a read)", exc) from exc
+            if time.monotonic() >= deadline:
+                if seen is None:
+                    raise GaveUp("(none: a read)", RuntimeError("no readable answer in time"))
+                return seen
             time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
 
     def _send(
@@ -308,18 +358,24 @@ class Client:
                 response = self._http.request(method, path, json=body, headers=headers)
                 if not _retryable(response) or attempt == self.retries.attempts:
                     return response
-            except httpx.TransportError as exc:
+            except NO_ANSWER as exc:
                 last = exc
                 if attempt == self.retries.attempts:
                     break
-            time.sleep(self.retries.delay(attempt, response))
-        raise GaveUp(key or "(none)", last or RuntimeError("no answer"))
+            wait = self.retries.delay(attempt, response)
+            if wait is None:
+                assert response is not None
+                return response  # asked to wait longer than we will: the caller hears it
+            time.sleep(wait)
+        raise GaveUp(key or "(none: a read)", last or RuntimeError("no answer"))
 
 
 # -- the async client ---------------------------------------------------------------------------
 
 
 class AsyncClient:
+    """As `Client`, for asyncio."""
+
     def __init__(
         self,
         base_url: str,
@@ -358,8 +414,9 @@ class AsyncClient:
         idempotency_key: str | None = None,
     ) -> Operation:
         body = _payment(amount, currency, payment_method, description, metadata, mandate_id)
-        response = await self._send("POST", "/v1/payments", body, idempotency_key or new_key())
-        return Operation.of(_result(response), _replayed(response))
+        key = idempotency_key or new_key()
+        response = await self._send("POST", "/v1/payments", body, key)
+        return _read(lambda d: Operation.of(d, _replayed(response)), _result(response, key), key)
 
     async def create_mandate(
         self,
@@ -370,22 +427,39 @@ class AsyncClient:
         idempotency_key: str | None = None,
     ) -> Mandate:
         body = {"currency": currency, "max_amount": max_amount, "total_limit": total_limit}
-        response = await self._send("POST", "/v1/mandates", body, idempotency_key or new_key())
-        return Mandate.of(_result(response))
+        key = idempotency_key or new_key()
+        response = await self._send("POST", "/v1/mandates", body, key)
+        return _read(Mandate.of, _result(response, key), key)
 
     async def operation(self, operation_id: str) -> Operation:
-        return Operation.of(_result(await self._send("GET", f"/v1/operations/{operation_id}")))
+        response = await self._send("GET", f"/v1/operations/{operation_id}")
+        return _read(Operation.of, _result(response), None)
 
     async def mandate(self, mandate_id: str) -> Mandate:
-        return Mandate.of(_result(await self._send("GET", f"/v1/mandates/{mandate_id}")))
+        response = await self._send("GET", f"/v1/mandates/{mandate_id}")
+        return _read(Mandate.of, _result(response), None)
 
     async def wait(self, operation_id: str, timeout: float, poll: float = 0.5) -> Operation:  # noqa: ASYNC109
         """As `Client.wait`."""
         deadline = time.monotonic() + timeout
+        seen: Operation | None = None
         while True:
-            operation = await self.operation(operation_id)
-            if operation.settled or operation.needs_a_person or time.monotonic() >= deadline:
-                return operation
+            left = deadline - time.monotonic()
+            try:
+                response = await self._http.get(
+                    f"/v1/operations/{operation_id}", timeout=max(0.1, left)
+                )
+                if not _retryable(response):
+                    seen = _read(Operation.of, _result(response), None)
+                    if seen.settled or seen.needs_a_person:
+                        return seen
+            except NO_ANSWER as exc:
+                if time.monotonic() >= deadline and seen is None:
+                    raise GaveUp("(none: a read)", exc) from exc
+            if time.monotonic() >= deadline:
+                if seen is None:
+                    raise GaveUp("(none: a read)", RuntimeError("no readable answer in time"))
+                return seen
             await asyncio.sleep(min(poll, max(0.0, deadline - time.monotonic())))
 
     async def _send(
@@ -399,12 +473,16 @@ class AsyncClient:
                 response = await self._http.request(method, path, json=body, headers=headers)
                 if not _retryable(response) or attempt == self.retries.attempts:
                     return response
-            except httpx.TransportError as exc:
+            except NO_ANSWER as exc:
                 last = exc
                 if attempt == self.retries.attempts:
                     break
-            await asyncio.sleep(self.retries.delay(attempt, response))
-        raise GaveUp(key or "(none)", last or RuntimeError("no answer"))
+            wait = self.retries.delay(attempt, response)
+            if wait is None:
+                assert response is not None
+                return response
+            await asyncio.sleep(wait)
+        raise GaveUp(key or "(none: a read)", last or RuntimeError("no answer"))
 
 
 def _replayed(response: httpx.Response) -> bool:
@@ -439,10 +517,14 @@ def verify_webhook(
     moment = time.time() if now is None else now
     if abs(moment - int(stamp)) > tolerance:
         raise WebhookRefused("webhook-timestamp is outside the tolerance")
+    encoded = secret.removeprefix("whsec_")
     try:
-        key = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+        # Padding is optional in a whsec_ secret, as the reference library reads it.
+        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
     except ValueError as exc:
         raise WebhookRefused("the secret is not a whsec_ base64 key") from exc
+    if not key:
+        raise WebhookRefused("the secret is empty")
     signed = f"{message_id}.{stamp}.".encode() + body
     expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest())
     matched = False
@@ -452,4 +534,7 @@ def verify_webhook(
             matched |= hmac.compare_digest(value.encode(), expected)
     if not matched:
         raise WebhookRefused("no v1 signature matches")
-    return json.loads(body)
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise WebhookRefused("the signed body is not JSON") from exc
