@@ -58,7 +58,9 @@ class Served:
         return op
 
 
-def serve(database_url: str, workdir: Path, retention: str) -> tuple[Process, str]:
+def serve(database_url: str, workdir: Path, retention: str, *extra: str) -> tuple[Process, str]:
+    """`intentledger serve` with workers and sandbox; `extra` flags come last
+    (a flag given twice takes its last value)."""
     port = free_port()
     proc = Process(
         [
@@ -77,6 +79,7 @@ def serve(database_url: str, workdir: Path, retention: str) -> tuple[Process, st
             "1s",
             "--sandbox-key-retention",
             retention,
+            *extra,
         ],
         {},
         workdir / f"serve-{retention}.log",

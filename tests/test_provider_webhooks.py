@@ -20,9 +20,9 @@ from intentledger.providers.sandbox.webhooks import SandboxWebhooks, charge_even
 from intentledger.store.database import sync_url
 from intentledger.store.tables import provider_events
 from tests.conftest import BACKENDS, Databases
-from tests.served import Served
+from tests.served import Served, serve
 from tests.stripe_fake import StripeFake, stripe_fake  # noqa: F401
-from tests.support import Process, free_port, wait_until
+from tests.support import wait_until
 from tests.test_intake_http import assert_problem, create_key
 from tests.test_stripe import Ledger, serve_stripe
 
@@ -281,29 +281,15 @@ def sandbox_hooked(
 ) -> Iterator[Served]:
     database_url = databases.create(str(request.param))
     workdir = tmp_path_factory.mktemp("sandbox-hooks")
-    port = free_port()
-    proc = Process(
-        [
-            "serve",
-            "--port",
-            str(port),
-            "--database-url",
-            database_url,
-            "--sandbox-database",
-            str(workdir / "sandbox.db"),
-            "--submit-timeout",
-            "1500ms",
-            "--sync-timeout",
-            "1500ms",
-            "--recheck-backoff",
-            NO_CHECK_SOON,
-            "--sandbox-webhook-secret",
-            SANDBOX_SECRET,
-        ],
-        {},
-        workdir / "serve.log",
+    proc, url = serve(
+        database_url,
+        workdir,
+        "24h",
+        "--recheck-backoff",
+        NO_CHECK_SOON,
+        "--sandbox-webhook-secret",
+        SANDBOX_SECRET,
     )
-    url = f"http://127.0.0.1:{port}"
     try:
         proc.wait_healthy(url + "/healthz")
         auth = {"Authorization": f"Bearer {create_key(database_url, 'sandy')}"}
