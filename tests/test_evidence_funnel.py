@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.api.documents import operation_document
+from intentledger.documents import operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.safety import SafetyRules
 from intentledger.domain.states import NextAction, Outcome, State

@@ -103,6 +103,28 @@ StripeSearchLag = Annotated[
         "from the environment only)",
     ),
 ]
+WebhookAllowPrivate = Annotated[
+    bool | None,
+    typer.Option(
+        "--webhook-allow-private",
+        help="INTENTLEDGER_WEBHOOK_ALLOW_PRIVATE: merchant webhooks to loopback/private "
+        "addresses and plain http (development and tests only)",
+    ),
+]
+WebhookTimeout = Annotated[
+    str | None, typer.Option("--webhook-timeout", help="INTENTLEDGER_WEBHOOK_TIMEOUT, e.g. 10s")
+]
+WebhookInFlight = Annotated[
+    int | None, typer.Option("--webhook-in-flight", help="INTENTLEDGER_WEBHOOK_IN_FLIGHT")
+]
+WebhookRetryFirst = Annotated[
+    str | None,
+    typer.Option("--webhook-retry-first", help="INTENTLEDGER_WEBHOOK_RETRY_FIRST, e.g. 10s"),
+]
+WebhookRetryFor = Annotated[
+    str | None,
+    typer.Option("--webhook-retry-for", help="INTENTLEDGER_WEBHOOK_RETRY_FOR, e.g. 3d"),
+]
 SafetyRules = Annotated[
     str | None, typer.Option("--safety-rules", help="INTENTLEDGER_SAFETY_RULES: a TOML file")
 ]
@@ -194,6 +216,11 @@ def serve(
     header_timeout: HeaderTimeout = None,
     body_timeout: BodyTimeout = None,
     max_connections: MaxConnections = None,
+    webhook_allow_private: WebhookAllowPrivate = None,
+    webhook_timeout: WebhookTimeout = None,
+    webhook_in_flight: WebhookInFlight = None,
+    webhook_retry_first: WebhookRetryFirst = None,
+    webhook_retry_for: WebhookRetryFor = None,
 ) -> None:
     """Run the HTTP API, plus the dispatcher (unless --no-workers) and the sandbox provider."""
     from intentledger.http_server import server_options
@@ -221,6 +248,11 @@ def serve(
         header_timeout=header_timeout,
         body_timeout=body_timeout,
         max_connections=max_connections,
+        webhook_allow_private=webhook_allow_private,
+        webhook_timeout=webhook_timeout,
+        webhook_in_flight=webhook_in_flight,
+        webhook_retry_first=webhook_retry_first,
+        webhook_retry_for=webhook_retry_for,
     )
     _configure_logging()
     _require_provider(settings)
@@ -267,6 +299,11 @@ def worker(
     safety_rules: SafetyRules = None,
     stripe_api_base: StripeApiBase = None,
     stripe_search_lag: StripeSearchLag = None,
+    webhook_allow_private: WebhookAllowPrivate = None,
+    webhook_timeout: WebhookTimeout = None,
+    webhook_in_flight: WebhookInFlight = None,
+    webhook_retry_first: WebhookRetryFirst = None,
+    webhook_retry_for: WebhookRetryFor = None,
 ) -> None:
     """Run the dispatcher alone (point --provider-url at a running provider)."""
     from intentledger.engine.clock import system_clock
@@ -290,6 +327,11 @@ def worker(
         safety_rules=safety_rules,
         stripe_api_base=stripe_api_base,
         stripe_search_lag=stripe_search_lag,
+        webhook_allow_private=webhook_allow_private,
+        webhook_timeout=webhook_timeout,
+        webhook_in_flight=webhook_in_flight,
+        webhook_retry_first=webhook_retry_first,
+        webhook_retry_for=webhook_retry_for,
     )
     _configure_logging()
     _require_provider(settings)
@@ -416,7 +458,7 @@ def keys_list(database_url: DatabaseUrl = None) -> None:
     """Every API key: id, fingerprint, actor, role, when made and revoked (never the token)."""
     from rich.table import Table
 
-    from intentledger.api.documents import json_value
+    from intentledger.documents import json_value
 
     rows = _keys_work(database_url, lambda ledger, _now: ledger.api_keys())
     table = Table(title="API keys")

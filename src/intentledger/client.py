@@ -20,9 +20,6 @@ The client does what a careful caller of a payments API must:
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
 import json
 import secrets
 import time
@@ -32,11 +29,17 @@ from typing import Any, TypeVar
 
 import httpx
 
+from intentledger.domain.signatures import (
+    STANDARD_TOLERANCE_SECONDS,
+    SignatureRefused,
+    verify_standard_signature,
+)
+
 T = TypeVar("T")
 # Outcomes a caller waits for: known, or handed to a person.
 SETTLED_STATES = frozenset({"OUTCOME_KNOWN", "CANCELLED"})
 # How far a webhook's timestamp may be from now (the Standard Webhooks default).
-WEBHOOK_TOLERANCE_SECONDS = 300
+WEBHOOK_TOLERANCE_SECONDS = STANDARD_TOLERANCE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -509,31 +512,18 @@ def verify_webhook(
     v1,<base64>`; HMAC-SHA256 over "id.timestamp.body" with the base64 key
     after `whsec_`), or WebhookRefused."""
     lowered = {name.lower(): value for name, value in headers.items()}
-    message_id = lowered.get("webhook-id")
-    stamp = lowered.get("webhook-timestamp", "")
-    signatures = lowered.get("webhook-signature", "")
-    if not message_id or not stamp.isascii() or not stamp.isdigit() or len(stamp) > 12:
-        raise WebhookRefused("missing webhook-id or a numeric webhook-timestamp")
-    moment = time.time() if now is None else now
-    if abs(moment - int(stamp)) > tolerance:
-        raise WebhookRefused("webhook-timestamp is outside the tolerance")
-    encoded = secret.removeprefix("whsec_")
     try:
-        # Padding is optional in a whsec_ secret, as the reference library reads it.
-        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
-    except ValueError as exc:
-        raise WebhookRefused("the secret is not a whsec_ base64 key") from exc
-    if not key:
-        raise WebhookRefused("the secret is empty")
-    signed = f"{message_id}.{stamp}.".encode() + body
-    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest())
-    matched = False
-    for candidate in signatures.split():
-        version, _, value = candidate.partition(",")
-        if version == "v1":
-            matched |= hmac.compare_digest(value.encode(), expected)
-    if not matched:
-        raise WebhookRefused("no v1 signature matches")
+        verify_standard_signature(
+            lowered.get("webhook-id"),
+            lowered.get("webhook-timestamp"),
+            lowered.get("webhook-signature"),
+            body,
+            secret,
+            time.time() if now is None else now,
+            tolerance,
+        )
+    except SignatureRefused as exc:
+        raise WebhookRefused(str(exc)) from exc
     try:
         return json.loads(body)
     except ValueError as exc:

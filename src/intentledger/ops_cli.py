@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from intentledger.api.documents import event_documents, json_value
+from intentledger.documents import event_documents, json_value
 from intentledger.domain.states import Outcome, State
 from intentledger.engine import operator
 from intentledger.engine.clock import system_clock

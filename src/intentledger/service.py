@@ -15,11 +15,13 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from intentledger.api.app import create_app
+from intentledger.domain.merchant_events import RetrySchedule
 from intentledger.engine.clock import Clock, system_clock
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.sync_writes import SyncWriter
+from intentledger.engine.webhook_sender import WebhookSender
 from intentledger.engine.worker import Worker, run_worker
 from intentledger.providers.base import Provider, WebhookReader
 from intentledger.providers.registry import build_provider, plugin_for, retention_policy_for
@@ -76,6 +78,24 @@ def build_worker(
             blind_retry_for_tests=settings.break_for_tests == "blind-retry",
         ),
         Sweeper(engine, clock, settings.stale_submitting, settings.recheck_backoff, identity),
+        build_webhook_sender(settings, engine, clock, identity),
+    )
+
+
+def build_webhook_sender(
+    settings: Settings, engine: AsyncEngine, clock: Clock, identity: str
+) -> WebhookSender:
+    return WebhookSender(
+        engine,
+        clock,
+        identity,
+        timeout=settings.webhook_timeout,
+        in_flight_per_endpoint=settings.webhook_in_flight,
+        concurrency=settings.webhook_concurrency,
+        schedule=RetrySchedule(
+            settings.webhook_retry_first, settings.webhook_retry_longest, settings.webhook_retry_for
+        ),
+        allow_private=settings.webhook_allow_private,
     )
 
 
@@ -141,6 +161,7 @@ def build_service_app(
         provider_kinds=plugin_for(settings.provider).kinds,
         webhook_readers=webhook_readers(settings),
         recheck_backoff=settings.recheck_backoff,
+        webhook_allow_private=settings.webhook_allow_private,
     )
     if mounts_sandbox(settings):
         webhooks = None

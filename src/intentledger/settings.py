@@ -69,6 +69,20 @@ class Settings(BaseSettings):
     # Verifies Stripe-Signature on /v1/provider-webhooks/stripe; several,
     # comma-separated, while a secret is rotated. Environment only, like the key.
     stripe_webhook_secret: SecretStr | None = None
+    # Merchant webhooks (docs/webhooks.md). Private targets (loopback, private
+    # networks, plain http) only for development and tests.
+    webhook_allow_private: bool = False
+    # One delivery attempt's bound: connect, send, and the endpoint's answer.
+    webhook_timeout: Duration = timedelta(seconds=10)
+    # Attempts in flight at once to one endpoint (across every worker process).
+    webhook_in_flight: int = Field(default=4, ge=1, le=100)
+    # Attempts in flight at once from one worker process, all endpoints together.
+    webhook_concurrency: int = Field(default=16, ge=1, le=1024)
+    # A failed attempt is tried again after webhook_retry_first, doubling up to
+    # webhook_retry_longest, until webhook_retry_for after the event: then given up.
+    webhook_retry_first: Duration = timedelta(seconds=10)
+    webhook_retry_longest: Duration = timedelta(hours=6)
+    webhook_retry_for: Duration = timedelta(days=3)
     # Optional TOML file of per-provider safety rules (see safety_config.py).
     safety_rules: str | None = None
     # TEST ONLY: deliberately break the engine so the chaos harness can prove it
@@ -89,4 +103,8 @@ class Settings(BaseSettings):
             raise ValueError(f"stale_submitting must exceed the longest call ({longest_call})")
         if longest_call >= self.lease:
             raise ValueError(f"lease must exceed the longest call ({longest_call})")
+        if not timedelta(0) < self.webhook_retry_first <= self.webhook_retry_longest:
+            raise ValueError("webhook_retry_first must be more than 0 and at most the longest")
+        if not timedelta(0) < self.webhook_timeout <= timedelta(minutes=1):
+            raise ValueError("webhook_timeout must be more than 0 and at most 1m")
         return self

@@ -101,3 +101,40 @@ def test_the_refusal_never_names_a_secret() -> None:
     with pytest.raises(SignatureRefused) as refused:
         verify_stripe_signature(EVENT, "t=1800000000,v1=00", [SECRET, OLD_SECRET], 1_800_000_000)
     assert SECRET not in str(refused.value) and OLD_SECRET not in str(refused.value)
+
+
+# -- Standard Webhooks: ours against the reference library, both ways -------------------------
+
+
+def test_the_reference_library_verifies_what_we_sign_and_we_verify_what_it_signs() -> None:
+    from datetime import UTC, datetime
+
+    import standardwebhooks
+
+    from intentledger.domain.signatures import (
+        standard_signature,
+        verify_standard_signature,
+    )
+    from intentledger.engine.webhook_endpoints import new_secret
+
+    secret = new_secret()
+    body = b'{"type":"operation.outcome_known","data":{"id":"op_1"}}'
+    now = datetime.now(UTC)
+    stamp = int(now.timestamp())
+    headers = {
+        "webhook-id": "evt_1",
+        "webhook-timestamp": str(stamp),
+        "webhook-signature": standard_signature("evt_1", stamp, body, secret),
+    }
+    assert standardwebhooks.Webhook(secret).verify(body, headers)["data"]["id"] == "op_1"
+
+    theirs = standardwebhooks.Webhook(secret).sign("evt_2", now, body.decode())
+    assert verify_standard_signature("evt_2", str(stamp), theirs, body, secret, stamp) == stamp
+    with pytest.raises(SignatureRefused):
+        verify_standard_signature("evt_3", str(stamp), theirs, body, secret, stamp)
+    with pytest.raises(SignatureRefused):
+        verify_standard_signature("evt_2", str(stamp), theirs, body + b" ", secret, stamp)
+    with pytest.raises(SignatureRefused, match="tolerance"):
+        verify_standard_signature("evt_2", str(stamp), theirs, body, secret, stamp + 301)
+    with pytest.raises(SignatureRefused):
+        verify_standard_signature("evt_2", str(stamp), theirs, body, new_secret(), stamp)

@@ -18,7 +18,6 @@ from starlette.routing import Route
 
 from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
-from intentledger.api.documents import event_documents, operation_document
 from intentledger.api.edge import DEFAULT_BODY_TIMEOUT, EdgeGuard
 from intentledger.api.mandate_routes import router as mandate_router
 from intentledger.api.openapi import install_openapi
@@ -31,7 +30,9 @@ from intentledger.api.problems import (
 from intentledger.api.resource_routes import router as resource_router
 from intentledger.api.schemas import PaymentRequest
 from intentledger.api.validation import valid_idempotency_key
+from intentledger.api.webhook_endpoint_routes import router as webhook_endpoint_router
 from intentledger.api.webhook_routes import router as webhook_router
+from intentledger.documents import event_documents, operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.retention import (
     DEFAULT_SANDBOX_RETENTION,
@@ -182,6 +183,7 @@ def create_app(
     provider_kinds: frozenset[str] = frozenset(KINDS),
     webhook_readers: Mapping[str, WebhookReader] | None = None,
     recheck_backoff: timedelta = timedelta(seconds=30),
+    webhook_allow_private: bool = False,
 ) -> FastAPI:
     app = FastAPI(
         lifespan=lifespan,
@@ -199,6 +201,8 @@ def create_app(
     app.state.webhook_readers = dict(webhook_readers or {})
     app.state.webhook_rejections = Counter()
     app.state.recheck_backoff = recheck_backoff
+    # Merchant webhook targets on loopback/private addresses (development only).
+    app.state.webhook_allow_private = webhook_allow_private
     # Concurrent payment intents share a commit (engine/group_intake.py).
     app.state.intake_groups = IntakeGroups(engine, clock)
     # Beneficiary and card writes call the provider in the request path.
@@ -217,5 +221,6 @@ def create_app(
     app.include_router(mandate_router)
     app.include_router(resource_router)
     app.include_router(webhook_router)
+    app.include_router(webhook_endpoint_router)
     install_openapi(app)
     return app

@@ -10,10 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
-from intentledger.api.documents import json_value
 from intentledger.api.problems import Problem, invalid_body_response
 from intentledger.api.schemas import MAX_AMOUNT, Currency
 from intentledger.api.validation import valid_idempotency_key
+from intentledger.documents import mandate_document
 from intentledger.domain.canonical import request_hash
 from intentledger.engine import mandates
 from intentledger.store.tables import Record
@@ -35,20 +35,6 @@ class MandateRequest(BaseModel):
         if self.max_amount > self.total_limit:
             raise ValueError("max_amount must not exceed total_limit")
         return self
-
-
-def mandate_document(mandate: Record) -> dict[str, Any]:
-    return {
-        "id": mandate.mandate_id,
-        "status": mandate.status,
-        "currency": mandate.currency,
-        "max_amount": mandate.max_amount,
-        "total_limit": mandate.total_limit,
-        "reserved": mandate.reserved,
-        "spent": mandate.spent,
-        "created_at": json_value(mandate.created_at),
-        "updated_at": json_value(mandate.updated_at),
-    }
 
 
 def _keyed(principal: Principal, route: str, key: str | None, body: Any) -> mandates.Keyed:

@@ -179,6 +179,10 @@ OPERATIONS_LIST = {
     },
 }
 
+def _ref_to(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
 WEBHOOK_RECEIPT = {
     "type": "object",
     "required": ["event_id", "disposition", "duplicate", "operation_id"],
@@ -192,8 +196,77 @@ WEBHOOK_RECEIPT = {
         "operation_id": {"type": ["string", "null"]},
     },
 }
+WEBHOOK_ENDPOINT = {
+    "type": "object",
+    "required": ["id", "url", "events", "created_at"],
+    "properties": {
+        "id": {"type": "string"},
+        "url": {"type": "string"},
+        "events": {"type": ["array", "null"], "items": {"type": "string"}},
+        "created_at": TIMESTAMP,
+        "deleted_at": TIMESTAMP,
+        "secret": {
+            "type": "string",
+            "pattern": "^whsec_",
+            "description": "Only in the creation's answer (and its idempotent replays)",
+        },
+    },
+}
+WEBHOOK_ATTEMPT = {
+    "type": "object",
+    "required": ["at", "duration_ms", "http_status", "error", "delivered", "next_attempt_at"],
+    "properties": {
+        "at": TIMESTAMP,
+        "duration_ms": {"type": "integer"},
+        "http_status": {"type": ["integer", "null"]},
+        "error": NULLABLE_STRING,
+        "delivered": {"type": "boolean"},
+        "next_attempt_at": {"type": ["string", "null"], "format": "date-time"},
+    },
+}
+WEBHOOK_DELIVERIES = {
+    "type": "object",
+    "required": ["data", "has_more"],
+    "properties": {
+        "has_more": {"type": "boolean"},
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "event_id", "type", "object_id", "status", "attempts"],
+                "properties": {
+                    "id": {"type": "integer"},
+                    "event_id": {"type": "string"},
+                    "type": {"type": "string"},
+                    "object_id": {"type": "string"},
+                    "status": {
+                        "type": "string",
+                        "enum": ["pending", "delivered", "failed", "cancelled"],
+                    },
+                    "in_flight": {"type": "boolean"},
+                    "next_attempt_at": {"type": ["string", "null"], "format": "date-time"},
+                    "created_at": TIMESTAMP,
+                    "finished_at": {"type": ["string", "null"], "format": "date-time"},
+                    "attempts": {"type": "array", "items": WEBHOOK_ATTEMPT},
+                },
+            },
+        },
+    },
+}
 SCHEMAS = {
     "Problem": PROBLEM,
+    "WebhookEndpoint": WEBHOOK_ENDPOINT,
+    "WebhookEndpointList": {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"type": "array", "items": _ref_to("WebhookEndpoint")}},
+    },
+    "WebhookEndpointDeleted": {
+        "type": "object",
+        "required": ["id", "deleted"],
+        "properties": {"id": {"type": "string"}, "deleted": {"const": True}},
+    },
+    "WebhookDeliveries": WEBHOOK_DELIVERIES,
     "Operation": OPERATION,
     "Events": EVENTS,
     "Mandate": MANDATE,
@@ -240,6 +313,11 @@ SUCCESS: dict[tuple[str, str], dict[int, str]] = {
     ("post", "/v1/ops/operations/{operation_id}/resolve"): {200: "Operation"},
     ("post", "/v1/ops/operations/{operation_id}/approve-resubmission"): {200: "Operation"},
     ("post", "/v1/ops/operations/{operation_id}/escalate"): {200: "Operation"},
+    ("post", "/v1/webhook-endpoints"): {201: "WebhookEndpoint", 200: "WebhookEndpoint"},
+    ("get", "/v1/webhook-endpoints"): {200: "WebhookEndpointList"},
+    ("get", "/v1/webhook-endpoints/{endpoint_id}"): {200: "WebhookEndpoint"},
+    ("delete", "/v1/webhook-endpoints/{endpoint_id}"): {200: "WebhookEndpointDeleted"},
+    ("get", "/v1/webhook-endpoints/{endpoint_id}/deliveries"): {200: "WebhookDeliveries"},
 }
 SUCCESS_WORDS = {
     200: "OK (for a mutation: an equal retry, replayed, with Idempotent-Replayed: true)",

@@ -14,9 +14,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from intentledger.api.auth import Principal, authenticate
-from intentledger.api.documents import event_documents, json_value, operation_document
 from intentledger.api.problems import Problem
 from intentledger.api.validation import valid_idempotency_key
+from intentledger.documents import event_documents, json_value, operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.states import Outcome, State
 from intentledger.engine import operator

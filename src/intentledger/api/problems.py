@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from intentledger.engine.refusal import Refusal
 
@@ -100,13 +101,18 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers) if exc.headers else {}
+        if exc.status_code == 405:
+            # Starlette names only the first route that matched the path; a path
+            # served by several routes (GET and DELETE) allows all their methods.
+            headers["Allow"] = ", ".join(allowed_methods(request))
         return problem_response(
             exc.status_code,
             None,
             TITLES.get(exc.status_code, "Error"),
             str(exc.detail),
             instance=request.url.path,
-            headers=dict(exc.headers) if exc.headers else None,
+            headers=headers or None,
         )
 
     @app.exception_handler(RequestValidationError)
@@ -172,3 +178,13 @@ def invalid_body_response(instance: str, errors: Any) -> JSONResponse:
         instance=instance,
         errors=cleaned,
     )
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)

@@ -16,9 +16,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
-from intentledger.api.documents import json_value, operation_document
 from intentledger.api.problems import Problem, invalid_body_response
 from intentledger.api.validation import valid_idempotency_key
+from intentledger.documents import card_document, operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.iban import normalise_iban
 from intentledger.domain.states import State
@@ -26,7 +26,6 @@ from intentledger.engine import cards
 from intentledger.engine.intake import Intent, Prepare
 from intentledger.engine.sync_writes import SyncWriter, WriteResult
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
 
 router = APIRouter(tags=["beneficiaries and cards"])
 Authenticated = Annotated[Principal, Depends(authenticate)]
@@ -58,19 +57,6 @@ class BeneficiaryRequest(ScenarioBody):
 
 class CardRequest(ScenarioBody):
     label: str | None = Field(default=None, max_length=100)
-
-
-def card_document(card: Record) -> dict[str, Any]:
-    return {
-        "id": card.card_id,
-        "label": card.label,
-        "status": card.status,
-        "indeterminate": card.indeterminate,
-        "pending_operation_id": card.pending_operation_id,
-        "provider_card_id": card.provider_card_id,
-        "created_at": json_value(card.created_at),
-        "updated_at": json_value(card.updated_at),
-    }
 
 
 async def _validated(request: Request, model: type[ScenarioBody]) -> dict[str, Any] | JSONResponse:

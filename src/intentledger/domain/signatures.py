@@ -1,4 +1,5 @@
-"""Webhook signatures: Stripe's `Stripe-Signature` scheme, pure.
+"""Webhook signatures, pure: Stripe's `Stripe-Signature` scheme (what we verify)
+and Standard Webhooks (what we sign for merchants, at the end).
 
 Stripe signs `"{timestamp}.{raw body}"` with HMAC-SHA256 under the endpoint's
 secret and sends `Stripe-Signature: t=<timestamp>,v1=<hex>[,v1=<hex>...]`;
@@ -11,6 +12,7 @@ refused. Other schemes (`v0`, a test-mode scheme) are ignored.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import re
@@ -77,3 +79,63 @@ def verify_stripe_signature(
     if not matched:
         raise SignatureRefused("no v1 signature matches a configured secret")
     return timestamp
+
+
+# -- Standard Webhooks (what we sign for merchants) ---------------------------
+#
+# The Standard Webhooks specification: the signed content is
+# "{webhook-id}.{webhook-timestamp}.{body}", HMAC-SHA256 under the key that is
+# the base64 text after `whsec_`, sent as `webhook-signature: v1,<base64>`
+# (several, space-separated, during a rotation).
+
+STANDARD_SECRET_PREFIX = "whsec_"
+STANDARD_TOLERANCE_SECONDS = 300
+
+
+def standard_secret_key(secret: str) -> bytes:
+    """The HMAC key of a `whsec_` secret (padding optional, as the reference
+    library reads it); SignatureRefused for anything else."""
+    encoded = secret.removeprefix(STANDARD_SECRET_PREFIX)
+    try:
+        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except ValueError as exc:
+        raise SignatureRefused("the secret is not a whsec_ base64 key") from exc
+    if not key:
+        raise SignatureRefused("the secret is empty")
+    return key
+
+
+def standard_signature(message_id: str, timestamp: int, body: bytes, secret: str) -> str:
+    """The `webhook-signature` value for one message: `v1,<base64>`."""
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    digest = hmac.new(standard_secret_key(secret), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def verify_standard_signature(
+    message_id: str | None,
+    timestamp: str | None,
+    signatures: str | None,
+    body: bytes,
+    secret: str,
+    now: float,
+    tolerance: int = STANDARD_TOLERANCE_SECONDS,
+) -> int:
+    """The signed timestamp if one `v1` signature matches within `tolerance`
+    seconds of `now`, either way; otherwise SignatureRefused."""
+    key = standard_secret_key(secret)
+    stamp = timestamp or ""
+    if not message_id or not TIMESTAMP.fullmatch(stamp):
+        raise SignatureRefused("missing webhook-id or a numeric webhook-timestamp")
+    if abs(now - int(stamp)) > tolerance:
+        raise SignatureRefused("webhook-timestamp is outside the tolerance")
+    signed = f"{message_id}.{stamp}.".encode() + body
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest())
+    matched = False
+    for candidate in (signatures or "").split():
+        version, _, value = candidate.partition(",")
+        if version == "v1":
+            matched |= hmac.compare_digest(value.encode(), expected)
+    if not matched:
+        raise SignatureRefused("no v1 signature matches")
+    return int(stamp)

@@ -2,7 +2,7 @@
 
 Delivery is at least once: a row whose holder dies falls due again when its
 lease runs out, and every handler is idempotent against the operation's state.
-The sweeper runs beside the delivery loops.
+The sweeper and the merchant webhooks' sender run beside the delivery loops.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from intentledger.engine.clock import Clock
 from intentledger.engine.dispatcher import Dispatcher
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
+from intentledger.engine.webhook_sender import WebhookSender
 from intentledger.store.batches import BatchLedger
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
@@ -37,6 +38,7 @@ class Worker:
         dispatcher: Dispatcher,
         reconciler: Reconciler,
         sweeper: Sweeper,
+        webhooks: WebhookSender | None = None,
     ) -> None:
         self.engine = engine
         self.clock = clock
@@ -45,6 +47,8 @@ class Worker:
         self.dispatcher = dispatcher
         self.reconciler = reconciler
         self.sweeper = sweeper
+        # Merchant webhooks: their own loop and client (engine/webhook_sender.py).
+        self.webhooks = webhooks
 
     async def deliver_next(self) -> bool:
         """Claim and deliver one due outbox row; False when nothing was due."""
@@ -95,6 +99,8 @@ class Worker:
 
     async def close(self) -> None:
         await self.dispatcher.provider.aclose()
+        if self.webhooks is not None:
+            await self.webhooks.aclose()
 
 
 async def _pause(stop: asyncio.Event, interval: timedelta) -> None:
@@ -138,3 +144,5 @@ async def run_worker(
         for _ in range(math.ceil(concurrency / per_loop)):
             group.create_task(deliveries())
         group.create_task(sweeps())
+        if worker.webhooks is not None:
+            group.create_task(worker.webhooks.run(stop, poll_interval))

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import NextAction, State, require_transition
+from intentledger.store import announcements
 from intentledger.store.ledger import ConcurrentUpdate, Ledger
 from intentledger.store.tables import (
     Record,
@@ -222,6 +223,14 @@ class BatchLedger:
                 {"outcome": s.outcome, "provider_reference": s.provider_reference},
                 now,
             )
+        # The merchant's news, in this transaction too (store/announcements.py).
+        actors = {s.operation.actor for s in settlements}
+        listening = await announcements.listening_endpoints(ledger, actors)
+        for s in settlements:
+            endpoints = listening.get(s.operation.actor)
+            if endpoints:
+                after = {**s.operation._mapping, "state": State.OUTCOME_KNOWN}
+                await announcements.operation_changed(ledger, s.operation, after, now, endpoints)
 
     async def _settle_in_one_statement(
         self, settlements: Sequence[Settlement], now: datetime, source: str

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from intentledger.domain.cards import CARD_KINDS, status_after
 from intentledger.domain.evidence import Share, mandate_share, recorded_executions
 from intentledger.domain.states import FINAL, NextAction, Outcome, State, require_transition
+from intentledger.store import announcements
 from intentledger.store.tables import (
     Record,
     api_keys,
@@ -236,6 +237,8 @@ class Ledger:
                 source=source,
             )
         )
+        after = {**operation._mapping, "state": target, "next_action": next_action, **fields}
+        await announcements.operation_changed(self, operation, after, now)
 
     async def record_initial_transition(
         self, operation_id: str, now: datetime, reason: str, source: str
@@ -451,6 +454,9 @@ class Ledger:
         await self.rebook(operation, State(operation.state), fields, now)
         if operation.kind == "card_issue" and fields.get("provider_reference"):
             await self._adopt_card_reference(operation, fields["provider_reference"], now)
+        await announcements.operation_changed(
+            self, operation, {**operation._mapping, **fields}, now
+        )
 
     async def stale_submitting(self, cutoff: datetime, limit: int) -> list[str]:
         result = await self.conn.execute(
@@ -478,6 +484,7 @@ class Ledger:
             .where(cards.c.card_id == card_id)
             .values(version=cards.c.version + 1, updated_at=now, **values)
         )
+        await announcements.card_changed(self, card_id, now)
 
     async def _adopt_card_reference(self, operation: Record, reference: str, now: datetime) -> None:
         """A card settled issued without the provider's card id (a person's word)
@@ -524,6 +531,7 @@ class Ledger:
             .where(mandates.c.mandate_id == mandate_id)
             .values(version=mandates.c.version + 1, updated_at=now, **values)
         )
+        await announcements.mandate_changed(self, mandate_id, now)
 
     async def rebook(
         self, operation: Record, target: State, fields: Mapping[str, Any], now: datetime

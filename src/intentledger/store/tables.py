@@ -298,5 +298,84 @@ provider_events = Table(
     Index(None, "operation_id"),
 )
 
+# A merchant's webhook endpoint: where an actor's events go. The signing secret
+# is kept as given out (HMAC needs the key itself, so it cannot be hashed like a
+# token); a deleted endpoint keeps its row and its delivery history.
+webhook_endpoints = Table(
+    "webhook_endpoints",
+    metadata,
+    Column("endpoint_id", String(40), primary_key=True),
+    Column("actor", String(ACTOR_LENGTH), nullable=False),
+    Column("url", Text, nullable=False),
+    # The event types it takes; NULL for every type.
+    Column("events", Json, nullable=True),
+    Column("secret", String(64), nullable=False),
+    _timestamp("created_at"),
+    _timestamp("deleted_at", nullable=True),
+    Index(None, "actor"),
+)
+
+# One row per piece of news, written in the transaction of the change it
+# reports; `payload` is the body every endpoint receives, byte for byte the
+# same on every retry (the signature covers it and the message id).
+merchant_events = Table(
+    "merchant_events",
+    metadata,
+    Column("event_id", String(40), primary_key=True),
+    Column("actor", String(ACTOR_LENGTH), nullable=False),
+    Column("type", String(40), nullable=False),
+    Column("object_id", String(40), nullable=False),
+    Column("payload", Text, nullable=False),
+    _timestamp("created_at"),
+)
+
+# An event on its way to one endpoint: leased like an outbox row while an
+# attempt is in flight (`due_at` moves to the lease's end), then delivered,
+# due again later, or given up as failed.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("event_id", String(40), ForeignKey("merchant_events.event_id"), nullable=False),
+    Column("endpoint_id", String(40), ForeignKey("webhook_endpoints.endpoint_id"), nullable=False),
+    # pending | delivered | failed (given up) | cancelled (endpoint deleted)
+    Column("status", String(16), nullable=False),
+    _timestamp("due_at"),
+    Column("lease_owner", String(128), nullable=True),
+    Column("attempts", Integer, nullable=False),
+    _timestamp("created_at"),
+    _timestamp("finished_at", nullable=True),
+    Index(
+        "ix_webhook_deliveries_pending_due",
+        "due_at",
+        sqlite_where=text("status = 'pending'"),
+        postgresql_where=text("status = 'pending'"),
+    ),
+    Index(None, "endpoint_id", "id"),
+    # The rows in flight: what the per-endpoint limit counts.
+    Index(
+        "ix_webhook_deliveries_leased",
+        "endpoint_id",
+        sqlite_where=text("lease_owner IS NOT NULL AND status = 'pending'"),
+        postgresql_where=text("lease_owner IS NOT NULL AND status = 'pending'"),
+    ),
+)
+
+# Every attempt to deliver, as it went: kept for the merchant's list.
+webhook_attempts = Table(
+    "webhook_attempts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("delivery_id", Integer, ForeignKey("webhook_deliveries.id"), nullable=False),
+    _timestamp("at"),
+    Column("duration_ms", Integer, nullable=False),
+    Column("http_status", Integer, nullable=True),
+    # Why it failed where no status says it: a transport error class, a refusal.
+    Column("error", Text, nullable=True),
+    Column("delivered", Boolean, nullable=False),
+    _timestamp("next_attempt_at", nullable=True),
+    Index(None, "delivery_id", "id"),
+)
+
 # A row of any of the tables above, as the repository returns it.
 Record = Row[*tuple[Any, ...]]

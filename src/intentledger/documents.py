@@ -1,4 +1,4 @@
-"""The JSON shapes of ledger records, as the HTTP contract shows them."""
+"""The JSON shapes of ledger records, as the HTTP contract and the merchant webhooks show them."""
 
 from __future__ import annotations
 
@@ -89,6 +89,33 @@ def attempt_document(attempt: Record, result: Record | None) -> dict[str, Any]:
         "http_status": None if result is None else result.http_status,
         "verdict": None if result is None else result.verdict,
         "provider_reference": None if result is None else result.provider_reference,
+    }
+
+
+def mandate_document(mandate: Record) -> dict[str, Any]:
+    return {
+        "id": mandate.mandate_id,
+        "status": mandate.status,
+        "currency": mandate.currency,
+        "max_amount": mandate.max_amount,
+        "total_limit": mandate.total_limit,
+        "reserved": mandate.reserved,
+        "spent": mandate.spent,
+        "created_at": json_value(mandate.created_at),
+        "updated_at": json_value(mandate.updated_at),
+    }
+
+
+def card_document(card: Record) -> dict[str, Any]:
+    return {
+        "id": card.card_id,
+        "label": card.label,
+        "status": card.status,
+        "indeterminate": card.indeterminate,
+        "pending_operation_id": card.pending_operation_id,
+        "provider_card_id": card.provider_card_id,
+        "created_at": json_value(card.created_at),
+        "updated_at": json_value(card.updated_at),
     }
 
 

@@ -1,0 +1,173 @@
+"""Delivering merchant events: leased, signed, bounded, retried, recorded.
+
+A worker process runs this beside its payment loops, with its own HTTP client
+and its own bound on attempts in flight, so a slow or failing endpoint takes
+nothing from payments: at worst its own deliveries wait. Each delivery is
+leased like an outbox row while its attempt runs; a worker that dies leaves
+the lease to run out and the delivery falls due again (at least once — the
+`webhook-id` header lets the merchant drop a repeat). Every attempt is kept,
+with its status or error and when the next one is due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.domain.merchant_events import RetrySchedule, next_delivery_at
+from intentledger.domain.signatures import standard_signature
+from intentledger.domain.webhook_targets import TargetRefused
+from intentledger.engine.clock import Clock
+from intentledger.engine.webhook_endpoints import Resolver, check_target, resolve
+from intentledger.store.webhooks import AttemptResult, Claimed, WebhookStore
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = "intentledger-webhooks/1"
+# What a lease adds to the attempt's own bound: the database writes around it.
+LEASE_MARGIN = timedelta(seconds=30)
+ERROR_TEXT_LIMIT = 200
+
+
+class WebhookSender:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        clock: Clock,
+        owner: str,
+        *,
+        timeout: timedelta,
+        in_flight_per_endpoint: int,
+        concurrency: int,
+        schedule: RetrySchedule,
+        allow_private: bool,
+        resolver: Resolver = resolve,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.owner = owner
+        self.timeout = timeout
+        self.lease = timeout + LEASE_MARGIN
+        self.in_flight_per_endpoint = in_flight_per_endpoint
+        self.concurrency = concurrency
+        self.schedule = schedule
+        self.allow_private = allow_private
+        self.resolver = resolver
+        self.jitter = jitter
+        # No redirects (a 3xx is a failed attempt: a redirect could lead anywhere,
+        # around the target check) and no proxy from the environment.
+        self.client = httpx.AsyncClient(
+            timeout=timeout.total_seconds(), follow_redirects=False, trust_env=False
+        )
+        self._running: set[asyncio.Task[None]] = set()
+
+    async def run(self, stop: asyncio.Event, poll_interval: timedelta) -> None:
+        """Claim due deliveries into free slots and attempt them, until `stop`."""
+        try:
+            while not stop.is_set():
+                claimed = 0
+                free = self.concurrency - len(self._running)
+                if free > 0:
+                    try:
+                        claimed = await self.start_due(free)
+                    except Exception:
+                        log.exception("claiming webhook deliveries failed; trying again")
+                if claimed == 0 or free <= claimed:
+                    await self._pause(stop, poll_interval)
+        finally:
+            await self.wait_idle()
+
+    async def _pause(self, stop: asyncio.Event, interval: timedelta) -> None:
+        """Until `stop`, a slot frees, or `interval` passes."""
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait(
+                {stopping, *self._running},
+                timeout=interval.total_seconds(),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            stopping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stopping
+
+    async def start_due(self, limit: int) -> int:
+        """Claim up to `limit` due deliveries and start their attempts."""
+        async with self.engine.begin() as conn:
+            batch = await WebhookStore(conn).claim_due(
+                self.clock(), self.lease, self.owner, limit, self.in_flight_per_endpoint
+            )
+        for claimed in batch:
+            task = asyncio.create_task(self.deliver(claimed))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+        return len(batch)
+
+    async def wait_idle(self) -> None:
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def deliver(self, claimed: Claimed) -> None:
+        try:
+            result = await self.attempt(claimed)
+            async with self.engine.begin() as conn:
+                await WebhookStore(conn).record_attempt(claimed, self.owner, result)
+        except Exception:
+            log.exception(
+                "webhook delivery %s: attempt not recorded; its lease will run out",
+                claimed.delivery_id,
+            )
+
+    async def attempt(self, claimed: Claimed) -> AttemptResult:
+        """One signed POST of the event, bounded as a whole by the timeout."""
+        body = claimed.payload.encode()
+        started = time.monotonic()
+        status: int | None = None
+        error: str | None = None
+        try:
+            async with asyncio.timeout(self.timeout.total_seconds()):
+                # Checked again at each attempt: a name may resolve elsewhere now.
+                await check_target(claimed.url, self.allow_private, self.resolver)
+                stamp = int(self.clock().timestamp())
+                headers = {
+                    "content-type": "application/json",
+                    "user-agent": USER_AGENT,
+                    "webhook-id": claimed.event_id,
+                    "webhook-timestamp": str(stamp),
+                    "webhook-signature": standard_signature(
+                        claimed.event_id, stamp, body, claimed.secret
+                    ),
+                }
+                # The answer's body is never read: only its status counts, and an
+                # endpoint could send anything at any length.
+                async with self.client.stream(
+                    "POST", claimed.url, content=body, headers=headers
+                ) as response:
+                    status = response.status_code
+        except TargetRefused as exc:
+            error = f"refused: {exc}"
+        except TimeoutError:
+            error = f"no answer within {self.timeout.total_seconds():g} s"
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
+        now = self.clock()
+        duration_ms = round((time.monotonic() - started) * 1000)
+        delivered = status is not None and 200 <= status < 300
+        next_at = None
+        if not delivered:
+            next_at = next_delivery_at(
+                self.schedule, claimed.attempts + 1, claimed.event_created_at, now, self.jitter()
+            )
+        return AttemptResult(now, duration_ms, status, error, delivered, next_at)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

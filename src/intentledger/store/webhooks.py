@@ -1,0 +1,275 @@
+"""Merchant webhook endpoints and the deliveries of their events, on one connection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from intentledger.store.tables import (
+    Record,
+    merchant_events,
+    webhook_attempts,
+    webhook_deliveries,
+    webhook_endpoints,
+)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A delivery leased for one attempt, with what that attempt needs."""
+
+    delivery_id: int
+    attempts: int
+    event_id: str
+    event_created_at: datetime
+    payload: str
+    endpoint_id: str
+    url: str
+    secret: str
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    at: datetime
+    duration_ms: int
+    http_status: int | None
+    error: str | None
+    delivered: bool
+    # None with `delivered` False: given up.
+    next_attempt_at: datetime | None
+
+
+class WebhookStore:
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+        self._is_postgres = conn.dialect.name == "postgresql"
+
+    # -- endpoints ----------------------------------------------------------
+
+    async def insert_endpoint(self, **values: Any) -> None:
+        await self.conn.execute(insert(webhook_endpoints).values(**values))
+
+    async def endpoint(self, actor: str, endpoint_id: str) -> Record | None:
+        """The actor's live endpoint; another actor's is as missing as a deleted one."""
+        found: Record | None = (
+            await self.conn.execute(
+                select(webhook_endpoints).where(
+                    webhook_endpoints.c.endpoint_id == endpoint_id,
+                    webhook_endpoints.c.actor == actor,
+                    webhook_endpoints.c.deleted_at.is_(None),
+                )
+            )
+        ).first()
+        return found
+
+    async def endpoint_by_id(self, endpoint_id: str) -> Record | None:
+        """Deleted or not (an idempotent replay of a creation finds it so)."""
+        query = select(webhook_endpoints).where(webhook_endpoints.c.endpoint_id == endpoint_id)
+        found: Record | None = (await self.conn.execute(query)).first()
+        return found
+
+    async def endpoints(self, actor: str) -> Sequence[Record]:
+        result = await self.conn.execute(
+            select(webhook_endpoints)
+            .where(webhook_endpoints.c.actor == actor, webhook_endpoints.c.deleted_at.is_(None))
+            .order_by(webhook_endpoints.c.created_at, webhook_endpoints.c.endpoint_id)
+        )
+        return result.all()
+
+    async def delete_endpoint(self, actor: str, endpoint_id: str, now: datetime) -> bool:
+        """Stop the endpoint and cancel what it has not yet received; False if
+        the actor has no such live endpoint."""
+        result = await self.conn.execute(
+            update(webhook_endpoints)
+            .where(
+                webhook_endpoints.c.endpoint_id == endpoint_id,
+                webhook_endpoints.c.actor == actor,
+                webhook_endpoints.c.deleted_at.is_(None),
+            )
+            .values(deleted_at=now)
+        )
+        if result.rowcount != 1:
+            return False
+        await self.conn.execute(
+            update(webhook_deliveries)
+            .where(
+                webhook_deliveries.c.endpoint_id == endpoint_id,
+                webhook_deliveries.c.status == "pending",
+            )
+            .values(status="cancelled", finished_at=now, lease_owner=None)
+        )
+        return True
+
+    # -- what a merchant may read back ----------------------------------------
+
+    async def deliveries(
+        self, endpoint_id: str, limit: int, starting_after: int | None
+    ) -> Sequence[Record]:
+        """Newest first, `limit` of them, older than delivery `starting_after`."""
+        query = (
+            select(
+                webhook_deliveries,
+                merchant_events.c.type,
+                merchant_events.c.object_id,
+                merchant_events.c.created_at.label("event_created_at"),
+            )
+            .join(merchant_events, merchant_events.c.event_id == webhook_deliveries.c.event_id)
+            .where(webhook_deliveries.c.endpoint_id == endpoint_id)
+            .order_by(webhook_deliveries.c.id.desc())
+            .limit(limit)
+        )
+        if starting_after is not None:
+            query = query.where(webhook_deliveries.c.id < starting_after)
+        return (await self.conn.execute(query)).all()
+
+    async def attempts_of(self, delivery_ids: Sequence[int]) -> dict[int, list[Record]]:
+        found: dict[int, list[Record]] = {i: [] for i in delivery_ids}
+        if not delivery_ids:
+            return found
+        rows = await self.conn.execute(
+            select(webhook_attempts)
+            .where(webhook_attempts.c.delivery_id.in_(list(delivery_ids)))
+            .order_by(webhook_attempts.c.id)
+        )
+        for row in rows:
+            found[row.delivery_id].append(row)
+        return found
+
+    # -- the workers' side ------------------------------------------------------
+
+    async def claim_due(
+        self, now: datetime, lease: timedelta, owner: str, limit: int, in_flight_limit: int
+    ) -> list[Claimed]:
+        """Lease up to `limit` due deliveries, none making its endpoint's
+        leased (in-flight) count exceed `in_flight_limit`.
+
+        The endpoints of the candidates are locked (in key order, so two
+        claimers cannot deadlock) before their in-flight counts are read: two
+        processes cannot both see a free slot and both take it.
+        """
+        leased = webhook_deliveries.c.lease_owner.is_not(None) & (
+            webhook_deliveries.c.status == "pending"
+        )
+        # Endpoints already at their limit are left out of the candidates, so one
+        # endpoint with a long backlog cannot fill every claim with rows it may
+        # not take. (Read through the small index of leased rows.)
+        saturated = (
+            select(webhook_deliveries.c.endpoint_id)
+            .where(leased, webhook_deliveries.c.due_at > now)
+            .group_by(webhook_deliveries.c.endpoint_id)
+            .having(func.count() >= in_flight_limit)
+        )
+        due = (
+            select(webhook_deliveries.c.id, webhook_deliveries.c.endpoint_id)
+            .where(
+                webhook_deliveries.c.status == "pending",
+                webhook_deliveries.c.due_at <= now,
+                webhook_deliveries.c.endpoint_id.not_in(saturated),
+            )
+            .order_by(webhook_deliveries.c.due_at)
+            .limit(limit * 4)
+        )
+        if self._is_postgres:
+            due = due.with_for_update(skip_locked=True)
+        candidates = (await self.conn.execute(due)).all()
+        if not candidates:
+            return []
+        endpoint_ids = sorted({c.endpoint_id for c in candidates})
+        lock = select(webhook_endpoints.c.endpoint_id).where(
+            webhook_endpoints.c.endpoint_id.in_(endpoint_ids)
+        )
+        if self._is_postgres:
+            lock = lock.order_by(webhook_endpoints.c.endpoint_id).with_for_update()
+        await self.conn.execute(lock)
+        in_flight: dict[str, int] = dict(
+            (
+                await self.conn.execute(
+                    select(webhook_deliveries.c.endpoint_id, func.count())
+                    .where(
+                        webhook_deliveries.c.endpoint_id.in_(endpoint_ids),
+                        leased,
+                        webhook_deliveries.c.due_at > now,
+                    )
+                    .group_by(webhook_deliveries.c.endpoint_id)
+                )
+            ).all()
+        )
+        chosen: list[int] = []
+        for candidate in candidates:
+            if len(chosen) == limit:
+                break
+            if in_flight.get(candidate.endpoint_id, 0) < in_flight_limit:
+                in_flight[candidate.endpoint_id] = in_flight.get(candidate.endpoint_id, 0) + 1
+                chosen.append(candidate.id)
+        if not chosen:
+            return []
+        await self.conn.execute(
+            update(webhook_deliveries)
+            .where(webhook_deliveries.c.id.in_(chosen))
+            .values(lease_owner=owner, due_at=now + lease)
+        )
+        rows = await self.conn.execute(
+            select(
+                webhook_deliveries.c.id,
+                webhook_deliveries.c.attempts,
+                merchant_events.c.event_id,
+                merchant_events.c.created_at,
+                merchant_events.c.payload,
+                webhook_endpoints.c.endpoint_id,
+                webhook_endpoints.c.url,
+                webhook_endpoints.c.secret,
+            )
+            .join(merchant_events, merchant_events.c.event_id == webhook_deliveries.c.event_id)
+            .join(
+                webhook_endpoints,
+                webhook_endpoints.c.endpoint_id == webhook_deliveries.c.endpoint_id,
+            )
+            .where(webhook_deliveries.c.id.in_(chosen))
+            .order_by(webhook_deliveries.c.id)
+        )
+        return [Claimed(*row) for row in rows]
+
+    async def record_attempt(self, claimed: Claimed, owner: str, result: AttemptResult) -> bool:
+        """Keep the attempt, and move the delivery on if `owner` still holds it
+        (a lease that ran out may have passed it to another worker, whose
+        attempt then decides). True if the delivery moved on."""
+        await self.conn.execute(
+            insert(webhook_attempts).values(
+                delivery_id=claimed.delivery_id,
+                at=result.at,
+                duration_ms=result.duration_ms,
+                http_status=result.http_status,
+                error=result.error,
+                delivered=result.delivered,
+                next_attempt_at=result.next_attempt_at,
+            )
+        )
+        if result.delivered:
+            status, due_at, finished_at = "delivered", result.at, result.at
+        elif result.next_attempt_at is None:
+            status, due_at, finished_at = "failed", result.at, result.at
+        else:
+            status, due_at, finished_at = "pending", result.next_attempt_at, None
+        moved = await self.conn.execute(
+            update(webhook_deliveries)
+            .where(
+                and_(
+                    webhook_deliveries.c.id == claimed.delivery_id,
+                    webhook_deliveries.c.lease_owner == owner,
+                    webhook_deliveries.c.status == "pending",
+                )
+            )
+            .values(
+                status=status,
+                due_at=due_at,
+                finished_at=finished_at,
+                lease_owner=None,
+                attempts=webhook_deliveries.c.attempts + 1,
+            )
+        )
+        return bool(moved.rowcount == 1)
