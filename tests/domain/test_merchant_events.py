@@ -56,9 +56,7 @@ def test_state_moves_that_are_news(before: State, after: State, events: list[str
 
 def test_a_flag_is_news_once_when_it_is_raised() -> None:
     settled = view(State.OUTCOME_KNOWN)
-    assert operation_events(settled, view(State.OUTCOME_KNOWN, contradicted=True)) == [
-        CONTRADICTED
-    ]
+    assert operation_events(settled, view(State.OUTCOME_KNOWN, contradicted=True)) == [CONTRADICTED]
     assert operation_events(settled, view(State.OUTCOME_KNOWN, duplicate=True)) == [
         DUPLICATE_DETECTED
     ]

@@ -1,0 +1,345 @@
+"""Merchant events through the real engine on both databases: written with the
+change that causes them (and only then), leased to one attempt at a time per
+slot, retried, given up, recorded. The clock is the test's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.domain.merchant_events import RetrySchedule
+from intentledger.domain.states import NextAction, Outcome, State
+from intentledger.engine import webhook_endpoints
+from intentledger.engine.webhook_sender import WebhookSender
+from intentledger.store.announcements import new_event_id
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import merchant_events, webhook_deliveries
+from intentledger.store.webhooks import AttemptResult, WebhookStore
+from tests.test_evidence_funnel import (
+    AMOUNT,
+    SECOND,
+    books,
+    claim,
+    make_mandate,
+    pay_under,
+    resolve,
+)
+from tests.test_recovery_model import ControlledClock, Scene
+from tests.webhook_receiver import receiving
+
+SCHEDULE = RetrySchedule(timedelta(seconds=10), timedelta(minutes=1), timedelta(minutes=3))
+
+
+async def add_endpoint(
+    engine: AsyncEngine, clock: ControlledClock, actor: str, url: str, events: Any = None
+) -> str:
+    endpoint_id = webhook_endpoints.new_endpoint_id()
+    async with engine.begin() as conn:
+        await WebhookStore(conn).insert_endpoint(
+            endpoint_id=endpoint_id,
+            actor=actor,
+            url=url,
+            events=events,
+            secret=webhook_endpoints.new_secret(),
+            created_at=clock(),
+        )
+    return endpoint_id
+
+
+async def announced(engine: AsyncEngine) -> list[tuple[str, dict[str, Any]]]:
+    """Every event written, in the order it was written (deliveries are serial)."""
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(merchant_events.c.type, merchant_events.c.payload)
+            .join(webhook_deliveries, webhook_deliveries.c.event_id == merchant_events.c.event_id)
+            .order_by(webhook_deliveries.c.id)
+        )
+        return [(r.type, json.loads(r.payload)["data"]) for r in rows]
+
+
+def sender(scene_engine: AsyncEngine, clock: ControlledClock, owner: str = "w1") -> WebhookSender:
+    return WebhookSender(
+        scene_engine,
+        clock,
+        owner,
+        timeout=timedelta(seconds=5),
+        in_flight_per_endpoint=4,
+        concurrency=16,
+        schedule=SCHEDULE,
+        allow_private=True,
+        jitter=lambda: 0.0,
+    )
+
+
+async def test_each_change_that_is_news_is_announced_with_what_it_changed(
+    engine: AsyncEngine,
+) -> None:
+    """The funnel's hardest story (a person says failed while the provider's
+    success is in flight), seen from the merchant's side."""
+    scene = Scene(engine)
+    await add_endpoint(engine, scene.clock, "ana", "http://127.0.0.1:9/unused")
+    mandate_id = await make_mandate(scene, total_limit=1000)
+    op_id = await pay_under(scene, mandate_id, "pay-1")
+    scene.provider.submit_behaviour = "lose_after_execute"
+    await scene.drain()
+    scene.clock.advance(31 * SECOND)
+    row = await claim(scene, "reconcile")
+    assert await scene.worker.reconciler._begin_check(row) is not None
+    lookup = await scene.provider.lookup(op_id)
+    await resolve(scene, op_id, Outcome.FAILED)
+    await scene.worker.reconciler._record_check(row, lookup)
+    assert await books(scene, mandate_id) == (0, AMOUNT)
+
+    events = await announced(engine)
+    assert [t for t, _ in events] == [
+        "mandate.updated",  # reserved at intake
+        "operation.unknown",
+        "mandate.updated",  # a person's "failed" frees the reservation ...
+        "operation.outcome_known",
+        "mandate.updated",  # ... the provider's success books it spent
+        "operation.contradicted",
+    ]
+    mandates = [(d["reserved"], d["spent"]) for t, d in events if t == "mandate.updated"]
+    assert mandates == [(AMOUNT, 0), (0, 0), (0, AMOUNT)]
+    operations = {t: d for t, d in events if t.startswith("operation.")}
+    assert operations["operation.unknown"]["state"] == State.UNKNOWN
+    assert operations["operation.outcome_known"]["outcome"] == Outcome.FAILED
+    contradicted = operations["operation.contradicted"]
+    assert contradicted["outcome_contradicted"] and contradicted["next_action"] == "operator"
+    assert contradicted["executed_references"] == [scene.provider.charges[0].id]
+    # The representation is GET's, attempts included.
+    assert [a["number"] for a in contradicted["attempts"]] == [1]
+
+
+async def test_a_change_that_rolls_back_announces_nothing(engine: AsyncEngine) -> None:
+    scene = Scene(engine)
+    await add_endpoint(engine, scene.clock, "alice", "http://127.0.0.1:9/unused")
+    op_id = await scene.accept()
+    scene.provider.submit_behaviour = "lose_after_execute"
+    await scene.drain()
+    before = await announced(engine)
+    assert [t for t, _ in before] == ["operation.unknown"]
+
+    with pytest.raises(RuntimeError):
+        async with engine.begin() as conn:
+            ledger = Ledger(conn)
+            operation = await ledger.lock_operation(op_id)
+            assert operation is not None
+            await ledger.transition(
+                operation,
+                State.MANUAL_REVIEW,
+                now=scene.clock(),
+                next_action=NextAction.OPERATOR,
+                reason="escalated, then the transaction failed",
+                source="test",
+            )
+            raise RuntimeError("the unit of work fails after the change")
+    assert await announced(engine) == before
+    assert (await scene.operation(op_id)).state == State.UNKNOWN
+
+
+async def test_only_subscribed_endpoints_of_the_objects_actor_get_a_delivery(
+    engine: AsyncEngine,
+) -> None:
+    scene = Scene(engine)
+    cards_only = await add_endpoint(
+        engine, scene.clock, "alice", "http://127.0.0.1:9/a", ["card.updated"]
+    )
+    everything = await add_endpoint(engine, scene.clock, "alice", "http://127.0.0.1:9/b")
+    stranger = await add_endpoint(engine, scene.clock, "bob", "http://127.0.0.1:9/c")
+    await scene.accept()
+    await scene.drain()  # settles succeeded: news
+    async with engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                select(webhook_deliveries.c.endpoint_id, merchant_events.c.type).join(
+                    merchant_events, merchant_events.c.event_id == webhook_deliveries.c.event_id
+                )
+            )
+        ).all()
+    assert [(r.endpoint_id, r.type) for r in rows] == [(everything, "operation.outcome_known")]
+    assert cards_only not in {r.endpoint_id for r in rows}
+    assert stranger not in {r.endpoint_id for r in rows}
+
+
+async def pending_deliveries(
+    engine: AsyncEngine, clock: ControlledClock, endpoint_id: str, n: int
+) -> None:
+    """`n` events for the endpoint's actor, each with one pending delivery."""
+    async with engine.begin() as conn:
+        for i in range(n):
+            event_id = new_event_id()
+            await conn.execute(
+                merchant_events.insert().values(
+                    event_id=event_id,
+                    actor="ana",
+                    type="card.updated",
+                    object_id=f"crd_{i}",
+                    payload=json.dumps({"type": "card.updated", "data": {"id": f"crd_{i}"}}),
+                    created_at=clock(),
+                )
+            )
+            await conn.execute(
+                webhook_deliveries.insert().values(
+                    event_id=event_id,
+                    endpoint_id=endpoint_id,
+                    status="pending",
+                    due_at=clock(),
+                    attempts=0,
+                    created_at=clock(),
+                )
+            )
+
+
+async def test_no_endpoint_has_more_attempts_in_flight_than_its_limit_whoever_claims(
+    engine: AsyncEngine,
+) -> None:
+    clock = ControlledClock()
+    busy = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/busy")
+    quiet = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/quiet")
+    await pending_deliveries(engine, clock, busy, 30)
+    await pending_deliveries(engine, clock, quiet, 2)
+
+    async def claimer(owner: str) -> list[str]:
+        async with engine.begin() as conn:
+            claimed = await WebhookStore(conn).claim_due(clock(), timedelta(minutes=1), owner, 8, 4)
+        return [c.endpoint_id for c in claimed]
+
+    claims = await asyncio.gather(*(claimer(f"w{i}") for i in range(5)))
+    taken = [endpoint for batch in claims for endpoint in batch]
+    assert taken.count(busy) == 4, claims
+    # The busy endpoint's backlog does not keep the quiet one waiting.
+    assert taken.count(quiet) == 2, claims
+    # Until a lease runs out, nothing more is claimed for it.
+    assert await claimer("w9") == []
+    # Leases that run out free their slots (and their rows fall due again).
+    clock.advance(timedelta(minutes=1, seconds=1))
+    assert sorted(await claimer("w9")) == sorted([busy] * 4 + [quiet] * 2)
+
+
+async def test_down_then_up_every_event_arrives_and_every_failure_is_recorded(
+    engine: AsyncEngine,
+) -> None:
+    clock = ControlledClock()
+    with receiving() as receiver:
+        endpoint_id = await add_endpoint(engine, clock, "ana", receiver.url)
+        await pending_deliveries(engine, clock, endpoint_id, 3)
+        webhooks = sender(engine, clock)
+        receiver.mode = "down"
+        for wait in (0, 10, 20):  # the first attempt, then two retries, doubling
+            clock.advance(timedelta(seconds=wait))
+            assert await webhooks.start_due(16) == 3
+            await webhooks.wait_idle()
+            assert await webhooks.start_due(16) == 0, "nothing is due before its retry time"
+        receiver.mode = "up"
+        clock.advance(timedelta(seconds=40))
+        assert await webhooks.start_due(16) == 3
+        await webhooks.wait_idle()
+        await webhooks.aclose()
+
+    assert receiver.refused == 9
+    assert sorted(r.payload["data"]["id"] for r in receiver.accepted) == ["crd_0", "crd_1", "crd_2"]
+    page = await webhook_endpoints.deliveries_page(engine, "ana", endpoint_id, 10, None)
+    assert page is not None and not page.has_more
+    for delivery in page.deliveries:
+        assert delivery.status == "delivered" and delivery.attempts == 4
+        history = page.attempts[delivery.id]
+        assert [(a.http_status, a.delivered) for a in history] == [(503, False)] * 3 + [(204, True)]
+        gaps = [(history[i].next_attempt_at - history[i].at).total_seconds() for i in range(3)]
+        assert gaps == [10, 20, 40]
+        assert history[-1].next_attempt_at is None
+
+
+async def test_a_delivery_is_given_up_after_the_horizon_and_stays_listed_as_failed(
+    engine: AsyncEngine,
+) -> None:
+    clock = ControlledClock()
+    with receiving() as receiver:
+        receiver.mode = "down"
+        endpoint_id = await add_endpoint(engine, clock, "ana", receiver.url)
+        await pending_deliveries(engine, clock, endpoint_id, 1)
+        webhooks = sender(engine, clock)
+        for _ in range(20):
+            if not await webhooks.start_due(16):
+                clock.advance(timedelta(seconds=10))
+                continue
+            await webhooks.wait_idle()
+        await webhooks.aclose()
+    page = await webhook_endpoints.deliveries_page(engine, "ana", endpoint_id, 10, None)
+    assert page is not None
+    [delivery] = page.deliveries
+    assert delivery.status == "failed" and delivery.finished_at is not None
+    history = page.attempts[delivery.id]
+    assert history[-1].next_attempt_at is None and not history[-1].delivered
+    # Within the three-minute horizon: 0, 10, 30, 70, 130 s; the next would pass it.
+    assert len(history) == 5
+
+
+async def test_a_worker_that_dies_mid_attempt_leaves_the_delivery_to_fall_due_again(
+    engine: AsyncEngine,
+) -> None:
+    clock = ControlledClock()
+    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
+    await pending_deliveries(engine, clock, endpoint_id, 1)
+    lease = timedelta(seconds=35)
+    async with engine.begin() as conn:
+        [first] = await WebhookStore(conn).claim_due(clock(), lease, "dead-worker", 8, 4)
+    async with engine.begin() as conn:
+        assert await WebhookStore(conn).claim_due(clock(), lease, "w2", 8, 4) == []
+    clock.advance(lease + SECOND)
+    async with engine.begin() as conn:
+        [again] = await WebhookStore(conn).claim_due(clock(), lease, "w2", 8, 4)
+    assert again.delivery_id == first.delivery_id
+    late = AttemptResult(clock(), 5, 204, None, True, None)
+    async with engine.begin() as conn:
+        # The dead worker's attempt, recorded late: kept, but the lease is w2's.
+        assert not await WebhookStore(conn).record_attempt(first, "dead-worker", late)
+        assert await WebhookStore(conn).record_attempt(again, "w2", late)
+    page = await webhook_endpoints.deliveries_page(engine, "ana", endpoint_id, 10, None)
+    assert page is not None
+    assert len(page.attempts[first.delivery_id]) == 2
+    assert page.deliveries[0].status == "delivered"
+
+
+async def test_a_private_target_is_refused_at_delivery_unless_allowed(engine: AsyncEngine) -> None:
+    clock = ControlledClock()
+    with receiving() as receiver:
+        endpoint_id = await add_endpoint(engine, clock, "ana", receiver.url)
+        await pending_deliveries(engine, clock, endpoint_id, 1)
+        strict = sender(engine, clock)
+        strict.allow_private = False
+        assert await strict.start_due(16) == 1
+        await strict.wait_idle()
+        await strict.aclose()
+    assert receiver.accepted == [] and receiver.refused == 0
+    page = await webhook_endpoints.deliveries_page(engine, "ana", endpoint_id, 10, None)
+    assert page is not None
+    [attempt] = page.attempts[page.deliveries[0].id]
+    assert attempt.error.startswith("refused: ") and attempt.http_status is None
+
+
+async def test_deleting_an_endpoint_cancels_what_it_has_not_received(engine: AsyncEngine) -> None:
+    clock = ControlledClock()
+    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
+    await pending_deliveries(engine, clock, endpoint_id, 3)
+    assert not await webhook_endpoints.delete_endpoint(engine, clock, "bob", endpoint_id)
+    assert await webhook_endpoints.delete_endpoint(engine, clock, "ana", endpoint_id)
+    async with engine.begin() as conn:
+        assert await WebhookStore(conn).claim_due(clock(), timedelta(minutes=1), "w", 8, 4) == []
+        statuses = (
+            await conn.execute(
+                select(webhook_deliveries.c.status, func.count()).group_by(
+                    webhook_deliveries.c.status
+                )
+            )
+        ).all()
+    assert dict(statuses) == {"cancelled": 3}
+    # Its history stays readable to its actor.
+    assert await webhook_endpoints.deliveries_page(engine, "ana", endpoint_id, 10, None)
+    assert await webhook_endpoints.deliveries_page(engine, "bob", endpoint_id, 10, None) is None
