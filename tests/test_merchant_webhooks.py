@@ -20,7 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.api.app import create_app
 from intentledger.api.auth import create_api_key
+from intentledger.client import Client, ValidationFailed, WebhookRefused, verify_webhook
 from intentledger.engine.clock import system_clock
+from intentledger.engine.webhook_endpoints import new_secret
 from intentledger.store.tables import webhook_endpoints
 from tests.conftest import BACKENDS, Databases
 from tests.served import Served, serve
@@ -319,3 +321,24 @@ async def test_creation_is_idempotent_and_the_secret_is_never_read_back(
     assert (
         await client.delete(f"/v1/webhook-endpoints/{endpoint_id}", headers=auth)
     ).status_code == 404
+
+
+def test_the_client_registers_an_endpoint_and_verifies_what_it_receives(merchant: Served) -> None:
+    token = merchant.auth["Authorization"].removeprefix("Bearer ")
+    with receiving() as receiver, Client(merchant.url, token) as client:
+        endpoint = client.create_webhook_endpoint(
+            receiver.url, ["operation.outcome_known"], idempotency_key=secrets.token_hex(8)
+        )
+        try:
+            assert endpoint.secret and endpoint.secret.startswith("whsec_")
+            operation = client.pay(700, "EUR", "pm_ok")
+            [got] = receiver.wait_for(
+                lambda: receiver.of_type("operation.outcome_known", operation.id)
+            )
+        finally:
+            unregister(merchant, merchant.auth, endpoint.id)
+        with pytest.raises(ValidationFailed):
+            client.create_webhook_endpoint("ftp://example.com/hooks")
+    assert verify_webhook(got.headers, got.body, endpoint.secret)["data"]["id"] == operation.id
+    with pytest.raises(WebhookRefused):
+        verify_webhook(got.headers, got.body, new_secret())

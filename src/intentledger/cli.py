@@ -121,6 +121,13 @@ WebhookRetryFirst = Annotated[
     str | None,
     typer.Option("--webhook-retry-first", help="INTENTLEDGER_WEBHOOK_RETRY_FIRST, e.g. 10s"),
 ]
+WebhookRetryLongest = Annotated[
+    str | None,
+    typer.Option("--webhook-retry-longest", help="INTENTLEDGER_WEBHOOK_RETRY_LONGEST, e.g. 6h"),
+]
+WebhookConcurrency = Annotated[
+    int | None, typer.Option("--webhook-concurrency", help="INTENTLEDGER_WEBHOOK_CONCURRENCY")
+]
 WebhookRetryFor = Annotated[
     str | None,
     typer.Option("--webhook-retry-for", help="INTENTLEDGER_WEBHOOK_RETRY_FOR, e.g. 3d"),
@@ -221,6 +228,8 @@ def serve(
     webhook_in_flight: WebhookInFlight = None,
     webhook_retry_first: WebhookRetryFirst = None,
     webhook_retry_for: WebhookRetryFor = None,
+    webhook_retry_longest: WebhookRetryLongest = None,
+    webhook_concurrency: WebhookConcurrency = None,
 ) -> None:
     """Run the HTTP API, plus the dispatcher (unless --no-workers) and the sandbox provider."""
     from intentledger.http_server import server_options
@@ -253,6 +262,8 @@ def serve(
         webhook_in_flight=webhook_in_flight,
         webhook_retry_first=webhook_retry_first,
         webhook_retry_for=webhook_retry_for,
+        webhook_retry_longest=webhook_retry_longest,
+        webhook_concurrency=webhook_concurrency,
     )
     _configure_logging()
     _require_provider(settings)
@@ -304,6 +315,8 @@ def worker(
     webhook_in_flight: WebhookInFlight = None,
     webhook_retry_first: WebhookRetryFirst = None,
     webhook_retry_for: WebhookRetryFor = None,
+    webhook_retry_longest: WebhookRetryLongest = None,
+    webhook_concurrency: WebhookConcurrency = None,
 ) -> None:
     """Run the dispatcher alone (point --provider-url at a running provider)."""
     from intentledger.engine.clock import system_clock
@@ -332,6 +345,8 @@ def worker(
         webhook_in_flight=webhook_in_flight,
         webhook_retry_first=webhook_retry_first,
         webhook_retry_for=webhook_retry_for,
+        webhook_retry_longest=webhook_retry_longest,
+        webhook_concurrency=webhook_concurrency,
     )
     _configure_logging()
     _require_provider(settings)

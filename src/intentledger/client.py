@@ -108,6 +108,30 @@ class Mandate:
         )
 
 
+@dataclass(frozen=True)
+class WebhookEndpoint:
+    id: str
+    url: str
+    events: list[str] | None
+    # Only in the creation's answer (and its idempotent replay): keep it.
+    secret: str | None = field(repr=False)
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> WebhookEndpoint:
+        return cls(
+            id=document["id"],
+            url=document["url"],
+            events=document["events"],
+            secret=document.get("secret"),
+            raw=document,
+        )
+
+
+def _endpoint_body(url: str, events: list[str] | None) -> dict[str, Any]:
+    return {"url": url} if events is None else {"url": url, "events": events}
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 
@@ -318,6 +342,14 @@ class Client:
         response = self._send("POST", "/v1/mandates", body, key)
         return _read(Mandate.of, _result(response, key), key)
 
+    def create_webhook_endpoint(
+        self, url: str, events: list[str] | None = None, *, idempotency_key: str | None = None
+    ) -> WebhookEndpoint:
+        """Register where this actor's events go; the answer carries the signing secret."""
+        key = idempotency_key or new_key()
+        response = self._send("POST", "/v1/webhook-endpoints", _endpoint_body(url, events), key)
+        return _read(WebhookEndpoint.of, _result(response, key), key)
+
     def operation(self, operation_id: str) -> Operation:
         return _read(
             Operation.of, _result(self._send("GET", f"/v1/operations/{operation_id}")), None
@@ -433,6 +465,15 @@ class AsyncClient:
         key = idempotency_key or new_key()
         response = await self._send("POST", "/v1/mandates", body, key)
         return _read(Mandate.of, _result(response, key), key)
+
+    async def create_webhook_endpoint(
+        self, url: str, events: list[str] | None = None, *, idempotency_key: str | None = None
+    ) -> WebhookEndpoint:
+        """Register where this actor's events go; the answer carries the signing secret."""
+        key = idempotency_key or new_key()
+        body = _endpoint_body(url, events)
+        response = await self._send("POST", "/v1/webhook-endpoints", body, key)
+        return _read(WebhookEndpoint.of, _result(response, key), key)
 
     async def operation(self, operation_id: str) -> Operation:
         response = await self._send("GET", f"/v1/operations/{operation_id}")
