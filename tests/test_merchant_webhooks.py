@@ -261,6 +261,10 @@ async def test_a_private_or_plain_url_without_the_setting_is_refused_and_stores_
         ({"url": "https://8.8.8.8/x", "secret": "whsec_mine"}, 422),
         ({"url": "https://8.8.8.8/" + "a" * 3000}, 422),
         ({"url": "https://8.8.8.8/\u0000"}, 400),
+        ({"url": "https://8.8.8.8/\u007f"}, 422),
+        ({"url": "https://a..example.com/"}, 422),
+        ({"url": "https://" + "a" * 64 + ".example.com/"}, 422),
+        ({"url": "https://[64:ff9b::a00:5]/"}, 422),  # NAT64 to 10.0.0.5
     ],
 )
 async def test_bad_bodies_are_refused_and_store_nothing(

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.merchant_events import RetrySchedule
 from intentledger.domain.states import NextAction, Outcome, State
-from intentledger.engine import webhook_endpoints
+from intentledger.engine import mandates, webhook_endpoints
 from intentledger.engine.webhook_sender import WebhookSender
 from intentledger.store.announcements import new_event_id
 from intentledger.store.ledger import Ledger
@@ -203,24 +203,30 @@ async def test_no_endpoint_has_more_attempts_in_flight_than_its_limit_whoever_cl
     clock = ControlledClock()
     busy = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/busy")
     quiet = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/quiet")
-    await pending_deliveries(engine, clock, busy, 30)
+    await pending_deliveries(engine, clock, busy, 40)
     await pending_deliveries(engine, clock, quiet, 2)
 
-    async def claimer(owner: str) -> list[str]:
+    async def claimer(owner: str, limit: int = 2) -> list[str]:
         async with engine.begin() as conn:
-            claimed = await WebhookStore(conn).claim_due(clock(), timedelta(minutes=1), owner, 8, 4)
+            store = WebhookStore(conn)
+            claimed = await store.claim_due(clock(), timedelta(minutes=1), owner, limit, 4)
         return [c.endpoint_id for c in claimed]
 
-    claims = await asyncio.gather(*(claimer(f"w{i}") for i in range(5)))
+    # Eight claimers at once, each taking two: without the endpoint's lock each
+    # would count the others' uncommitted leases as free slots.
+    claims = await asyncio.gather(*(claimer(f"w{i}") for i in range(8)))
     taken = [endpoint for batch in claims for endpoint in batch]
     assert taken.count(busy) == 4, claims
     # The busy endpoint's backlog does not keep the quiet one waiting.
-    assert taken.count(quiet) == 2, claims
-    # Until a lease runs out, nothing more is claimed for it.
+    rest = await claimer("w8", limit=8)
+    assert taken.count(quiet) + rest.count(quiet) == 2 and busy not in rest, (claims, rest)
     assert await claimer("w9") == []
     # Leases that run out free their slots (and their rows fall due again).
+    # A claim looks at a window of the oldest due rows, which may all be the
+    # busy endpoint's; once it is at its limit, the next claim passes it over.
     clock.advance(timedelta(minutes=1, seconds=1))
-    assert sorted(await claimer("w9")) == sorted([busy] * 4 + [quiet] * 2)
+    again = await claimer("w9", limit=8) + await claimer("w10", limit=8)
+    assert sorted(again) == sorted([busy] * 4 + [quiet] * 2)
 
 
 async def test_down_then_up_every_event_arrives_and_every_failure_is_recorded(
@@ -343,3 +349,94 @@ async def test_deleting_an_endpoint_cancels_what_it_has_not_received(engine: Asy
     # Its history stays readable to its actor.
     assert await webhook_endpoints.deliveries_page(engine, "ana", endpoint_id, 10, None)
     assert await webhook_endpoints.deliveries_page(engine, "bob", endpoint_id, 10, None) is None
+
+
+async def test_a_delivery_queued_as_its_endpoint_was_deleted_is_cancelled_not_sent(
+    engine: AsyncEngine,
+) -> None:
+    clock = ControlledClock()
+    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
+    assert await webhook_endpoints.delete_endpoint(engine, clock, "ana", endpoint_id)
+    # A change that read the endpoint before the deletion committed queues after it.
+    await pending_deliveries(engine, clock, endpoint_id, 1)
+    async with engine.begin() as conn:
+        assert await WebhookStore(conn).claim_due(clock(), timedelta(minutes=1), "w", 8, 4) == []
+    page = await webhook_endpoints.deliveries_page(engine, "ana", endpoint_id, 10, None)
+    assert page is not None and [d.status for d in page.deliveries] == ["cancelled"]
+
+
+async def test_an_attempt_that_fails_in_any_way_is_recorded_and_counts(engine: AsyncEngine) -> None:
+    clock = ControlledClock()
+    # Not a URL any HTTP client takes (DEL inside): stored before the check refused it.
+    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/\x7f")
+    await pending_deliveries(engine, clock, endpoint_id, 1)
+    webhooks = sender(engine, clock)
+    assert await webhooks.start_due(16) == 1
+    await webhooks.wait_idle()
+    await webhooks.aclose()
+    page = await webhook_endpoints.deliveries_page(engine, "ana", endpoint_id, 10, None)
+    assert page is not None
+    [delivery] = page.deliveries
+    [attempt] = page.attempts[delivery.id]
+    assert delivery.attempts == 1 and delivery.lease_owner is None
+    assert attempt.error and not attempt.delivered and attempt.next_attempt_at is not None
+
+
+async def test_a_mandate_changed_many_times_in_one_transaction_is_one_event(
+    engine: AsyncEngine,
+) -> None:
+    scene = Scene(engine)
+    await add_endpoint(engine, scene.clock, "ana", "http://127.0.0.1:9/x")
+    mandate_id = await make_mandate(scene, total_limit=5000)
+    paid = [await pay_under(scene, mandate_id, f"pay-{i}") for i in range(3)]
+    before = len(await announced(engine))
+    keyed = mandates.Keyed("ana", "POST /v1/mandates/{id}/suspend", "suspend-1", "h")
+    await mandates.change_status(engine, scene.clock, keyed, mandate_id, "suspend")
+    events = (await announced(engine))[before:]
+    updates = [d for t, d in events if t == "mandate.updated"]
+    assert len(updates) == 1, events
+    assert (updates[0]["status"], updates[0]["reserved"]) == ("suspended", 0)
+    cancelled = sorted(d["id"] for t, d in events if t == "operation.outcome_known")
+    assert cancelled == sorted(paid)
+    assert all(d["state"] == "CANCELLED" for t, d in events if t == "operation.outcome_known")
+
+
+async def test_an_equal_retry_of_a_creation_is_answered_before_any_lookup(
+    engine: AsyncEngine,
+) -> None:
+    clock = ControlledClock()
+    keyed = mandates.Keyed("ana", webhook_endpoints.CREATE_ROUTE, "k", "hash")
+
+    async def public(_host: str, _port: int) -> list[str]:
+        return ["8.8.8.8"]
+
+    async def broken(_host: str, _port: int) -> list[str]:
+        raise OSError("the name server is down")
+
+    url = "https://hooks.example.com/in"
+    created = await webhook_endpoints.create_endpoint(
+        engine, clock, keyed, url, None, False, public
+    )
+    again = await webhook_endpoints.create_endpoint(engine, clock, keyed, url, None, False, broken)
+    assert again.replayed and again.endpoint.secret == created.endpoint.secret
+    with pytest.raises(webhook_endpoints.EndpointRefused, match="does not resolve"):
+        other = mandates.Keyed("ana", webhook_endpoints.CREATE_ROUTE, "k2", "hash2")
+        await webhook_endpoints.create_endpoint(engine, clock, other, url, None, False, broken)
+
+
+async def test_an_actor_has_at_most_sixteen_endpoints(engine: AsyncEngine) -> None:
+    clock = ControlledClock()
+    for i in range(webhook_endpoints.MAX_ENDPOINTS_PER_ACTOR):
+        keyed = mandates.Keyed("ana", webhook_endpoints.CREATE_ROUTE, f"k{i}", f"h{i}")
+        await webhook_endpoints.create_endpoint(
+            engine, clock, keyed, f"https://8.8.8.8/{i}", None, False
+        )
+    keyed = mandates.Keyed("ana", webhook_endpoints.CREATE_ROUTE, "one-more", "h-more")
+    with pytest.raises(webhook_endpoints.EndpointRefused) as refused:
+        await webhook_endpoints.create_endpoint(
+            engine, clock, keyed, "https://8.8.8.8/x", None, False
+        )
+    assert refused.value.slug == "webhook-endpoint-limit"
+    # Another actor is not held to ana's count.
+    keyed = mandates.Keyed("bob", webhook_endpoints.CREATE_ROUTE, "k", "h")
+    await webhook_endpoints.create_endpoint(engine, clock, keyed, "https://8.8.8.8/x", None, False)

@@ -179,6 +179,7 @@ OPERATIONS_LIST = {
     },
 }
 
+
 def _ref_to(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 

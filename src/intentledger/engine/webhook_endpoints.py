@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from urllib.parse import SplitResult
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -35,6 +38,13 @@ from intentledger.store.webhooks import WebhookStore
 CREATE_ROUTE = "POST /v1/webhook-endpoints"
 # How long a target's name may take to resolve before it is refused.
 RESOLVE_TIMEOUT_SECONDS = 5.0
+# Live endpoints one actor may have (Stripe allows 16): each change that is
+# news writes a row per endpoint, in the payment's own transaction.
+MAX_ENDPOINTS_PER_ACTOR = 16
+# Resolving merchants' names gets threads of its own: a name server that never
+# answers holds a thread past any timeout, and must not hold the default pool
+# that the provider's connections resolve through.
+_RESOLVER_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook-dns")
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
@@ -42,8 +52,8 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 class EndpointRefused(Refusal):
     """A target we will not send to; nothing is written."""
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(422, "webhook-url-refused", detail)
+    def __init__(self, detail: str, slug: str = "webhook-url-refused") -> None:
+        super().__init__(422, slug, detail)
 
 
 def new_endpoint_id() -> str:
@@ -56,31 +66,43 @@ def new_secret() -> str:
 
 
 async def resolve(host: str, port: int) -> list[str]:
-    """Every address `host` resolves to, as the connection would."""
+    """Every address `host` resolves to, as a connection would see them."""
     loop = asyncio.get_running_loop()
     infos = await asyncio.wait_for(
-        loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT_SECONDS
+        loop.run_in_executor(
+            _RESOLVER_THREADS,
+            functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM),
+        ),
+        RESOLVE_TIMEOUT_SECONDS,
     )
     return sorted({str(info[4][0]) for info in infos})
 
 
-async def check_target(url: str, allow_private: bool, resolver: Resolver = resolve) -> None:
-    """TargetRefused unless webhooks may be sent to `url`."""
+@dataclass(frozen=True)
+class Target:
+    parts: SplitResult
+    # The checked public address to connect to (None: connect by name, private
+    # targets allowed). Connecting to it, not to the name again, leaves no
+    # second lookup for a rebinding name server to answer differently.
+    address: str | None
+
+
+async def check_target(url: str, allow_private: bool, resolver: Resolver = resolve) -> Target:
+    """Where webhooks to `url` may go; TargetRefused if nowhere."""
     parts = parse_target(url, allow_private)
     if allow_private:
-        return
+        return Target(parts, None)
     host = parts.hostname
     assert host is not None
     literal = literal_address(host)
     if literal is not None:
         refuse_private(host, [str(literal)])
-        return
-    port = parts.port or 443
+        return Target(parts, str(literal))
     try:
-        addresses = await resolver(host, port)
-    except (OSError, TimeoutError) as exc:
+        addresses = await resolver(host, parts.port or 443)
+    except (OSError, TimeoutError, UnicodeError, ValueError) as exc:
         raise TargetRefused(f"{host} does not resolve ({type(exc).__name__})") from None
-    refuse_private(host, addresses)
+    return Target(parts, str(refuse_private(host, addresses)[0]))
 
 
 @dataclass(frozen=True)
@@ -98,6 +120,13 @@ async def create_endpoint(
     allow_private: bool,
     resolver: Resolver = resolve,
 ) -> Created:
+    # An equal retry is answered from the record first: a client whose answer
+    # was lost gets its endpoint and secret even if the name resolves
+    # differently (or not at all) now.
+    async with engine.connect() as conn:
+        original = await _replay(Ledger(conn), keyed)
+        if original is not None:
+            return Created(original, True)
     try:
         await check_target(url, allow_private, resolver)
     except TargetRefused as exc:
@@ -107,13 +136,9 @@ async def create_endpoint(
         async with engine.begin() as conn:
             ledger = Ledger(conn)
             store = WebhookStore(conn)
-            replayed = await find_replay(
-                ledger, keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash
-            )
+            replayed = await _replay(ledger, keyed)
             if replayed is not None:
-                found = await store.endpoint_by_id(replayed)
-                assert found is not None
-                return Created(found, True)
+                return Created(replayed, True)
             now = clock()
             endpoint_id = new_endpoint_id()
             await claim_key(
@@ -125,6 +150,12 @@ async def create_endpoint(
                 endpoint_id,
                 now,
             )
+            if len(await store.endpoints(keyed.actor)) >= MAX_ENDPOINTS_PER_ACTOR:
+                raise EndpointRefused(
+                    f"an actor may have at most {MAX_ENDPOINTS_PER_ACTOR} endpoints; "
+                    "delete one first",
+                    slug="webhook-endpoint-limit",
+                )
             await store.insert_endpoint(
                 endpoint_id=endpoint_id,
                 actor=keyed.actor,
@@ -138,6 +169,19 @@ async def create_endpoint(
             return Created(created, False)
 
     return await retry_key_races(attempt)
+
+
+async def _replay(ledger: Ledger, keyed: Keyed) -> Record | None:
+    """The endpoint an equal earlier request made (IdempotencyKeyReused if the
+    key came with another request)."""
+    found = await find_replay(
+        ledger, keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash
+    )
+    if found is None:
+        return None
+    endpoint = await WebhookStore(ledger.conn).endpoint_by_id(found)
+    assert endpoint is not None, "an idempotency record names its endpoint"
+    return endpoint
 
 
 async def list_endpoints(engine: AsyncEngine, actor: str) -> Sequence[Record]:

@@ -65,8 +65,13 @@ class WebhookSender:
         self.jitter = jitter
         # No redirects (a 3xx is a failed attempt: a redirect could lead anywhere,
         # around the target check) and no proxy from the environment.
+        # No kept-alive connections: a connection is made to a checked address
+        # under one name's TLS identity, and must not carry another name's request.
         self.client = httpx.AsyncClient(
-            timeout=timeout.total_seconds(), follow_redirects=False, trust_env=False
+            timeout=timeout.total_seconds(),
+            follow_redirects=False,
+            trust_env=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
         )
         self._running: set[asyncio.Task[None]] = set()
 
@@ -102,6 +107,11 @@ class WebhookSender:
 
     async def start_due(self, limit: int) -> int:
         """Claim up to `limit` due deliveries and start their attempts."""
+        # A read first: an idle poll (most of them) takes no write lock, which
+        # on SQLite would queue behind every payment's transaction.
+        async with self.engine.connect() as conn:
+            if not await WebhookStore(conn).any_due(self.clock()):
+                return 0
         async with self.engine.begin() as conn:
             batch = await WebhookStore(conn).claim_due(
                 self.clock(), self.lease, self.owner, limit, self.in_flight_per_endpoint
@@ -136,7 +146,7 @@ class WebhookSender:
         try:
             async with asyncio.timeout(self.timeout.total_seconds()):
                 # Checked again at each attempt: a name may resolve elsewhere now.
-                await check_target(claimed.url, self.allow_private, self.resolver)
+                target = await check_target(claimed.url, self.allow_private, self.resolver)
                 stamp = int(self.clock().timestamp())
                 headers = {
                     "content-type": "application/json",
@@ -147,17 +157,25 @@ class WebhookSender:
                         claimed.event_id, stamp, body, claimed.secret
                     ),
                 }
+                url = httpx.URL(claimed.url)
+                extensions = {}
+                if target.address is not None:
+                    # To the address just checked, under the name's identity (the
+                    # Host header, and TLS's server name and certificate check).
+                    headers["host"] = url.netloc.decode("ascii")
+                    extensions["sni_hostname"] = url.host
+                    url = url.copy_with(host=target.address)
                 # The answer's body is never read: only its status counts, and an
                 # endpoint could send anything at any length.
                 async with self.client.stream(
-                    "POST", claimed.url, content=body, headers=headers
+                    "POST", url, content=body, headers=headers, extensions=extensions
                 ) as response:
                     status = response.status_code
         except TargetRefused as exc:
             error = f"refused: {exc}"
         except TimeoutError:
             error = f"no answer within {self.timeout.total_seconds():g} s"
-        except httpx.HTTPError as exc:
+        except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
         now = self.clock()
         duration_ms = round((time.monotonic() - started) * 1000)

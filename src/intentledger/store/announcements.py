@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Column, insert, select
+from sqlalchemy import Column, insert, select, update
 
 from intentledger.documents import card_document, json_value, mandate_document, operation_document
 from intentledger.domain.merchant_events import (
@@ -97,22 +97,14 @@ async def operation_changed(
 
 
 async def mandate_changed(ledger: Ledger, mandate_id: str, now: datetime) -> None:
-    endpoints = await _endpoints_of_owner(
-        ledger, mandates.c.actor, mandates.c.mandate_id, mandate_id
-    )
+    owner, key = mandates.c.actor, mandates.c.mandate_id
+    endpoints = await _endpoints_of_owner(ledger, owner, key, mandate_id)
     if not any(subscribed(MANDATE_UPDATED, e.events) for e in endpoints):
         return
     mandate = await ledger.get_mandate(mandate_id)
     assert mandate is not None
-    await _write(
-        ledger,
-        mandate.actor,
-        MANDATE_UPDATED,
-        mandate_id,
-        mandate_document(mandate),
-        now,
-        endpoints,
-    )
+    data = mandate_document(mandate)
+    await _write_once(ledger, mandate.actor, MANDATE_UPDATED, mandate_id, data, now, endpoints)
 
 
 async def card_changed(ledger: Ledger, card_id: str, now: datetime) -> None:
@@ -121,7 +113,38 @@ async def card_changed(ledger: Ledger, card_id: str, now: datetime) -> None:
         return
     card = await ledger.get_card(card_id)
     assert card is not None
-    await _write(ledger, card.actor, CARD_UPDATED, card_id, card_document(card), now, endpoints)
+    data = card_document(card)
+    await _write_once(ledger, card.actor, CARD_UPDATED, card_id, data, now, endpoints)
+
+
+async def _write_once(
+    ledger: Ledger,
+    actor: str,
+    event_type: str,
+    object_id: str,
+    data: Mapping[str, Any],
+    now: datetime,
+    endpoints: Sequence[Record],
+) -> None:
+    """One `*.updated` event per object per transaction, showing the object as
+    the transaction leaves it: suspending a mandate that cancels ten payments is
+    one change to the merchant, not eleven states nobody will see again."""
+    # The transaction itself (the async wrapper may be another object each time).
+    transaction = (
+        ledger.conn.sync_connection.get_transaction() if ledger.conn.sync_connection else None
+    )
+    earlier = ledger.announced.get((event_type, object_id))
+    if earlier is not None and transaction is not None and earlier[1] is transaction:
+        # Not yet committed, so not yet sent to anyone: it can still change.
+        await ledger.conn.execute(
+            update(merchant_events)
+            .where(merchant_events.c.event_id == earlier[0])
+            .values(payload=_payload(event_type, now, data))
+        )
+        return
+    event_id = await _write(ledger, actor, event_type, object_id, data, now, endpoints)
+    if event_id is not None:
+        ledger.announced[(event_type, object_id)] = (event_id, transaction)
 
 
 async def _endpoints_of_owner(
@@ -144,17 +167,13 @@ async def _write(
     data: Mapping[str, Any],
     now: datetime,
     endpoints: Sequence[Record],
-) -> None:
+) -> str | None:
+    """Write the event and its deliveries; its id, or None if no endpoint takes it."""
     targets = sorted(e.endpoint_id for e in endpoints if subscribed(event_type, e.events))
     if not targets:
-        return
+        return None
     event_id = new_event_id()
-    # The Standard Webhooks payload: type, timestamp, data.
-    payload = json.dumps(
-        {"type": event_type, "timestamp": json_value(now), "data": data},
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    payload = _payload(event_type, now, data)
     await ledger.conn.execute(
         insert(merchant_events).values(
             event_id=event_id,
@@ -179,4 +198,14 @@ async def _write(
             }
             for endpoint_id in targets
         ],
+    )
+    return event_id
+
+
+def _payload(event_type: str, now: datetime, data: Mapping[str, Any]) -> str:
+    """The Standard Webhooks payload: type, timestamp, data."""
+    return json.dumps(
+        {"type": event_type, "timestamp": json_value(now), "data": data},
+        separators=(",", ":"),
+        ensure_ascii=False,
     )

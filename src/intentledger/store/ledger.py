@@ -56,6 +56,9 @@ class Ledger:
     def __init__(self, conn: AsyncConnection) -> None:
         self.conn = conn
         self._is_postgres = conn.dialect.name == "postgresql"
+        # Merchant events this unit of work wrote, by (type, object): a mandate
+        # or card changed twice in one transaction is announced once (announcements.py).
+        self.announced: dict[tuple[str, str], tuple[str, object]] = {}
 
     # -- auth ---------------------------------------------------------------
 

@@ -83,17 +83,11 @@ class WebhookStore:
 
     async def delete_endpoint(self, actor: str, endpoint_id: str, now: datetime) -> bool:
         """Stop the endpoint and cancel what it has not yet received; False if
-        the actor has no such live endpoint."""
-        result = await self.conn.execute(
-            update(webhook_endpoints)
-            .where(
-                webhook_endpoints.c.endpoint_id == endpoint_id,
-                webhook_endpoints.c.actor == actor,
-                webhook_endpoints.c.deleted_at.is_(None),
-            )
-            .values(deleted_at=now)
-        )
-        if result.rowcount != 1:
+        the actor has no such live endpoint.
+
+        Deliveries first, then the endpoint: the order a claim locks them in,
+        so a deletion and a claim can never wait for each other in a circle."""
+        if await self.endpoint(actor, endpoint_id) is None:
             return False
         await self.conn.execute(
             update(webhook_deliveries)
@@ -103,7 +97,16 @@ class WebhookStore:
             )
             .values(status="cancelled", finished_at=now, lease_owner=None)
         )
-        return True
+        result = await self.conn.execute(
+            update(webhook_endpoints)
+            .where(
+                webhook_endpoints.c.endpoint_id == endpoint_id,
+                webhook_endpoints.c.actor == actor,
+                webhook_endpoints.c.deleted_at.is_(None),
+            )
+            .values(deleted_at=now)
+        )
+        return bool(result.rowcount == 1)
 
     # -- what a merchant may read back ----------------------------------------
 
@@ -141,6 +144,12 @@ class WebhookStore:
         return found
 
     # -- the workers' side ------------------------------------------------------
+
+    async def any_due(self, now: datetime) -> bool:
+        query = select(webhook_deliveries.c.id).where(
+            webhook_deliveries.c.status == "pending", webhook_deliveries.c.due_at <= now
+        )
+        return (await self.conn.execute(query.limit(1))).first() is not None
 
     async def claim_due(
         self, now: datetime, lease: timedelta, owner: str, limit: int, in_flight_limit: int
@@ -180,12 +189,28 @@ class WebhookStore:
         if not candidates:
             return []
         endpoint_ids = sorted({c.endpoint_id for c in candidates})
-        lock = select(webhook_endpoints.c.endpoint_id).where(
+        # FOR NO KEY UPDATE: claimers of one endpoint exclude each other, but a
+        # payment's transaction inserting a delivery (whose foreign key takes a
+        # key-share lock on the endpoint) never waits for a claim.
+        lock = select(webhook_endpoints.c.endpoint_id, webhook_endpoints.c.deleted_at).where(
             webhook_endpoints.c.endpoint_id.in_(endpoint_ids)
         )
         if self._is_postgres:
-            lock = lock.order_by(webhook_endpoints.c.endpoint_id).with_for_update()
-        await self.conn.execute(lock)
+            lock = lock.order_by(webhook_endpoints.c.endpoint_id).with_for_update(key_share=True)
+        deleted = {row.endpoint_id for row in await self.conn.execute(lock) if row.deleted_at}
+        if deleted:
+            # A change that read the endpoint before its deletion committed may
+            # have queued a delivery after the deletion cancelled the others.
+            await self.conn.execute(
+                update(webhook_deliveries)
+                .where(
+                    webhook_deliveries.c.id.in_(
+                        [c.id for c in candidates if c.endpoint_id in deleted]
+                    )
+                )
+                .values(status="cancelled", finished_at=now, lease_owner=None)
+            )
+            candidates = [c for c in candidates if c.endpoint_id not in deleted]
         in_flight: dict[str, int] = dict(
             (
                 await self.conn.execute(
