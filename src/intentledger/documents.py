@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import Row
 
 from intentledger.domain.evidence import recorded_executions
+from intentledger.domain.refunds import payment_refund_totals
 from intentledger.store.tables import Record
 
 OPERATION_FIELDS = (
@@ -59,10 +60,20 @@ def operation_document(
     operation: Record | Mapping[str, Any],
     attempts: Sequence[Record] = (),
     submit_results: Sequence[Record] = (),
+    refunds: Sequence[Record] = (),
 ) -> dict[str, Any]:
+    """The public representation; a payment's `refunds` give its refunded and
+    refundable amounts (none given: none made yet)."""
     values = _mapping(operation)
     document = {"id": values["operation_id"]}
     document.update({name: json_value(values.get(name)) for name in OPERATION_FIELDS})
+    if values["kind"] == "payment":
+        totals = payment_refund_totals(values, refunds)
+        document["amount_refunded"] = totals.refunded
+        document["amount_refundable"] = totals.refundable
+    elif values["kind"] == "refund":
+        document["payment_id"] = values.get("parent_operation_id")
+        document["refunded_charge"] = values["request_context"].get("charge")
     # Every provider reference the evidence showed executed (two: a duplicate).
     document["executed_references"] = sorted(
         recorded_executions(

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from intentledger.documents import event_documents, json_value
 from intentledger.domain.states import Outcome, State
-from intentledger.engine import operator
+from intentledger.engine import operator, refunds
 from intentledger.engine.clock import system_clock
 from intentledger.providers.registry import retention_policy_for
 from intentledger.settings import Settings
@@ -208,3 +208,18 @@ def escalate(
     """Hand an unresolved operation to a person now (MANUAL_REVIEW)."""
     action = operator.OperatorAction(operation_id, _who(by), reason)
     _act(database_url, lambda ledger, now: operator.escalate(ledger, now, action))
+
+
+@ops_app.command("refund-duplicate")
+def refund_duplicate(
+    operation_id: str,
+    charge: Annotated[
+        str, typer.Option("--charge", help="The executed charge to refund (not the settled one).")
+    ],
+    reason: Annotated[str, typer.Option("--reason", help="Why.")],
+    by: By = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Refund a duplicate charge of a payment flagged duplicate_detected."""
+    action = operator.OperatorAction(operation_id, _who(by), reason)
+    _act(database_url, lambda ledger, now: refunds.refund_duplicate(ledger, now, action, charge))

@@ -27,6 +27,7 @@ from intentledger.api.problems import (
     install_problem_handlers,
     invalid_body_response,
 )
+from intentledger.api.refund_routes import router as refund_router
 from intentledger.api.resource_routes import router as resource_router
 from intentledger.api.schemas import PaymentRequest
 from intentledger.api.validation import valid_idempotency_key
@@ -128,7 +129,8 @@ async def _load_document(
             raise _not_found(operation_id)
         attempts = await ledger.attempts_of(operation_id)
         results = await ledger.submit_results_of(operation_id)
-    return operation_document(operation, attempts, results)
+        refunds = await ledger.refunds_of(operation_id) if operation.kind == "payment" else ()
+    return operation_document(operation, attempts, results, refunds)
 
 
 def _not_found(operation_id: str) -> Problem:
@@ -222,5 +224,6 @@ def create_app(
     app.include_router(resource_router)
     app.include_router(webhook_router)
     app.include_router(webhook_endpoint_router)
+    app.include_router(refund_router)
     install_openapi(app)
     return app

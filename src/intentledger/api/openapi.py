@@ -111,6 +111,10 @@ OPERATION = {
         "retry_after_at": {"type": ["string", "null"], "format": "date-time"},
         "key_age_at_decision": {"type": ["number", "null"]},
         "attempts": {"type": "array", "items": ATTEMPT},
+        "amount_refunded": {"type": "integer", "description": "payments only"},
+        "amount_refundable": {"type": "integer", "description": "payments only"},
+        "payment_id": {"type": ["string", "null"], "description": "refunds only"},
+        "refunded_charge": {"type": ["string", "null"], "description": "refunds only"},
     },
 }
 EVENTS = {
@@ -256,6 +260,11 @@ WEBHOOK_DELIVERIES = {
 }
 SCHEMAS = {
     "Problem": PROBLEM,
+    "OperationsPage": {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"type": "array", "items": OPERATION}},
+    },
     "WebhookEndpoint": WEBHOOK_ENDPOINT,
     "WebhookEndpointList": {
         "type": "object",
@@ -314,6 +323,9 @@ SUCCESS: dict[tuple[str, str], dict[int, str]] = {
     ("post", "/v1/ops/operations/{operation_id}/resolve"): {200: "Operation"},
     ("post", "/v1/ops/operations/{operation_id}/approve-resubmission"): {200: "Operation"},
     ("post", "/v1/ops/operations/{operation_id}/escalate"): {200: "Operation"},
+    ("post", "/v1/ops/operations/{operation_id}/refund-duplicate"): {200: "Operation"},
+    ("post", "/v1/payments/{payment_id}/refunds"): {202: "Operation", 200: "Operation"},
+    ("get", "/v1/payments/{payment_id}/refunds"): {200: "OperationsPage"},
     ("post", "/v1/webhook-endpoints"): {201: "WebhookEndpoint", 200: "WebhookEndpoint"},
     ("get", "/v1/webhook-endpoints"): {200: "WebhookEndpointList"},
     ("get", "/v1/webhook-endpoints/{endpoint_id}"): {200: "WebhookEndpoint"},

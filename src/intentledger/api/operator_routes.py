@@ -19,7 +19,7 @@ from intentledger.api.validation import valid_idempotency_key
 from intentledger.documents import event_documents, json_value, operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.states import Outcome, State
-from intentledger.engine import operator
+from intentledger.engine import operator, refunds
 
 router = APIRouter(prefix="/v1/ops", tags=["operator"])
 
@@ -47,6 +47,12 @@ class ResolveRequest(BaseModel):
 
 class ReasonRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    reason: Reason
+
+
+class RefundDuplicateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    charge: Annotated[str, Field(min_length=1, max_length=255)]
     reason: Reason
 
 
@@ -87,7 +93,9 @@ async def list_operations(
 @router.get("/operations/{operation_id}", summary="The record and its whole timeline")
 async def show_operation(operation_id: str, request: Request, _principal: Operator) -> JSONResponse:
     shown = await operator.show(request.app.state.engine, operation_id)
-    document = operation_document(shown["operation"], shown["attempts"], shown["submit_results"])
+    document = operation_document(
+        shown["operation"], shown["attempts"], shown["submit_results"], shown["refunds"]
+    )
     document["events"] = event_documents(shown["events"])
     return JSONResponse(document)
 
@@ -116,7 +124,9 @@ async def _act(
     except ValueError as exc:  # an empty reason or evidence
         raise Problem(422, "invalid-request", "Unprocessable Content", str(exc)) from exc
     shown = await operator.show(engine, operation_id)
-    document = operation_document(shown["operation"], shown["attempts"], shown["submit_results"])
+    document = operation_document(
+        shown["operation"], shown["attempts"], shown["submit_results"], shown["refunds"]
+    )
     document["action"] = done
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     return JSONResponse(document, headers=headers)
@@ -188,4 +198,27 @@ async def escalate(
         body.model_dump(),
         idempotency_key,
         lambda ledger, now: operator.escalate(ledger, now, action),
+    )
+
+
+@router.post(
+    "/operations/{operation_id}/refund-duplicate",
+    summary="Refund a duplicate charge of a payment flagged duplicate_detected",
+)
+async def refund_duplicate(
+    operation_id: str,
+    body: RefundDuplicateRequest,
+    request: Request,
+    principal: Operator,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    action = operator.OperatorAction(operation_id, principal.actor, body.reason)
+    return await _act(
+        request,
+        principal,
+        operation_id,
+        "refund-duplicate",
+        body.model_dump(),
+        idempotency_key,
+        lambda ledger, now: refunds.refund_duplicate(ledger, now, action, body.charge),
     )

@@ -149,6 +149,9 @@ class Move(StrEnum):
     OPERATOR = "operator"
     RECHECK = "recheck"  # state unchanged, looked at again at `check_at`
     RECORD = "record"  # recorded; the state does not change
+    # A person's statement on a contradicted operation: its outcome is what they
+    # state, with the evidence they relied on, and the flag comes down.
+    RESOLVE_CONTRADICTION = "resolve_contradiction"
 
 
 @dataclass(frozen=True)
@@ -622,6 +625,15 @@ def _judge_statement(facts: Facts, statement: OperatorStatement) -> Effect:
     """A person's resolution settles an unresolved operation; the provider is then
     asked once more (the audit), so a wrong statement meets the provider's truth."""
     reason = f"resolved by {statement.by}: {statement.evidence}"
+    if _settled(facts) and facts.outcome_contradicted:
+        # The provider's evidence stays counted in the books whatever is stated:
+        # a person can say which outcome stands, not undo what the provider showed.
+        return Effect(
+            Move.RESOLVE_CONTRADICTION,
+            f"contradiction resolved by {statement.by} as {statement.outcome.value}: "
+            f"{statement.evidence}",
+            outcome=statement.outcome,
+        )
     if not _unresolved(facts):
         return Effect(Move.RECORD, f"statement about a {facts.state} operation: {reason}")
     executed = frozenset({statement.reference}) if statement.reference else frozenset()

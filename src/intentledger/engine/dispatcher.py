@@ -66,7 +66,7 @@ def provider_key(operation_id: str) -> str:
 
 
 # Fields of our own API that the provider never sees.
-OUR_FIELDS = frozenset({"mandate_id"})
+OUR_FIELDS = frozenset({"mandate_id", "payment_id"})
 
 
 def request_for(operation: Record, idempotency_key: str) -> ProviderRequest:
@@ -78,7 +78,8 @@ def request_for(operation: Record, idempotency_key: str) -> ProviderRequest:
         reference=operation.operation_id,
         idempotency_key=idempotency_key,
         body=body,
-        target=context.get("provider_card_id"),
+        # The provider's object the write acts on: a card, or the charge a refund reverses.
+        target=context.get("provider_card_id") or context.get("charge"),
         under_mandate=bool(context["body"].get("mandate_id")),
     )
 
@@ -205,8 +206,9 @@ class Dispatcher:
 
     async def _mandate_allows(self, ledger: Ledger, operation: Record, now: datetime) -> bool:
         """Re-check the (already locked) mandate before SUBMITTING; a payment whose
-        mandate is no longer active is cancelled instead of sent."""
-        if operation.mandate_id is None:
+        mandate is no longer active is cancelled instead of sent. A refund is not
+        held to its payment's mandate: money going back needs no authorisation."""
+        if operation.mandate_id is None or operation.kind == "refund":
             return True
         mandate = await ledger.get_mandate(operation.mandate_id)
         if mandate is not None and mandate.status == "active":
@@ -227,8 +229,8 @@ class Dispatcher:
         self, ledger: Ledger, operation: Record, now: datetime
     ) -> bool:
         """A new-key request is a new charge: it needs the mandate to be active
-        now, whatever was true when the payment was accepted."""
-        if operation.mandate_id is None:
+        now, whatever was true when the payment was accepted (a refund's is not)."""
+        if operation.mandate_id is None or operation.kind == "refund":
             return True
         mandate = await ledger.get_mandate(operation.mandate_id)
         if mandate is not None and mandate.status == "active":

@@ -25,6 +25,7 @@ from intentledger.domain.evidence import (
 )
 from intentledger.domain.states import NextAction, Outcome, State
 from intentledger.domain.transport import PROVING, Verdict
+from intentledger.engine.refund_settlement import after_refund_settled
 from intentledger.engine.unknown import mark_unknown
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
@@ -135,6 +136,9 @@ async def carry_out(
             retry_after_at=None,
             **fields,
         )
+        if operation.kind == "refund":
+            settled = await _relock(ledger, operation)
+            await after_refund_settled(ledger, settled, now, source)
     elif move is Move.UNKNOWN:
         assert effect.check_at is not None
         await mark_unknown(
@@ -158,6 +162,17 @@ async def carry_out(
         await review(ledger, operation, now, effect.reason, str(effect.reconciliation_status))
     elif move is Move.OPERATOR:
         await _to_a_person(ledger, operation, facts, effect, now, source, fields, observation_id)
+    elif move is Move.RESOLVE_CONTRADICTION:
+        await ledger.update_operation(
+            operation,
+            now=now,
+            outcome=effect.outcome,
+            outcome_contradicted=False,
+            # A duplicate still flagged still needs a person.
+            next_action=NextAction.OPERATOR if facts.duplicate_detected else NextAction.NONE,
+            last_observed_at=now,
+            **fields,
+        )
     elif move is Move.RECHECK:
         assert effect.check_at is not None
         await ledger.update_operation(

@@ -63,21 +63,26 @@ async def _locked(
     return operation
 
 
-def _require_text(value: str, what: str) -> str:
+def require_text(value: str, what: str) -> str:
     if not value or not value.strip():
         raise ValueError(f"{what} must not be empty: it is the record of why")
     return value.strip()
 
 
 async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome: Outcome) -> str:
-    """Settle an unresolved operation on evidence a person found (OUTCOME_KNOWN).
+    """Settle an unresolved operation on evidence a person found (OUTCOME_KNOWN),
+    or resolve a contradiction: which outcome stands, on the evidence stated.
 
     The statement is evidence like any other: the funnel settles the operation
     and asks the provider once more (the audit), so a wrong statement meets the
     provider's truth and is flagged, and the mandate's books follow the charges.
     """
-    evidence = _require_text(action.reason, "the evidence")
-    operation = await _locked(ledger, action.operation_id, UNRESOLVED, "resolve")
+    evidence = require_text(action.reason, "the evidence")
+    operation = await ledger.lock_operation(action.operation_id)
+    contradicted = operation is not None and bool(operation.outcome_contradicted)
+    if not contradicted:
+        operation = await _locked(ledger, action.operation_id, UNRESOLVED, "resolve")
+    assert operation is not None
     observation_id = await ledger.add_observation(
         operation_id=action.operation_id,
         at=now,
@@ -89,16 +94,22 @@ async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome
     await ledger.add_decision(
         operation_id=action.operation_id,
         at=now,
-        rule="operator_resolution",
+        rule="operator_contradiction_resolution" if contradicted else "operator_resolution",
         inputs={
             "observation_id": observation_id,
             "evidence": evidence,
             "by": action.by,
             "outcome": outcome.value,
             "state_before": operation.state,
+            "outcome_before": operation.outcome,
+            "contradiction": contradicted,
         },
         next_action=NextAction.NONE,
-        reason=f"{action.by} resolved it as {outcome.value}: {evidence}",
+        reason=(
+            f"{action.by} resolved the contradiction as {outcome.value}: {evidence}"
+            if contradicted
+            else f"{action.by} resolved it as {outcome.value}: {evidence}"
+        ),
         source=f"operator:{action.by}",
     )
     await weigh(
@@ -122,7 +133,7 @@ async def approve_resubmission(
     """A deliberate new request with a new provider key, linked to the unresolved
     attempt, recorded with what every resubmission decision records: who and
     why, the key's age against the provider's retention policy, and the link."""
-    reason = _require_text(action.reason, "the reason")
+    reason = require_text(action.reason, "the reason")
     operation = await _locked(
         ledger,
         action.operation_id,
@@ -173,7 +184,7 @@ async def approve_resubmission(
 
 async def escalate(ledger: Ledger, now: datetime, action: OperatorAction) -> str:
     """Hand an unresolved operation to a person now, whatever its rules would do."""
-    reason = _require_text(action.reason, "the reason")
+    reason = require_text(action.reason, "the reason")
     operation = await _locked(ledger, action.operation_id, ESCALATABLE, "escalate")
     await ledger.add_decision(
         operation_id=action.operation_id,
@@ -263,4 +274,5 @@ async def show(engine: AsyncEngine, operation_id: str) -> dict[str, Any]:
             "attempts": await ledger.attempts_of(operation_id),
             "submit_results": await ledger.submit_results_of(operation_id),
             "events": await ledger.events_of(operation_id),
+            "refunds": await ledger.refunds_of(operation_id),
         }

@@ -55,7 +55,8 @@ async def operation_lookup(
     return ProviderLookup(
         kind=operation.kind,
         reference=operation.operation_id,
-        target=operation.request_context.get("provider_card_id"),
+        target=operation.request_context.get("provider_card_id")
+        or operation.request_context.get("charge"),
         known=tuple(sorted(named)),
         exhaustive=exhaustive or len(keys) > 1,
     )

@@ -18,18 +18,19 @@ from typing import Any, Protocol
 from intentledger.domain.canonical import canonical_json
 from intentledger.domain.transport import LookupAnswer, ProviderAnswer
 
-KINDS = ("payment", "beneficiary", "card_issue", "card_freeze", "card_unfreeze")
+KINDS = ("payment", "beneficiary", "card_issue", "card_freeze", "card_unfreeze", "refund")
 
 
 @dataclass(frozen=True)
 class ProviderRequest:
     """One write to the provider: a charge, a beneficiary, a card or a card action."""
 
-    kind: str  # payment | beneficiary | card_issue | card_freeze | card_unfreeze
+    kind: str  # payment | beneficiary | card_issue | card_freeze | card_unfreeze | refund
     reference: str  # our operation id: the provider's lookup key for reconciliation
     idempotency_key: str  # the provider-facing key of this attempt
     body: dict[str, object] = field(default_factory=dict)
-    # The provider's object the write acts on (a card id for freeze/unfreeze).
+    # The provider's object the write acts on (a card for freeze/unfreeze, the
+    # charge a refund reverses).
     target: str | None = None
     # The payment runs under a mandate: the customer is not present (off-session).
     under_mandate: bool = False

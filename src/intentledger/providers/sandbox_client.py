@@ -86,6 +86,8 @@ class SandboxProvider:
     async def submit(self, request: ProviderRequest) -> ProviderAnswer:
         path = self._write_path(request)
         body = {"reference": request.reference, **request.body}
+        if request.kind == "refund":
+            body["charge"] = request.target
         headers = {"Idempotency-Key": request.idempotency_key}
         call = self._clients.request("POST", path, json=body, headers=headers)
         return await observe(call, self._deadline, mapping=map_answer)
@@ -98,6 +100,8 @@ class SandboxProvider:
             return "/v1/beneficiaries"
         if request.kind == "card_issue":
             return "/v1/cards"
+        if request.kind == "refund" and request.target:
+            return "/v1/refunds"
         if request.kind in CARD_STATUS_AFTER and request.target:
             action = request.kind.removeprefix("card_")
             return f"/v1/cards/{request.target}/{action}"
@@ -110,6 +114,7 @@ class SandboxProvider:
             "payment": "/v1/charges",
             "beneficiary": "/v1/beneficiaries",
             "card_issue": "/v1/cards",
+            "refund": "/v1/refunds",
         }.get(query.kind)
         if path is None:
             raise UnknownKind(f"the sandbox has no lookup for {query.kind!r}")
@@ -151,7 +156,7 @@ def _listed(answer: ProviderAnswer) -> list[Any] | None:
 def _seen(item: Any, kind: str) -> ChargeSeen:
     if not isinstance(item, dict):
         return ChargeSeen("?", "unreadable")
-    if kind == "payment":
+    if kind in ("payment", "refund"):
         return ChargeSeen(str(item.get("id")), str(item.get("status")))
     # A beneficiary or card that exists under our reference is the write's success.
     return ChargeSeen(str(item.get("id")), "succeeded")
@@ -168,7 +173,7 @@ def _build(arguments: BuildArguments) -> SandboxProvider:
 
 PLUGIN = ProviderPlugin(
     name="sandbox",
-    summary="the built-in sandbox provider (Stripe-v1-like charges, beneficiaries, cards)",
+    summary="the built-in sandbox provider (Stripe-v1-like charges, refunds, beneficiaries, cards)",
     kinds=frozenset(KINDS),
     retention=lambda settings: sandbox_policy(settings.sandbox_key_retention),
     consistency=lambda _settings: LookupConsistency(

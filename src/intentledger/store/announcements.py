@@ -91,6 +91,7 @@ async def operation_changed(
         current,
         await ledger.attempts_of(before.operation_id),
         await ledger.submit_results_of(before.operation_id),
+        await ledger.refunds_of(before.operation_id) if current.kind == "payment" else (),
     )
     for event_type in types:
         await _write(ledger, before.actor, event_type, before.operation_id, data, now, endpoints)

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.cards import CARD_KINDS, status_after
 from intentledger.domain.evidence import Share, mandate_share, recorded_executions
+from intentledger.domain.refunds import refund_mandate_share
 from intentledger.domain.states import FINAL, NextAction, Outcome, State, require_transition
 from intentledger.store import announcements
 from intentledger.store.tables import (
@@ -325,6 +326,15 @@ class Ledger:
         latest: Record | None = result.first()
         return latest
 
+    async def refunds_of(self, payment_id: str) -> Sequence[Record]:
+        """The payment's refund operations, oldest first."""
+        result = await self.conn.execute(
+            select(operations)
+            .where(operations.c.parent_operation_id == payment_id)
+            .order_by(operations.c.created_at, operations.c.operation_id)
+        )
+        return result.all()
+
     async def attempts_of(self, operation_id: str) -> Sequence[Record]:
         result = await self.conn.execute(
             select(attempts)
@@ -557,10 +567,16 @@ class Ledger:
         )
 
     async def accepted_under_mandate(self, mandate_id: str) -> Sequence[Record]:
-        """The mandate's operations not yet submitted, locked (after the mandate)."""
+        """The mandate's payments not yet submitted, locked (after the mandate).
+        Refunds of its payments are not among them: a suspension stops charges,
+        not money going back."""
         result = await self.conn.execute(
             select(operations)
-            .where(operations.c.mandate_id == mandate_id, operations.c.state == State.ACCEPTED)
+            .where(
+                operations.c.mandate_id == mandate_id,
+                operations.c.state == State.ACCEPTED,
+                operations.c.kind == "payment",
+            )
             .order_by(operations.c.created_at)
             .with_for_update()
         )
@@ -584,4 +600,5 @@ def _share(operation: Record, state: State, changes: Mapping[str, Any]) -> Share
     executed = recorded_executions(
         field("executed_references"), outcome, field("provider_reference")
     )
-    return mandate_share(operation.amount, state, Outcome(outcome) if outcome else None, executed)
+    share = refund_mandate_share if operation.kind == "refund" else mandate_share
+    return share(operation.amount, state, Outcome(outcome) if outcome else None, executed)

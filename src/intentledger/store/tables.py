@@ -132,8 +132,11 @@ operations = Table(
     # none beyond a settled success's provider_reference). Two distinct ones are
     # a duplicate; one under a failed or cancelled outcome is a contradiction.
     Column("executed_references", Json, nullable=True),
+    # A refund's payment (the operation it reverses); NULL for every other kind.
+    Column("parent_operation_id", String(40), nullable=True),
     # The operator list filters by state; the sweeper by state and age.
     Index(None, "state", "updated_at"),
+    Index(None, "parent_operation_id"),
 )
 
 idempotency_records = Table(

@@ -30,6 +30,7 @@ from intentledger.providers.sandbox.resources import (
     CardActionName,
     CardActionRequest,
     CardRequest,
+    RefundRequest,
 )
 from intentledger.providers.sandbox.rows import JSONObject
 from intentledger.providers.sandbox.store import (
@@ -239,6 +240,13 @@ class CardActionBody(WriteBody):
     pass
 
 
+class RefundBody(WriteBody):
+    charge: str = Field(min_length=1)
+    # SQLite integers are 64-bit; a larger amount must be refused, not crash the insert.
+    amount: int = Field(gt=0, lt=2**63)
+    reason: str | None = Field(default=None, max_length=500)
+
+
 @dataclass(frozen=True)
 class ParsedWrite(Generic[W]):
     request: W
@@ -364,6 +372,21 @@ def card_action_parser(card_id: str, action: CardActionName) -> Parse[CardAction
     return parse
 
 
+def parse_refund(key: str, payload: JSONObject) -> ParsedWrite[RefundRequest] | StoredResponse:
+    body = _validated(RefundBody, payload)
+    if isinstance(body, StoredResponse):
+        return body
+    request = RefundRequest(
+        charge_id=body.charge,
+        reference=body.reference,
+        idempotency_key=key,
+        amount=body.amount,
+        reason=body.reason,
+        fingerprint=route_fingerprint("POST /v1/refunds", payload),
+    )
+    return ParsedWrite(request, body.scenario)
+
+
 def _describe(exc: ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
@@ -482,6 +505,12 @@ class Sandbox:
     async def unfreeze_card(self, request: Request) -> Response:
         return await self._act_on_card(request, request.path_params["card_id"], "unfreeze")
 
+    async def create_refund(self, request: Request) -> Response:
+        return await self._write(request, "refund", parse_refund, self._store.create_refund)
+
+    async def lookup_refunds(self, request: Request) -> Response:
+        return await self._lookup_by_reference(request, "refund", self._store.refunds)
+
     async def lookup_beneficiaries(self, request: Request) -> Response:
         return await self._lookup_by_reference(request, "beneficiary", self._store.beneficiaries)
 
@@ -533,6 +562,10 @@ class Sandbox:
     async def card_actions_truth(self, request: Request) -> Response:
         actions = self._store.card_actions(_param(request, "reference"), _param(request, "card_id"))
         return _listing(action.as_truth_entry() for action in actions)
+
+    async def refunds_truth(self, request: Request) -> Response:
+        found = self._store.refunds(_param(request, "reference"), _param(request, "charge"))
+        return _listing(refund.as_truth_entry() for refund in found)
 
     async def received(self, request: Request) -> Response:
         records = self._store.requests(_param(request, "reference"), _param(request, "resource"))
@@ -757,7 +790,10 @@ def create_sandbox_app(
             Route("/v1/cards/{card_id}", sandbox.retrieve_card, methods=["GET"]),
             Route("/v1/cards/{card_id}/freeze", sandbox.freeze_card, methods=["POST"]),
             Route("/v1/cards/{card_id}/unfreeze", sandbox.unfreeze_card, methods=["POST"]),
+            Route("/v1/refunds", sandbox.create_refund, methods=["POST"]),
+            Route("/v1/refunds", sandbox.lookup_refunds, methods=["GET"]),
             Route("/charges", sandbox.truth, methods=["GET"]),
+            Route("/refunds", sandbox.refunds_truth, methods=["GET"]),
             Route("/beneficiaries", sandbox.beneficiaries_truth, methods=["GET"]),
             Route("/cards", sandbox.cards_truth, methods=["GET"]),
             Route("/card_actions", sandbox.card_actions_truth, methods=["GET"]),

@@ -1,4 +1,4 @@
-"""Beneficiaries, cards and card actions: the sandbox's truth beyond charges.
+"""Beneficiaries, cards, card actions and refunds: the sandbox's truth beyond charges.
 
 Rows, and the SQL that reads and writes them. Every writer takes a connection already inside
 the store's write transaction, so the key check, the write and the kept answer commit
@@ -62,6 +62,22 @@ SCHEMA = (
     """,
     "CREATE INDEX IF NOT EXISTS card_actions_by_card ON card_actions (card_id)",
     "CREATE INDEX IF NOT EXISTS card_actions_by_reference ON card_actions (reference)",
+    # Like localstripe, the sandbox never refuses a refund for exceeding its
+    # charge: the ledger's own guard is what the tests prove.
+    """
+    CREATE TABLE IF NOT EXISTS refunds (
+        id TEXT PRIMARY KEY,
+        charge_id TEXT NOT NULL REFERENCES charges (id),
+        reference TEXT NOT NULL,
+        idempotency_key TEXT NOT NULL,
+        amount INTEGER NOT NULL,
+        reason TEXT,
+        status TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    )
+    """,
+    "CREATE INDEX IF NOT EXISTS refunds_by_reference ON refunds (reference)",
+    "CREATE INDEX IF NOT EXISTS refunds_by_charge ON refunds (charge_id)",
 )
 
 
@@ -91,6 +107,16 @@ class CardActionRequest:
     action: CardActionName
     reference: str
     idempotency_key: str
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class RefundRequest:
+    charge_id: str
+    reference: str
+    idempotency_key: str
+    amount: int
+    reason: str | None
     fingerprint: str
 
 
@@ -164,6 +190,32 @@ class CardAction:
             "idempotency_key": self.idempotency_key,
             "executed_at": format_timestamp(self.executed_at),
         }
+
+
+@dataclass(frozen=True)
+class Refund:
+    id: str
+    charge_id: str
+    reference: str
+    idempotency_key: str
+    amount: int
+    reason: str | None
+    status: str
+    created_at: datetime
+
+    def as_provider_response(self) -> JSONObject:
+        return {
+            "id": self.id,
+            "charge": self.charge_id,
+            "reference": self.reference,
+            "amount": self.amount,
+            "reason": self.reason,
+            "status": self.status,
+            "created_at": format_timestamp(self.created_at),
+        }
+
+    def as_truth_entry(self) -> JSONObject:
+        return {**self.as_provider_response(), "idempotency_key": self.idempotency_key}
 
 
 # -- writes (inside the store's transaction) --------------------------------------------------
@@ -254,6 +306,40 @@ def apply_card_action(conn: sqlite3.Connection, request: CardActionRequest, now:
     return card
 
 
+def insert_refund(conn: sqlite3.Connection, request: RefundRequest, now: datetime) -> Refund:
+    refund = Refund(
+        id="re_" + secrets.token_hex(12),
+        charge_id=request.charge_id,
+        reference=request.reference,
+        idempotency_key=request.idempotency_key,
+        amount=request.amount,
+        reason=request.reason,
+        status="succeeded",
+        created_at=now,
+    )
+    conn.execute(
+        "INSERT INTO refunds"
+        " (id, charge_id, reference, idempotency_key, amount, reason, status, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            refund.id,
+            refund.charge_id,
+            refund.reference,
+            refund.idempotency_key,
+            refund.amount,
+            refund.reason,
+            refund.status,
+            format_timestamp(refund.created_at),
+        ),
+    )
+    return refund
+
+
+def charge_exists(conn: sqlite3.Connection, charge_id: str) -> bool:
+    row = conn.execute("SELECT 1 FROM charges WHERE id = ?", (charge_id,)).fetchone()
+    return row is not None
+
+
 # -- reads ------------------------------------------------------------------------------------
 
 
@@ -282,6 +368,27 @@ def select_card_actions(
     where, params = where_equal(reference=reference, card_id=card_id)
     rows = conn.execute(f"SELECT * FROM card_actions{where} ORDER BY executed_at, rowid", params)
     return [_card_action_from_row(row) for row in rows.fetchall()]
+
+
+def select_refunds(
+    conn: sqlite3.Connection, reference: str | None, charge_id: str | None = None
+) -> list[Refund]:
+    where, params = where_equal(reference=reference, charge_id=charge_id)
+    rows = conn.execute(f"SELECT * FROM refunds{where} ORDER BY created_at, rowid", params)
+    return [_refund_from_row(row) for row in rows.fetchall()]
+
+
+def _refund_from_row(row: sqlite3.Row) -> Refund:
+    return Refund(
+        id=row["id"],
+        charge_id=row["charge_id"],
+        reference=row["reference"],
+        idempotency_key=row["idempotency_key"],
+        amount=row["amount"],
+        reason=row["reason"],
+        status=row["status"],
+        created_at=parse_timestamp(row["created_at"]),
+    )
 
 
 def _beneficiary_from_row(row: sqlite3.Row) -> Beneficiary:

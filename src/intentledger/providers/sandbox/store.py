@@ -27,6 +27,8 @@ from intentledger.providers.sandbox.resources import (
     CardAction,
     CardActionRequest,
     CardRequest,
+    Refund,
+    RefundRequest,
 )
 from intentledger.providers.sandbox.rows import (
     JSONObject,
@@ -37,7 +39,7 @@ from intentledger.providers.sandbox.rows import (
 
 RequestKind = Literal["submit", "lookup"]
 # What a request is about; `kind` stays submit | lookup so callers filtering on it still work.
-Resource = Literal["charge", "beneficiary", "card", "card_action"]
+Resource = Literal["charge", "beneficiary", "card", "card_action", "refund"]
 
 BUSY_TIMEOUT_SECONDS = 30.0
 
@@ -382,6 +384,27 @@ class SandboxStore:
             "card_action", request_id, request, now, effect_for, execute, card_missing
         )
 
+    def create_refund(
+        self,
+        request_id: int,
+        request: RefundRequest,
+        now: datetime,
+        effect_for: Callable[[bool], Effect],
+    ) -> WriteOutcome:
+        def execute(conn: sqlite3.Connection, now: datetime) -> StoredResponse:
+            return StoredResponse(
+                200, resources.insert_refund(conn, request, now).as_provider_response()
+            )
+
+        def charge_missing(conn: sqlite3.Connection) -> TargetMissing | None:
+            if not resources.charge_exists(conn, request.charge_id):
+                return TargetMissing("charge", request.charge_id)
+            return None
+
+        return self._keyed_write(
+            "refund", request_id, request, now, effect_for, execute, charge_missing
+        )
+
     # -- reads ----------------------------------------------------------------------------
 
     def charges(self, reference: str | None = None) -> list[Charge]:
@@ -401,6 +424,10 @@ class SandboxStore:
     def cards(self, reference: str | None = None) -> list[Card]:
         with self._connection() as conn:
             return resources.select_cards(conn, reference)
+
+    def refunds(self, reference: str | None = None, charge_id: str | None = None) -> list[Refund]:
+        with self._connection() as conn:
+            return resources.select_refunds(conn, reference, charge_id)
 
     def card(self, card_id: str) -> Card | None:
         with self._connection() as conn:

@@ -1,0 +1,103 @@
+"""Refunds over HTTP: `POST /v1/payments/{id}/refunds` (idempotent, 202) and
+`GET /v1/payments/{id}/refunds`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import JSONResponse
+from pydantic import Field, ValidationError
+
+from intentledger.api.auth import Principal, authenticate
+from intentledger.api.bodies import read_json_object
+from intentledger.api.problems import Problem, invalid_body_response
+from intentledger.api.resource_routes import ScenarioBody
+from intentledger.api.schemas import MAX_AMOUNT
+from intentledger.api.validation import valid_idempotency_key
+from intentledger.documents import operation_document
+from intentledger.domain.canonical import request_hash
+from intentledger.engine.intake import Intent
+from intentledger.engine.refunds import REFUND_ROUTE, accept_refund
+from intentledger.store.ledger import Ledger
+
+router = APIRouter(tags=["refunds"])
+Authenticated = Annotated[Principal, Depends(authenticate)]
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+
+
+class RefundRequest(ScenarioBody):
+    amount: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_AMOUNT,
+        description="Minor units; omitted (send {}): all that is still refundable",
+    )
+    reason: str | None = Field(default=None, min_length=1, max_length=500)
+
+
+def _not_found(payment_id: str) -> Problem:
+    # Another actor's payment is indistinguishable from a missing one.
+    return Problem(404, "payment-not-found", "Not Found", f"no payment {payment_id!r}")
+
+
+@router.post(
+    "/v1/payments/{payment_id}/refunds",
+    status_code=202,
+    summary="Refund a succeeded payment, in whole or in part (idempotent)",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": RefundRequest.model_json_schema()}},
+        }
+    },
+)
+async def create_refund(
+    payment_id: str,
+    request: Request,
+    principal: Authenticated,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    key = valid_idempotency_key(idempotency_key)
+    provider = request.app.state.provider_name
+    if "refund" not in request.app.state.provider_kinds:
+        raise Problem(
+            422,
+            "kind-not-supported",
+            "Unprocessable Content",
+            f"refunds are not supported by provider {provider}",
+        )
+    raw = await read_json_object(request)
+    try:
+        parsed = RefundRequest.model_validate(raw)
+    except ValidationError as exc:
+        return invalid_body_response(request.url.path, exc.errors())
+    body: dict[str, Any] = {"payment_id": payment_id, **parsed.model_dump(exclude_none=True)}
+    intent = Intent(
+        actor=principal.actor,
+        route=REFUND_ROUTE,
+        idempotency_key=key,
+        request_hash=request_hash(principal.actor, REFUND_ROUTE, body),
+        body=body,
+        provider=provider,
+        kind="refund",
+    )
+    result = await accept_refund(
+        request.app.state.engine, request.app.state.clock, intent, payment_id
+    )
+    return JSONResponse(
+        operation_document(result.operation),
+        status_code=200 if result.replayed else 202,
+        headers={"Idempotent-Replayed": "true"} if result.replayed else {},
+    )
+
+
+@router.get("/v1/payments/{payment_id}/refunds", summary="A payment's refunds, oldest first")
+async def list_refunds(payment_id: str, request: Request, principal: Authenticated) -> JSONResponse:
+    async with request.app.state.engine.connect() as conn:
+        ledger = Ledger(conn)
+        payment = await ledger.get_operation(payment_id)
+        if payment is None or payment.actor != principal.actor or payment.kind != "payment":
+            raise _not_found(payment_id)
+        refunds = await ledger.refunds_of(payment_id)
+    return JSONResponse({"data": [operation_document(r) for r in refunds]})

@@ -1,0 +1,54 @@
+"""What a settled refund changes beyond itself: a payment's duplicate flag.
+
+Called by the evidence funnel's carrier (engine/evidence.py) in the settling
+transaction, with the refund (and its mandate) locked; the payment's row is
+locked after them, the order every writer of a refund's payment keeps.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from intentledger.domain.evidence import recorded_executions
+from intentledger.domain.refunds import refund_totals, view_of
+from intentledger.domain.states import NextAction
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record
+
+
+async def after_refund_settled(ledger: Ledger, refund: Record, now: datetime, source: str) -> None:
+    """A refund of a duplicate settled: once every extra charge of its payment
+    is refunded, the payment's duplicate flag clears, with the decision saying so."""
+    if not refund.request_context.get("remedies_duplicate"):
+        return
+    payment = await ledger.get_operation(refund.parent_operation_id, for_update=True)
+    if payment is None or not payment.duplicate_detected:
+        return
+    executed = recorded_executions(
+        payment.executed_references, payment.outcome, payment.provider_reference
+    )
+    extras = executed - {payment.provider_reference}
+    refunds = await ledger.refunds_of(payment.operation_id)
+    unrefunded = sorted(
+        charge
+        for charge in extras
+        if refund_totals(
+            payment.amount,
+            [view_of(r) for r in refunds if r.request_context.get("charge") == charge],
+        ).refunded
+        < payment.amount
+    )
+    if unrefunded:
+        return
+    await ledger.add_decision(
+        operation_id=payment.operation_id,
+        at=now,
+        rule="duplicate_refunded",
+        inputs={"refunded_charges": sorted(extras), "refund_operation_id": refund.operation_id},
+        next_action=NextAction.NONE,
+        reason=f"every duplicate charge is refunded ({', '.join(sorted(extras))})",
+        source=source,
+    )
+    await ledger.update_operation(
+        payment, now=now, duplicate_detected=False, next_action=NextAction.NONE
+    )

@@ -1,0 +1,67 @@
+"""A payment's refundable amount: taken while unknown, given back only by a known failure."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from intentledger.domain.refunds import RefundView, refund_mandate_share, refund_totals, taken_by
+from intentledger.domain.states import FINAL, Outcome, State
+
+
+def refund(amount: int, state: State, outcome: Outcome | None = None, *executed: str) -> RefundView:
+    return RefundView(amount, state, outcome, frozenset(executed))
+
+
+def test_every_refund_not_known_failed_holds_its_amount() -> None:
+    refunds = [
+        refund(10, State.ACCEPTED),
+        refund(10, State.SUBMITTING),
+        refund(10, State.UNKNOWN),
+        refund(10, State.SAFETY_REVIEW),
+        refund(10, State.MANUAL_REVIEW),
+        refund(10, State.OUTCOME_KNOWN, Outcome.SUCCEEDED, "re_1"),
+        refund(10, State.OUTCOME_KNOWN, Outcome.FAILED),  # gives its amount back
+        refund(10, State.CANCELLED),
+    ]
+    totals = refund_totals(100, refunds)
+    assert (totals.refunded, totals.taken, totals.refundable) == (10, 60, 40)
+
+
+def test_the_providers_evidence_counts_whatever_the_outcome_says() -> None:
+    # Settled failed, yet the provider showed it executed (a contradiction): refunded.
+    contradicted = refund(30, State.OUTCOME_KNOWN, Outcome.FAILED, "re_1")
+    # Executed twice (a duplicate refund): both count.
+    twice = refund(20, State.OUTCOME_KNOWN, Outcome.SUCCEEDED, "re_2", "re_3")
+    totals = refund_totals(100, [contradicted, twice])
+    assert (totals.refunded, totals.taken, totals.refundable) == (70, 70, 30)
+
+
+def test_a_mandate_gets_back_what_moved_and_only_that() -> None:
+    assert refund_mandate_share(50, State.UNKNOWN, None, frozenset()).spent == 0
+    succeeded = refund_mandate_share(50, State.OUTCOME_KNOWN, Outcome.SUCCEEDED, frozenset())
+    assert (succeeded.reserved, succeeded.spent) == (0, -50)
+    failed = refund_mandate_share(50, State.OUTCOME_KNOWN, Outcome.FAILED, frozenset())
+    assert (failed.reserved, failed.spent) == (0, 0)
+
+
+STATES = st.sampled_from(list(State))
+OUTCOMES = st.sampled_from([None, Outcome.SUCCEEDED, Outcome.FAILED])
+REFUNDS = st.builds(
+    RefundView,
+    amount=st.integers(min_value=1, max_value=10**6),
+    state=STATES,
+    outcome=OUTCOMES,
+    executed=st.frozensets(st.sampled_from(["re_1", "re_2", "re_3"]), max_size=3),
+)
+
+
+@given(captured=st.integers(min_value=0, max_value=10**7), refunds=st.lists(REFUNDS, max_size=12))
+def test_totals_hold_their_invariants(captured: int, refunds: list[RefundView]) -> None:
+    totals = refund_totals(captured, refunds)
+    assert 0 <= totals.refunded <= totals.taken
+    assert totals.refundable == max(captured - totals.taken, 0)
+    for one in refunds:
+        # Only a final state with nothing executed gives the amount back.
+        if one.state not in FINAL or one.executed:
+            assert taken_by(one) >= one.amount
