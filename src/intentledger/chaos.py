@@ -66,8 +66,16 @@ CLIENT_PATIENCE_SECONDS = 120.0
 RESTART_TIMEOUT_SECONDS = 120.0
 # Rules under which a second execution is a deliberate, recorded new request.
 NEW_REQUEST_RULES = ("operator_approved_new_request", "new_request_after_not_found")
+# Refund faults on the sandbox, weighted like the payments' (`sandbox_scenario`).
+REFUND_SCENARIOS = {
+    "ok": 60,
+    "timeout_after_execute": 15,
+    "timeout_before_execute": 15,
+    "declined": 10,
+}
 VIOLATIONS = (
     "duplicates",
+    "over_refunded",
     "lost",
     "contradictions",
     "unauthorised_resubmissions",
@@ -110,6 +118,9 @@ class Tally:
     kills: int = 0
     db_restarts: int = 0
     suspended_mandates: int = 0
+    refunds_sent: int = 0
+    refunds_accepted: int = 0
+    refunds_refused: Counter[str] = field(default_factory=Counter)
     phase: str = "starting"
 
 
@@ -242,6 +253,8 @@ class Load:
         self.rng = random.Random(config.seed)
         self.headers = {"Authorization": f"Bearer {token}"}
         self.mandates: list[str] = []
+        # Payments accepted so far, to refund (amount by id).
+        self.payments: dict[str, int] = {}
 
     def _url(self) -> str:
         return f"http://127.0.0.1:{self.rng.choice(self.fleet.api_ports)}"
@@ -294,6 +307,7 @@ class Load:
         response = await self._post(client, "/v1/payments", body, key)
         if response.status_code in (200, 202):
             self.tally.accepted.add(response.json()["id"])
+            self.payments[response.json()["id"]] = body["amount"]
         else:
             self.tally.refused[response.status_code] += 1
         if self.rng.random() < 0.05:  # the same key again, same body: a replay
@@ -303,6 +317,38 @@ class Load:
             again = await self._post(client, "/v1/payments", altered, key)
             self.tally.key_reuse_checks += 1
             self.tally.reused_key_accepted += again.status_code in (200, 202)
+
+    async def refunds_of_one_payment(self, client: httpx.AsyncClient, n: int) -> None:
+        """One to three refunds of one earlier payment at once, with distinct
+        keys: whatever their faults and the payment's state, the ledger must
+        never let them take more than the payment captured."""
+        if not self.payments:
+            return
+        payment_id = self.rng.choice(sorted(self.payments))
+        amount = self.payments[payment_id]
+        asks = []
+        for k in range(self.rng.randint(1, 3)):
+            scenario = self.rng.choices(
+                list(REFUND_SCENARIOS), weights=list(REFUND_SCENARIOS.values())
+            )[0]
+            body: dict[str, Any] = {"sandbox_scenario": scenario}
+            if self.rng.random() < 0.8:  # otherwise all that remains
+                body["amount"] = self.rng.randint(1, amount)
+            asks.append((body, f"chaos-refund-{self.config.seed}-{n}-{k}"))
+        self.tally.refunds_sent += len(asks)
+        answers = await asyncio.gather(
+            *(
+                self._post(client, f"/v1/payments/{payment_id}/refunds", body, key)
+                for body, key in asks
+            )
+        )
+        for answer in answers:
+            if answer.status_code in (200, 202):
+                self.tally.accepted.add(answer.json()["id"])
+                self.tally.refunds_accepted += 1
+            else:
+                problem = answer.json().get("type", str(answer.status_code))
+                self.tally.refunds_refused[problem.rsplit("/", 1)[-1]] += 1
 
     async def suspend_some(self, client: httpx.AsyncClient) -> None:
         for mandate_id in self.mandates[: max(1, len(self.mandates) // 2)]:
@@ -321,7 +367,13 @@ class Load:
                 # Random concurrency: bursts of 1 to 32 requests at once.
                 size = self.rng.randint(1, 32)
                 burst, pending = pending[:size], pending[size:]
-                await asyncio.gather(*(self.one_payment(client, n) for n in burst))
+                # Refunds of earlier payments ride along (the sandbox's only: the
+                # Stripe adapter does not carry refunds yet).
+                refunds = [] if self.config.on_stripe else burst[: self.rng.randint(0, 3)]
+                await asyncio.gather(
+                    *(self.one_payment(client, n) for n in burst),
+                    *(self.refunds_of_one_payment(client, n) for n in refunds),
+                )
                 if half and self.config.operations - len(pending) >= half:
                     half = 0
                     await self.suspend_some(client)
@@ -398,10 +450,25 @@ def _view(tally: Tally, states: Counter[str], pending: int, started: float) -> T
     return table
 
 
-def sandbox_truth(sandbox_url: str) -> Counter[str]:
-    """Executed charges per operation id, from the sandbox's own store."""
+@dataclass(frozen=True)
+class Truth:
+    """The provider's own record: executed writes per operation id (charges and
+    refunds), and per charge what it took and what was refunded of it."""
+
+    executed: Counter[str]
+    captured: dict[str, int] = field(default_factory=dict)
+    refunded: Counter[str] = field(default_factory=Counter)
+
+
+def sandbox_truth(sandbox_url: str) -> Truth:
+    """From the sandbox's own store."""
     charges = httpx.get(f"{sandbox_url}/charges", timeout=30).json()["data"]
-    return Counter(c["reference"] for c in charges)
+    refunds = httpx.get(f"{sandbox_url}/refunds", timeout=30).json()["data"]
+    executed = Counter(c["reference"] for c in charges) + Counter(r["reference"] for r in refunds)
+    refunded: Counter[str] = Counter()
+    for r in refunds:
+        refunded[r["charge"]] += r["amount"]
+    return Truth(executed, {c["id"]: c["amount"] for c in charges}, refunded)
 
 
 def stripe_truth(api_base: str, api_key: str) -> tuple[Counter[str], int]:
@@ -427,8 +494,9 @@ def stripe_truth(api_base: str, api_key: str) -> tuple[Counter[str], int]:
             params = {"limit": "100", "starting_after": body["data"][-1]["id"]}
 
 
-def check(database_url: str, executed: Counter[str], tally: Tally) -> dict[str, Any]:
-    """Compare the ledger with the provider's truth (executed payments per operation id)."""
+def check(database_url: str, truth: Truth, tally: Tally) -> dict[str, Any]:
+    """Compare the ledger with the provider's truth."""
+    executed = truth.executed
     engine = create_engine(sync_url(database_url))
     try:
         with engine.connect() as conn:
@@ -451,6 +519,13 @@ def check(database_url: str, executed: Counter[str], tally: Tally) -> dict[str, 
     unresolved = Counter(op.state for op in open_ops)
     return {
         "duplicates": sum(1 for ref, n in executed.items() if n > 1 and n - 1 > allowed[ref]),
+        # A charge refunded beyond what it took, at the provider (which, like
+        # the sandbox and localstripe, need not refuse it).
+        "over_refunded": sum(
+            1
+            for charge, refunded in truth.refunded.items()
+            if refunded > truth.captured.get(charge, 0)
+        ),
         "lost": sum(
             1
             for op_id in tally.accepted
@@ -460,7 +535,7 @@ def check(database_url: str, executed: Counter[str], tally: Tally) -> dict[str, 
         "contradictions": sum(
             1
             for op in ops.values()
-            if op.kind == "payment"
+            if op.kind in ("payment", "refund")
             and op.state == "OUTCOME_KNOWN"
             and (op.outcome == "succeeded") != (executed[op.operation_id] > 0)
         ),
@@ -547,11 +622,12 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
                 config.stripe_truth_base or config.stripe_api_base,
                 fleet.env["INTENTLEDGER_STRIPE_API_KEY"],
             )
+            truth = Truth(executed)
         else:
-            executed = sandbox_truth(fleet.sandbox_url)
-        report = check(config.database_url, executed, tally)
+            truth = sandbox_truth(fleet.sandbox_url)
+        report = check(config.database_url, truth, tally)
         report["provider"] = config.provider
-        report["provider_executed"] = sum(executed.values())
+        report["provider_executed"] = sum(truth.executed.values())
         if provider_payments is not None:
             report["provider_payment_intents"] = provider_payments
     finally:
@@ -565,6 +641,9 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
             "client_retries": tally.client_retries,
             "refused_by_status": dict(tally.refused),
             "key_reuse_checks": tally.key_reuse_checks,
+            "refunds_sent": tally.refunds_sent,
+            "refunds_accepted": tally.refunds_accepted,
+            "refunds_refused": dict(tally.refunds_refused),
             "seconds": round(time.monotonic() - started, 1),
             "logs": str(workdir),
         }
