@@ -114,6 +114,7 @@ def test_a_chaos_run_against_stripe_is_clean(
     # (an accepted payment that reached Stripe), and nothing unresolved is silent.
     assert report["orphans"] == 0, report
     assert report["provider_payment_intents"] <= report["accepted"], report  # type: ignore[operator]
+    assert report["refunds_accepted"] >= 10 and report["over_refunded"] == 0, report  # type: ignore[operator]
     assert set(report["unresolved_next_action"]) <= {"operator", "reconcile"}, report  # type: ignore[arg-type]
     assert {"reset_after", "hold_after", "error_after", "rate_limited", "refuse"} <= faults
 

@@ -249,6 +249,29 @@ def test_a_failed_event_settles_a_lost_decline(hooked: Hooked) -> None:
     assert len(hooked.creates(op_id)) == 1
 
 
+def test_a_refund_event_settles_a_lost_refund_and_charge_refunded_is_only_kept(
+    hooked: Hooked,
+) -> None:
+    payment = hooked.pay(amount=900)
+    intent_id = hooked.settle(payment, {"OUTCOME_KNOWN"})["provider_reference"]
+    hooked.stripe.configure(queue=["hold_after"], hold_seconds=3)
+    refund_id = hooked.refund(payment, amount=400)
+    hooked.settle(refund_id, {"UNKNOWN"})
+    [at_stripe] = hooked.refunds_at_stripe(intent_id)
+    refund = at_stripe.to_dict()
+    charge = {"id": "ch_1", "object": "charge", "payment_intent": intent_id, "refunded": False}
+    kept = hooked.deliver(intent_event("evt_charge_refunded", "charge.refunded", charge))
+    assert kept.json()["disposition"] in ("unmapped_type", "unknown_reference"), kept.text
+    assert hooked.operation(refund_id)["state"] == "UNKNOWN"
+    response = hooked.deliver(intent_event("evt_refund_updated", "refund.updated", refund))
+    assert response.json()["disposition"] == "applied", response.text
+    op = hooked.operation(refund_id)
+    assert (op["state"], op["outcome"]) == ("OUTCOME_KNOWN", "succeeded")
+    assert op["provider_reference"] == refund["id"]
+    shown = hooked.operation(payment)
+    assert (shown["amount_refunded"], shown["amount_refundable"]) == (400, 500)
+
+
 def test_a_webhook_success_after_a_persons_failed_is_flagged(hooked: Hooked) -> None:
     op_id = hooked.lost_payment()
     (intent,) = hooked.intents_of(op_id)

@@ -77,6 +77,21 @@ class Ledger:
             if intent["metadata"].get("intentledger_reference") == op_id
         ]
 
+    def refund(self, payment_id: str, **body: Any) -> str:
+        key = f"refund-{time.monotonic_ns()}"
+        response = httpx.post(
+            f"{self.url}/v1/payments/{payment_id}/refunds",
+            json=body,
+            headers={**self.auth, "Idempotency-Key": key},
+        )
+        assert response.status_code == 202, response.text
+        return str(response.json()["id"])
+
+    def refunds_at_stripe(self, intent_id: str) -> list[Any]:
+        """The PaymentIntent's Refunds at Stripe (localstripe), read with the SDK."""
+        listed = self.stripe.client().v1.refunds.list(params={"payment_intent": intent_id})
+        return list(listed.data)
+
     def creates(self, op_id: str) -> list[dict[str, Any]]:
         """The proxy's log of PaymentIntent creates for `op_id`."""
         return [
@@ -200,6 +215,56 @@ def test_an_answer_lost_after_execution_is_reconciled_to_the_same_intent(fresh: 
     assert lookups[-1]["verdict"] == "found_succeeded"
     assert lookups[-1]["detail"]["method"] == "search"
     assert len(fresh.creates(op_id)) == 1  # never sent again
+
+
+def test_a_full_and_a_partial_refund_become_stripe_refunds(fresh: Ledger) -> None:
+    payment = fresh.pay(amount=1000)
+    intent_id = fresh.settle(payment, {"OUTCOME_KNOWN"})["provider_reference"]
+    partial = fresh.refund(payment, amount=300)
+    assert fresh.settle(partial, {"OUTCOME_KNOWN"})["outcome"] == "succeeded"
+    rest = fresh.refund(payment)  # all that remains
+    settled = fresh.settle(rest, {"OUTCOME_KNOWN"})
+    assert settled["outcome"] == "succeeded" and settled["amount"] == 700
+    at_stripe = fresh.refunds_at_stripe(intent_id)
+    assert sorted(r.amount for r in at_stripe) == [300, 700]
+    assert {r.metadata["intentledger_reference"] for r in at_stripe} == {partial, rest}
+    assert {r.id for r in at_stripe} == {
+        fresh.operation(partial)["provider_reference"],
+        fresh.operation(rest)["provider_reference"],
+    }
+    shown = fresh.operation(payment)
+    assert (shown["amount_refunded"], shown["amount_refundable"]) == (1000, 0)
+    # localstripe would take a third: the ledger does not ask.
+    response = httpx.post(
+        f"{fresh.url}/v1/payments/{payment}/refunds",
+        json={"amount": 1},
+        headers={**fresh.auth, "Idempotency-Key": f"one-more-{time.monotonic_ns()}"},
+    )
+    assert response.status_code == 422, response.text
+    assert len(fresh.refunds_at_stripe(intent_id)) == 2
+
+
+def test_a_refund_whose_answer_is_lost_is_reconciled_by_lookup(fresh: Ledger) -> None:
+    payment = fresh.pay(amount=800)
+    intent_id = fresh.settle(payment, {"OUTCOME_KNOWN"})["provider_reference"]
+    fresh.stripe.configure(queue=["reset_after"])
+    refund = fresh.refund(payment, amount=500)
+    settled = fresh.settle(refund, {"OUTCOME_KNOWN"})
+    assert settled["outcome"] == "succeeded"
+    states = [e["to_state"] for e in fresh.events(refund) if e["type"] == "transition"]
+    assert "UNKNOWN" in states
+    lookups = [o for o in fresh.observations(refund) if o["kind"] == "lookup_result"]
+    assert lookups[-1]["verdict"] == "found_succeeded"
+    [at_stripe] = fresh.refunds_at_stripe(intent_id)
+    assert at_stripe.amount == 500 and settled["provider_reference"] == at_stripe.id
+    creates = [
+        e
+        for e in fresh.stripe.log()
+        if e["method"] == "POST"
+        and e["path"] == "/v1/refunds"
+        and e["params"].get("metadata[intentledger_reference]") == refund
+    ]
+    assert len(creates) == 1, "found, never sent again"
 
 
 def test_a_refused_connection_is_sent_again_with_the_same_key(fresh: Ledger) -> None:

@@ -27,7 +27,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -331,7 +333,8 @@ class Load:
             scenario = self.rng.choices(
                 list(REFUND_SCENARIOS), weights=list(REFUND_SCENARIOS.values())
             )[0]
-            body: dict[str, Any] = {"sandbox_scenario": scenario}
+            # Stripe's faults come from whatever sits in front of it (a proxy in tests).
+            body: dict[str, Any] = {} if self.config.on_stripe else {"sandbox_scenario": scenario}
             if self.rng.random() < 0.8:  # otherwise all that remains
                 body["amount"] = self.rng.randint(1, amount)
             asks.append((body, f"chaos-refund-{self.config.seed}-{n}-{k}"))
@@ -367,9 +370,8 @@ class Load:
                 # Random concurrency: bursts of 1 to 32 requests at once.
                 size = self.rng.randint(1, 32)
                 burst, pending = pending[:size], pending[size:]
-                # Refunds of earlier payments ride along (the sandbox's only: the
-                # Stripe adapter does not carry refunds yet).
-                refunds = [] if self.config.on_stripe else burst[: self.rng.randint(0, 3)]
+                # Refunds of earlier payments ride along.
+                refunds = burst[: self.rng.randint(0, 3)]
                 await asyncio.gather(
                     *(self.one_payment(client, n) for n in burst),
                     *(self.refunds_of_one_payment(client, n) for n in refunds),
@@ -420,11 +422,21 @@ def restart_database(command: str, workdir: Path) -> None:
         raise RuntimeError(f"database restart failed: {log.read_text()[-500:]}")
 
 
+# The drain ends when no outbox row falls due within this long: a check that
+# backoff has put minutes away is work the run cannot wait for, and its
+# operation is reported unresolved (with what it waits for), not hidden.
+DRAIN_HORIZON = timedelta(seconds=15)
+
+
 def _pending_work(database_url: str) -> tuple[int, Counter[str]]:
+    """Outbox rows due now or within DRAIN_HORIZON, and the operations by state."""
     engine = create_engine(sync_url(database_url))
+    horizon = datetime.now(UTC) + DRAIN_HORIZON
     try:
         with engine.connect() as conn:
-            pending = conn.execute(select(outbox.c.id).where(outbox.c.done_at.is_(None))).all()
+            pending = conn.execute(
+                select(outbox.c.id).where(outbox.c.done_at.is_(None), outbox.c.due_at <= horizon)
+            ).all()
             states = Counter(row.state for row in conn.execute(select(operations.c.state)))
     finally:
         engine.dispose()
@@ -471,27 +483,45 @@ def sandbox_truth(sandbox_url: str) -> Truth:
     return Truth(executed, {c["id"]: c["amount"] for c in charges}, refunded)
 
 
-def stripe_truth(api_base: str, api_key: str) -> tuple[Counter[str], int]:
-    """Succeeded PaymentIntents per operation id (their metadata reference),
-    paged through Stripe's list API; and how many PaymentIntents there are."""
+def stripe_truth(api_base: str, api_key: str) -> tuple[Truth, int]:
+    """Succeeded PaymentIntents and Refunds per operation id (their metadata
+    reference), what each PaymentIntent took and what was refunded of it, paged
+    through Stripe's list APIs; and how many PaymentIntents there are."""
     executed: Counter[str] = Counter()
+    captured: dict[str, int] = {}
+    refunded: Counter[str] = Counter()
     total = 0
-    params = {"limit": "100"}
     with httpx.Client(
         base_url=api_base, headers={"Authorization": f"Bearer {api_key}"}, timeout=30
     ) as client:
-        while True:
-            page = client.get("/v1/payment_intents", params=params)
-            page.raise_for_status()
-            body = page.json()
-            for intent in body["data"]:
-                total += 1
-                if intent["status"] == "succeeded":
-                    reference = (intent.get("metadata") or {}).get("intentledger_reference", "")
-                    executed[reference] += 1
-            if not body.get("has_more") or not body["data"]:
-                return executed, total
-            params = {"limit": "100", "starting_after": body["data"][-1]["id"]}
+        for intent in _every(client, "/v1/payment_intents"):
+            total += 1
+            if intent["status"] == "succeeded":
+                executed[_reference_of(intent)] += 1
+                captured[intent["id"]] = intent["amount"]
+        for refund in _every(client, "/v1/refunds"):
+            if refund["status"] == "succeeded":
+                executed[_reference_of(refund)] += 1
+                refunded[str(refund.get("payment_intent") or refund.get("charge"))] += refund[
+                    "amount"
+                ]
+    return Truth(executed, captured, refunded), total
+
+
+def _reference_of(stripe_object: dict[str, Any]) -> str:
+    return str((stripe_object.get("metadata") or {}).get("intentledger_reference", ""))
+
+
+def _every(client: httpx.Client, path: str) -> Iterator[dict[str, Any]]:
+    params = {"limit": "100"}
+    while True:
+        page = client.get(path, params=params)
+        page.raise_for_status()
+        body = page.json()
+        yield from body["data"]
+        if not body.get("has_more") or not body["data"]:
+            return
+        params = {"limit": "100", "starting_after": body["data"][-1]["id"]}
 
 
 def check(database_url: str, truth: Truth, tally: Tally) -> dict[str, Any]:
@@ -618,11 +648,10 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
         provider_payments: int | None = None
         if config.on_stripe:
             assert config.stripe_api_base is not None
-            executed, provider_payments = stripe_truth(
+            truth, provider_payments = stripe_truth(
                 config.stripe_truth_base or config.stripe_api_base,
                 fleet.env["INTENTLEDGER_STRIPE_API_KEY"],
             )
-            truth = Truth(executed)
         else:
             truth = sandbox_truth(fleet.sandbox_url)
         report = check(config.database_url, truth, tally)

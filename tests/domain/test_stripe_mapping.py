@@ -26,10 +26,13 @@ from intentledger.providers.stripe import (
     ERROR_RULES,
     INTENT_STATUSES,
     PLUGIN,
+    REFUND_STATUSES,
     STRIPE_VERSION,
     lookup_word,
     map_answer,
+    map_refund_answer,
     recordable,
+    refund_lookup_word,
 )
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "providers.md"
@@ -52,6 +55,7 @@ def table_after(heading: str) -> list[list[str]]:
 
 STATUS_ROWS = table_after("### PaymentIntent statuses")
 ERROR_ROWS = table_after("### Error answers")
+REFUND_ROWS = table_after("### Refund statuses")
 
 
 def intent_answer(status: str, **fields: Any) -> ProviderAnswer:
@@ -196,3 +200,21 @@ def test_only_a_clean_secret_or_restricted_key_is_accepted(key: str) -> None:
     assert (problems == []) == (key in ("sk_test_ok", "rk_live_A1"))
     if len(key.strip()) > 3:  # "sk_" and "x" occur in the message's own words
         assert all(key.strip() not in problem for problem in problems)
+
+
+@pytest.mark.parametrize(("status", "answer", "lookup", "_why"), REFUND_ROWS)
+def test_each_documented_refund_status_maps_as_the_table_says(
+    status: str, answer: str, lookup: str, _why: str
+) -> None:
+    body = {"object": "refund", "id": "re_1", "status": status}
+    response = ProviderAnswer(Transport.RESPONSE, status=200, detail={"body": body})
+    assert map_refund_answer(response).verdict == Verdict(answer)
+    assert refund_lookup_word(body) == lookup
+
+
+def test_every_refund_status_the_adapter_knows_is_documented() -> None:
+    assert {row[0] for row in REFUND_ROWS} == set(REFUND_STATUSES)
+    body = {"object": "refund", "id": "re_1", "status": "succeeded_later_maybe"}
+    response = ProviderAnswer(Transport.RESPONSE, status=200, detail={"body": body})
+    assert map_refund_answer(response).verdict == Verdict.UNKNOWN
+    assert refund_lookup_word(body) == "unmapped:succeeded_later_maybe"

@@ -97,6 +97,23 @@ INTENT_STATUSES: dict[str, IntentStatus] = {
 }
 
 
+# docs/providers.md, "Refund statuses", is this table with its reasons.
+REFUND_STATUSES: dict[str, IntentStatus] = {
+    "succeeded": IntentStatus(Verdict.SUCCEEDED, "succeeded", "the money is on its way back"),
+    "pending": IntentStatus(
+        Verdict.PENDING, "processing", "created; Stripe has not finished: the amount stays held"
+    ),
+    "requires_action": IntentStatus(
+        Verdict.PENDING,
+        "processing",
+        "waits on the customer's details (some payment methods); it may still succeed, so "
+        "the amount stays held and the checks go on",
+    ),
+    "failed": IntentStatus(Verdict.FAILED, "failed", "the refund failed: the amount is given back"),
+    "canceled": IntentStatus(Verdict.FAILED, "canceled", "cancelled: it will never be paid"),
+}
+
+
 @dataclass(frozen=True)
 class ErrorRule:
     """What a Stripe error answer proves: by HTTP status and, where it matters,
@@ -177,6 +194,25 @@ ERROR_RULES: tuple[ErrorRule, ...] = (
         "key replays the same 5xx)",
     ),
 )
+
+
+def map_refund_answer(answer: ProviderAnswer) -> Classification:
+    """What one Stripe answer to a Refund create proves: its status by
+    REFUND_STATUSES, an error by ERROR_RULES (as for a PaymentIntent)."""
+    status = answer.status
+    assert status is not None, "only a response is mapped"
+    if not 200 <= status < 300:
+        return map_answer(answer)
+    body = answer.detail.get("body")
+    if not isinstance(body, dict) or body.get("object") != "refund":
+        return Classification(Verdict.UNKNOWN, f"Stripe answered {status} without a Refund")
+    word = str(body.get("status"))
+    known = REFUND_STATUSES.get(word)
+    if known is None:
+        return Classification(
+            Verdict.UNKNOWN, f"Refund {body.get('id')} is {word!r}: not a documented outcome"
+        )
+    return Classification(known.verdict, f"Refund {body.get('id')} is {word}: {known.why}")
 
 
 def map_answer(answer: ProviderAnswer) -> Classification:
@@ -282,6 +318,8 @@ class StripeProvider:
         self._search_lag = search_lag
 
     async def submit(self, request: ProviderRequest) -> ProviderAnswer:
+        if request.kind == "refund":
+            return await self._refund(request)
         if request.kind != "payment":
             raise ValueError(f"provider stripe does not carry {request.kind!r}")
         call = self._clients.request(
@@ -297,7 +335,31 @@ class StripeProvider:
             answer = _with_reference(answer, _intent_id(answer))
         return answer
 
+    async def _refund(self, request: ProviderRequest) -> ProviderAnswer:
+        """A Refund of the PaymentIntent the payment settled on (its `target`)."""
+        if not request.target:
+            raise ValueError("a Stripe refund needs the PaymentIntent it reverses")
+        form = {
+            "payment_intent": request.target,
+            "amount": str(request.body["amount"]),
+            f"metadata[{REFERENCE_KEY}]": request.reference,
+        }
+        call = self._clients.request(
+            "POST",
+            "/v1/refunds",
+            data=form,
+            headers={**self._headers, "Idempotency-Key": request.idempotency_key},
+        )
+        answer = await observe(
+            call, self._deadline, mapping=map_refund_answer, keep_headers=KEPT_HEADERS
+        )
+        answer = recordable(answer, self._api_key)
+        refund = _object(answer, "refund")
+        return _with_reference(answer, _re_id(refund) if refund is not None else None)
+
     async def lookup(self, query: ProviderLookup) -> LookupAnswer:
+        if query.kind == "refund":
+            return await self._refund_lookup(query)
         if query.kind != "payment":
             raise ValueError(f"provider stripe does not carry {query.kind!r}")
         seen: dict[str, ChargeSeen] = {}
@@ -357,6 +419,44 @@ class StripeProvider:
                 return LookupAnswer(answer, tuple(charges), method=method)
             params = {"limit": str(PAGE_SIZE), "starting_after": str(data[-1].get("id"))}
         assert answer is not None
+        return LookupAnswer(answer, tuple(charges), complete=False, method=method)
+
+    async def _refund_lookup(self, query: ProviderLookup) -> LookupAnswer:
+        """The refunds of the PaymentIntent that carry our reference: each id an
+        answer named, retrieved; then (unless one was found and only one key was
+        sent) the PaymentIntent's refunds, listed — a list Stripe keeps
+        consistent, so "none of ours" there is an answer, not a lag."""
+        seen: dict[str, ChargeSeen] = {}
+        last: ProviderAnswer | None = None
+        for refund_id in query.known:
+            answer = await self._get(f"/v1/refunds/{refund_id}")
+            refund = _object(answer, "refund")
+            found = _refund_seen(refund) if refund is not None else None
+            if found is None:
+                return LookupAnswer(answer, readable=False, method=f"retrieve {refund_id}")
+            seen[refund_id] = found
+            last = answer
+        if query.known and not query.exhaustive:
+            assert last is not None
+            return LookupAnswer(last, tuple(seen.values()), method="retrieve by id")
+        if not query.target:
+            raise ValueError("a Stripe refund lookup needs the PaymentIntent it reverses")
+        method = f"list the PaymentIntent's refunds (at most {SCAN_PAGES * PAGE_SIZE})"
+        charges: list[ChargeSeen] = []
+        params = {"payment_intent": query.target, "limit": str(PAGE_SIZE)}
+        for _ in range(SCAN_PAGES):
+            answer = await self._get("/v1/refunds", params)
+            page = _listing(answer, query.reference, method, lag=None, kind="refund")
+            if page.answer.status != 200 or not page.readable:
+                return page
+            charges += page.charges
+            body = answer.detail["body"]
+            assert isinstance(body, dict)
+            data = body.get("data") or []
+            if not body.get("has_more") or not data:
+                merged = {**{c.provider_reference: c for c in charges}, **seen}
+                return LookupAnswer(answer, tuple(merged.values()), method=method)
+            params = {**params, "starting_after": str(data[-1].get("id"))}
         return LookupAnswer(answer, tuple(charges), complete=False, method=method)
 
     async def _get(self, path: str, params: dict[str, str] | None = None) -> ProviderAnswer:
@@ -443,10 +543,36 @@ def _seen(intent: dict[str, Any]) -> ChargeSeen | None:
     return ChargeSeen(identifier, lookup_word(intent), raw_status=str(intent.get("status")))
 
 
+def _re_id(refund: Any) -> str | None:
+    """The id of a Refund object, or None for anything else."""
+    if not isinstance(refund, dict) or refund.get("object") != "refund":
+        return None
+    identifier = refund.get("id")
+    return identifier if isinstance(identifier, str) and identifier.startswith("re_") else None
+
+
+def refund_lookup_word(refund: dict[str, Any]) -> str:
+    word = str(refund.get("status"))
+    known = REFUND_STATUSES.get(word)
+    return known.lookup_word if known is not None else f"unmapped:{word}"
+
+
+def _refund_seen(refund: dict[str, Any]) -> ChargeSeen | None:
+    identifier = _re_id(refund)
+    if identifier is None:
+        return None
+    return ChargeSeen(identifier, refund_lookup_word(refund), raw_status=str(refund.get("status")))
+
+
 def _listing(
-    answer: ProviderAnswer, reference: str, method: str, lag: timedelta | None
+    answer: ProviderAnswer,
+    reference: str,
+    method: str,
+    lag: timedelta | None,
+    kind: str = "payment_intent",
 ) -> LookupAnswer:
-    """The PaymentIntents of a search or list answer that carry our reference."""
+    """The objects (PaymentIntents, or Refunds) of a search or list answer that
+    carry our reference."""
     if not _ok(answer):
         return LookupAnswer(answer, method=method)
     body = answer.detail.get("body")
@@ -459,7 +585,8 @@ def _listing(
         if isinstance(item.get("metadata"), dict)
         and item["metadata"].get(REFERENCE_KEY) == reference
     ]
-    seen = [_seen(item) for item in ours]
+    read = _refund_seen if kind == "refund" else _seen
+    seen = [read(item) for item in ours]
     if any(charge is None for charge in seen):
         # One of ours we cannot name: the listing is no evidence either way.
         return LookupAnswer(answer, readable=False, method=method)
@@ -482,6 +609,10 @@ PAYMENT_INTENT_EVENTS = frozenset(
         "payment_intent.canceled",
     }
 )
+# A Refund's events carry the Refund, our reference in its metadata. (A
+# `charge.refunded` event carries the Charge, which names no refund of ours:
+# it is stored and acknowledged, and the `refund.*` event beside it is the evidence.)
+REFUND_EVENTS = frozenset({"refund.created", "refund.updated", "refund.failed"})
 
 
 @dataclass(frozen=True)
@@ -505,14 +636,18 @@ class StripeWebhooks:
         intent = item if isinstance(item, dict) else {}
         metadata = intent.get("metadata")
         reference = metadata.get(REFERENCE_KEY) if isinstance(metadata, dict) else None
-        mapped = kind in PAYMENT_INTENT_EVENTS and _pi_id(intent) is not None
+        status: str | None = None
+        if kind in PAYMENT_INTENT_EVENTS and _pi_id(intent) is not None:
+            status = lookup_word(intent)
+        elif kind in REFUND_EVENTS and _re_id(intent) is not None:
+            status = refund_lookup_word(intent)
         return WebhookEvent(
             event_id=event_id[:255],
             type=kind[:100],
             signed_at=datetime.fromtimestamp(signed, UTC),
             object_id=str(intent["id"])[:255] if "id" in intent else None,
             reference=str(reference)[:255] if reference is not None else None,
-            status=lookup_word(intent) if mapped else None,
+            status=status,
             payload=_without_secrets(event),
         )
 
@@ -560,7 +695,7 @@ def _build(arguments: BuildArguments) -> StripeProvider:
 PLUGIN = ProviderPlugin(
     name="stripe",
     summary="Stripe PaymentIntents on API v1 (INTENTLEDGER_STRIPE_API_KEY)",
-    kinds=frozenset({"payment"}),
+    kinds=frozenset({"payment", "refund"}),
     retention=lambda _settings: REGISTRY["stripe-v1"],
     consistency=lambda settings: LookupConsistency(
         settings.stripe_search_lag,
