@@ -230,7 +230,127 @@ async def test_a_contradiction_is_resolved_by_a_statement_with_its_evidence(
         ).one()
     assert last.rule == "operator_contradiction_resolution"
     assert last.inputs["evidence"] == statement.reason and last.inputs["outcome_before"] == "failed"
+    # Resolved succeeded with no charge named: the one the provider showed is adopted,
+    # so the payment can be refunded.
+    assert op.provider_reference == scene.provider.charges[0].id
+    assert (await document(scene, op_id))["amount_refundable"] == AMOUNT
     # A statement on a settled operation with no contradiction is refused.
     again = OperatorAction(op_id, "olive", "once more")
     with pytest.raises(operator.ActionNotAllowed):
         await scene.act(lambda ledger, now: operator.resolve(ledger, now, again, Outcome.FAILED))
+
+
+async def test_a_settled_refund_is_news_for_the_payments_merchant(engine: AsyncEngine) -> None:
+    from tests.test_merchant_webhooks_engine import add_endpoint, announced
+
+    scene = Scene(engine)
+    payment = await paid(scene)
+    await add_endpoint(engine, scene.clock, "alice", "http://127.0.0.1:9/hooks")
+    op_id = await refund(scene, payment, "r-1", 120)
+    await scene.drain()
+    [(kind, data)] = await announced(engine)
+    assert kind == "operation.outcome_known"
+    assert (data["id"], data["kind"], data["payment_id"]) == (op_id, "refund", payment)
+    assert (data["outcome"], data["amount"]) == ("succeeded", 120)
+
+
+async def test_a_refund_a_person_calls_failed_stays_held_until_the_provider_is_asked(
+    engine: AsyncEngine,
+) -> None:
+    from datetime import timedelta
+
+    from intentledger.domain.evidence import AUDIT_LOOKS
+    from intentledger.engine import operator
+    from intentledger.engine.operator import VERIFY_AFTER, OperatorAction
+
+    scene = Scene(engine)
+    payment = await paid(scene)
+    scene.provider.submit_behaviour = "lose_before_execute"  # never executed
+    op_id = await refund(scene, payment, "r-1", 300)
+    await scene.drain()
+    assert (await scene.operation(op_id)).state == State.UNKNOWN
+    statement = OperatorAction(op_id, "olive", "the provider's dashboard shows no refund")
+    await scene.act(lambda ledger, now: operator.resolve(ledger, now, statement, Outcome.FAILED))
+    assert (await scene.operation(op_id)).outcome == Outcome.FAILED
+    # The person's word is checked before the money is free again: the amount
+    # stays held while the provider is still to be asked (its verification looks).
+    assert (await document(scene, payment))["amount_refundable"] == 200
+    scene.clock.advance(VERIFY_AFTER + SECOND)
+    await scene.drain()  # the first look finds nothing; a listing may lag, so more follow
+    assert (await document(scene, payment))["amount_refundable"] == 200
+    for _ in range(AUDIT_LOOKS):
+        scene.clock.advance(timedelta(days=1))
+        await scene.drain()
+    assert (await document(scene, payment))["amount_refundable"] == 500
+
+
+async def test_a_new_key_for_a_refund_needs_room_for_both_executions(engine: AsyncEngine) -> None:
+    from datetime import timedelta
+
+    from intentledger.domain.evidence import AUDIT_LOOKS
+    from intentledger.domain.retention import sandbox_policy
+    from intentledger.engine import operator
+    from intentledger.engine.operator import OperatorAction
+    from intentledger.engine.refusal import Refusal
+
+    scene = Scene(engine)
+    payment = await paid(scene)
+    scene.provider.submit_behaviour = "lose_before_execute"
+    big = await refund(scene, payment, "r-1", 300)
+    small = await refund(scene, payment, "r-2", 200)
+    await scene.drain()
+    scene.clock.advance(timedelta(hours=25))  # the keys are past the provider's retention
+    scene.provider.lookup_behaviour = "truthful"
+    await scene.drain()
+    for op_id in (big, small):
+        assert (await scene.operation(op_id)).state == State.MANUAL_REVIEW
+
+    def approve(op_id: str) -> Any:
+        action = OperatorAction(op_id, "olive", "nothing at the provider")
+        policy = lambda _p: sandbox_policy(timedelta(hours=24))  # noqa: E731
+        return lambda ledger, now: operator.approve_resubmission(ledger, now, action, policy)
+
+    # 300 sent once and maybe again, beside 200 held: 800 of 500.
+    with pytest.raises(Refusal, match="could refund 300 again"):
+        await scene.act(approve(big))
+    # The small one twice beside the big one held: 400 + 300 of 500, refused too ...
+    with pytest.raises(Refusal, match="could refund 200 again"):
+        await scene.act(approve(small))
+    # ... but with the big one resolved failed (and the provider asked), 200 twice fits.
+    statement = OperatorAction(big, "olive", "the provider has no such refund")
+    await scene.act(lambda ledger, now: operator.resolve(ledger, now, statement, Outcome.FAILED))
+    for _ in range(AUDIT_LOOKS + 1):  # until the provider has been asked enough
+        scene.clock.advance(timedelta(days=1))
+        await scene.drain()
+    scene.provider.submit_behaviour = "ok"
+    await scene.act(approve(small))
+    await scene.drain()
+    assert (await scene.operation(small)).outcome == Outcome.SUCCEEDED
+    assert len(scene.provider.charges_for(small)) == 1
+
+
+async def test_a_contradiction_on_a_batch_settled_payment_keeps_its_charge_in_the_books(
+    engine: AsyncEngine,
+) -> None:
+    from intentledger.engine import operator
+    from intentledger.engine.operator import OperatorAction
+
+    scene = Scene(engine)
+    mandate_id = await make_mandate(scene, total_limit=1000)
+    payment = await pay_under(scene, mandate_id, "pay-1")
+    assert await scene.worker.deliver_batch(8) == 1  # the batched path: no list written
+    settled = await scene.operation(payment)
+    assert settled.outcome == Outcome.SUCCEEDED and settled.executed_references is None
+    assert await books(scene, mandate_id) == (0, AMOUNT)
+    # Stand-in for a provider event that contradicts the recorded success.
+    async with engine.begin() as conn:
+        ledger = Ledger(conn)
+        locked = await ledger.lock_operation(payment)
+        assert locked is not None
+        await ledger.update_operation(locked, now=scene.clock(), outcome_contradicted=True)
+    statement = OperatorAction(payment, "olive", "the provider's dashboard shows it failed")
+    await scene.act(lambda ledger, now: operator.resolve(ledger, now, statement, Outcome.FAILED))
+    op = await scene.operation(payment)
+    assert (op.outcome, op.outcome_contradicted) == (Outcome.FAILED, False)
+    assert op.executed_references == [settled.provider_reference]
+    assert await books(scene, mandate_id) == (0, AMOUNT), "the charge the provider showed stays"

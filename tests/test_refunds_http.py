@@ -249,3 +249,85 @@ async def test_refund_duplicate_refunds_the_extra_charge_once_and_never_the_sett
     assert rules[-2:] == ["operator_refund_duplicate", "duplicate_refunded"]
     [asked] = [d for d in await rows(engine, decisions, payment) if d.rule.endswith("duplicate")]
     assert (asked.inputs["by"], asked.inputs["charge"]) == ("olive", extra)
+
+
+async def test_the_same_key_with_another_body_is_a_conflict_and_an_equal_retry_replays(
+    engine: AsyncEngine,
+) -> None:
+    from tests.test_recovery_model import Scene
+
+    scene = Scene(engine)
+    payment = await scene.accept()  # alice's
+    await scene.drain()
+    token = await create_api_key(engine, system_clock, "alice", False)
+    app = create_app(engine, scene.clock, "sandbox")
+    auth = {"Authorization": f"Bearer {token}", "Idempotency-Key": "same-key"}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        path = f"/v1/payments/{payment}/refunds"
+        first = await client.post(path, json={"amount": 100}, headers=auth)
+        assert first.status_code == 202, first.text
+        again = await client.post(path, json={"amount": 100}, headers=auth)
+        assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+        assert again.headers["idempotent-replayed"] == "true"
+        other = await client.post(path, json={"amount": 101}, headers=auth)
+        assert other.status_code == 409, other.text
+        # The key names one request: the same body for another payment is another request.
+        other_payment = await scene.accept_with_key("second")
+        await scene.drain()
+        elsewhere = await client.post(
+            f"/v1/payments/{other_payment}/refunds", json={"amount": 100}, headers=auth
+        )
+        assert elsewhere.status_code == 409, elsewhere.text
+        listed = await client.get(path, headers={"Authorization": auth["Authorization"]})
+        assert [r["id"] for r in listed.json()["data"]] == [first.json()["id"]]
+
+
+async def test_refund_duplicate_over_the_api_needs_the_operator_role_and_a_flag(
+    engine: AsyncEngine,
+) -> None:
+    from tests.test_recovery_model import Scene
+
+    scene = Scene(engine)
+    payment = await scene.accept()
+    await scene.drain()
+    operator_token = await create_api_key(engine, system_clock, "olive", True)
+    merchant_token = await create_api_key(engine, system_clock, "alice", False)
+    app = create_app(engine, scene.clock, "sandbox")
+    path = f"/v1/ops/operations/{payment}/refund-duplicate"
+    body = {"charge": "ch_9999", "reason": "charged twice"}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        merchant = await client.post(
+            path,
+            json=body,
+            headers={"Authorization": f"Bearer {merchant_token}", "Idempotency-Key": "d-1"},
+        )
+        assert merchant.status_code == 403
+        operator = {"Authorization": f"Bearer {operator_token}", "Idempotency-Key": "d-2"}
+        not_flagged = await client.post(path, json=body, headers=operator)
+        assert not_flagged.status_code == 409, not_flagged.text
+        assert "not flagged" in not_flagged.json()["detail"]
+        bad = await client.post(path, json={"charge": "", "reason": "x"}, headers=operator)
+        assert bad.status_code == 422
+
+
+async def test_a_payment_made_through_another_provider_is_not_refunded_here(
+    engine: AsyncEngine,
+) -> None:
+    from tests.test_recovery_model import Scene
+
+    scene = Scene(engine)
+    payment = await scene.accept()  # through the sandbox
+    await scene.drain()
+    token = await create_api_key(engine, system_clock, "alice", False)
+    app = create_app(engine, scene.clock, "stripe", provider_kinds=frozenset({"payment", "refund"}))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        response = await client.post(
+            f"/v1/payments/{payment}/refunds",
+            json={},
+            headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "r-1"},
+        )
+    assert response.status_code == 422, response.text
+    assert response.json()["type"].endswith("/provider-mismatch")

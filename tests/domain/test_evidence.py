@@ -169,9 +169,17 @@ def test_what_evidence_may_do(case: tuple[Facts, object]) -> None:
         assert isinstance(evidence, SubmitAnswer) and evidence.verdict is Verdict.NOT_EXECUTED
         assert known.state is State.SUBMITTING and known.attempts[-1].number == evidence.attempt
         assert effect.check_at is not None and effect.check_at >= NOW + timedelta(seconds=1)
-    # Nothing leaves a final state, and the transition table is respected.
+    # Nothing leaves a final state, and the transition table is respected. Only
+    # a person's statement on a contradicted operation changes anything there:
+    # which outcome stands (the state stays, the flag comes down).
     if known.state in FINAL:
-        assert effect.move is Move.RECORD
+        if isinstance(evidence, OperatorStatement) and known.outcome_contradicted:
+            assert effect.move is Move.RESOLVE_CONTRADICTION
+            assert effect.outcome is evidence.outcome and not effect.contradiction
+        else:
+            assert effect.move is Move.RECORD
+    if effect.move is Move.RESOLVE_CONTRADICTION:
+        assert known.state in FINAL and known.outcome_contradicted
     # Evidence of execution settles an unresolved operation as succeeded ...
     if known.state in UNRESOLVED and seen and not isinstance(evidence, OperatorStatement):
         assert (effect.move, effect.outcome) == (Move.SETTLE, Outcome.SUCCEEDED)
@@ -194,8 +202,12 @@ def test_what_evidence_may_do(case: tuple[Facts, object]) -> None:
     # Flags are raised once.
     if known.outcome_contradicted:
         assert not effect.contradiction
-    # Leaving SUBMITTING for UNKNOWN, a live call's answer always has a next check.
-    if effect.move in (Move.UNKNOWN, Move.REQUEUE, Move.OPERATOR, Move.RECHECK):
+    # Leaving SUBMITTING for UNKNOWN, a live call's answer always has a next check;
+    # a refusal only a person can fix (our configuration) has nothing to check.
+    if effect.move is Move.OPERATOR and effect.rule == "provider_refused_configuration":
+        assert effect.check_at is None
+        assert isinstance(evidence, SubmitAnswer) and evidence.verdict is Verdict.MISCONFIGURED
+    elif effect.move in (Move.UNKNOWN, Move.REQUEUE, Move.OPERATOR, Move.RECHECK):
         assert effect.check_at is not None and effect.check_at > NOW
 
 

@@ -628,11 +628,16 @@ def _judge_statement(facts: Facts, statement: OperatorStatement) -> Effect:
     if _settled(facts) and facts.outcome_contradicted:
         # The provider's evidence stays counted in the books whatever is stated:
         # a person can say which outcome stands, not undo what the provider showed.
+        # Succeeded with no charge named: the one execution the provider showed
+        # is the charge (so it can be refunded); with several, a person names it.
+        only = next(iter(facts.executed)) if len(facts.executed) == 1 else None
+        adopt = statement.reference or only if statement.outcome is Outcome.SUCCEEDED else None
         return Effect(
             Move.RESOLVE_CONTRADICTION,
             f"contradiction resolved by {statement.by} as {statement.outcome.value}: "
             f"{statement.evidence}",
             outcome=statement.outcome,
+            adopt_reference=adopt if facts.provider_reference is None else None,
         )
     if not _unresolved(facts):
         return Effect(Move.RECORD, f"statement about a {facts.state} operation: {reason}")

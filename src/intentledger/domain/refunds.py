@@ -9,9 +9,10 @@ the provider's evidence is the truth for the books: every refund object it
 showed executed counts as refunded, whatever the ledger's outcome says.
 
     refundable = captured - taken,   taken = sum over refunds of
-        amount x executions seen      once any execution is known,
-        amount                        while the outcome is not final,
-        0                             final, and nothing ever executed.
+        amount x max(executions seen, keys sent)   while the outcome is not final,
+        amount x executions seen                   final, once any execution is known,
+        amount                                     settled failed, the audit still to look,
+        0                                          final, and nothing ever executed.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class RefundView:
     state: State
     outcome: Outcome | None
     executed: frozenset[str]
+    # Provider keys sent (each could have executed) and, for a refund a person
+    # settled failed, whether the provider is still to be asked (the audit).
+    keys: int = 1
+    verifying: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,9 +50,14 @@ class RefundTotals:
 
 def taken_by(refund: RefundView) -> int:
     seen = executions(refund.state, refund.outcome, refund.executed)
+    if refund.state not in FINAL:
+        # Every key sent may have executed until evidence says otherwise.
+        return refund.amount * max(seen, refund.keys, 1)
     if seen:
         return refund.amount * seen
-    return 0 if refund.state in FINAL else refund.amount
+    # Settled failed with nothing seen: given back, once the provider agrees
+    # (a person's "failed" is checked by the audit before the money is free).
+    return refund.amount if refund.verifying else 0
 
 
 def refund_totals(captured: int, refunds: Iterable[RefundView]) -> RefundTotals:
@@ -75,7 +85,9 @@ def _field(record: Any, name: str) -> Any:
     return record.get(name) if isinstance(record, Mapping) else getattr(record, name)
 
 
-def view_of(refund: Any) -> RefundView:
+def view_of(refund: Any, extra_keys: int = 0) -> RefundView:
+    """`refund` as `Ledger.refunds_of` reads it (with `keys` and `verifying`);
+    `extra_keys`: keys about to be sent on top."""
     outcome = _field(refund, "outcome")
     return RefundView(
         amount=_field(refund, "amount"),
@@ -84,7 +96,15 @@ def view_of(refund: Any) -> RefundView:
         executed=recorded_executions(
             _field(refund, "executed_references"), outcome, _field(refund, "provider_reference")
         ),
+        keys=(_optional(refund, "keys") or 1) + extra_keys,
+        verifying=bool(_optional(refund, "verifying")),
     )
+
+
+def _optional(record: Any, name: str) -> Any:
+    if isinstance(record, Mapping):
+        return record.get(name)
+    return getattr(record, name, None)
 
 
 def captured_by(payment: Any) -> int:

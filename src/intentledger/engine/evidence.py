@@ -163,6 +163,9 @@ async def carry_out(
     elif move is Move.OPERATOR:
         await _to_a_person(ledger, operation, facts, effect, now, source, fields, observation_id)
     elif move is Move.RESOLVE_CONTRADICTION:
+        # The executions the provider showed stay written down whatever outcome
+        # is stated (a batch settles without the list: it is written now).
+        fields["executed_references"] = sorted(effect.executed)
         await ledger.update_operation(
             operation,
             now=now,

@@ -20,6 +20,7 @@ from intentledger.domain.retention import RetentionPolicy
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
+from intentledger.engine.refund_settlement import require_room_for_a_new_key
 from intentledger.engine.refusal import Refusal, claim_key, find_replay, retry_key_races
 from intentledger.engine.safety_review import policy_document
 from intentledger.store.ledger import Ledger
@@ -140,6 +141,8 @@ async def approve_resubmission(
         frozenset({State.MANUAL_REVIEW}),
         "approve a resubmission of",
     )
+    if operation.kind == "refund":
+        await require_room_for_a_new_key(ledger, operation)
     last = await ledger.last_attempt(action.operation_id)
     assert last is not None, "only an attempted operation reaches MANUAL_REVIEW"
     key = f"{action.operation_id}:{last.number + 1}"

@@ -54,6 +54,13 @@ async def accept_refund(
         payment = await ledger.lock_operation(payment_id)
         if payment is None or payment.actor != intent.actor or payment.kind != "payment":
             raise RefundRefused(404, "payment-not-found", f"no payment {payment_id!r}")
+        if payment.provider != intent.provider:
+            raise RefundRefused(
+                422,
+                "provider-mismatch",
+                f"payment {payment_id} was made through {payment.provider}; this service "
+                f"sends to {intent.provider}",
+            )
         if captured_by(payment) == 0:
             raise RefundRefused(
                 422,
@@ -117,6 +124,11 @@ async def refund_duplicate(
         raise OperationNotFound(action.operation_id)
     if not payment.duplicate_detected:
         raise ActionNotAllowed(f"{payment.operation_id} is not flagged duplicate_detected")
+    if payment.provider_reference is None:
+        raise ActionNotAllowed(
+            f"{payment.operation_id} names no settled charge: resolve its outcome first, so "
+            "the charge it keeps is known before any other is refunded"
+        )
     if charge == payment.provider_reference:
         raise ActionNotAllowed(
             f"refusing to refund {charge}: it is the charge the ledger settled the payment on; "

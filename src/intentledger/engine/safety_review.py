@@ -8,7 +8,7 @@ tell later why the operation was (or was not) sent again.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime
 
 from intentledger.domain.retention import RetentionPolicy
@@ -108,6 +108,10 @@ async def run_safety_review(
     last = await ledger.last_attempt(operation.operation_id)
     assert last is not None, "only an attempted operation can be under review"
     key = last.provider_idempotency_key
+    if operation.kind == "refund":
+        # A new-key refund could pay the customer twice: only a person approves
+        # one, after the payment's refundable amount is checked for it.
+        rules = replace(rules, allow_new_request=False)
     inputs = ReviewInputs(
         now=now,
         key_first_used_at=await ledger.first_use_of_key(operation.operation_id, key),

@@ -327,9 +327,24 @@ class Ledger:
         return latest
 
     async def refunds_of(self, payment_id: str) -> Sequence[Record]:
-        """The payment's refund operations, oldest first."""
+        """The payment's refund operations, oldest first, each with `keys` (the
+        provider keys sent) and `verifying` (a verification look still due)."""
+        keys = (
+            select(func.count(func.distinct(attempts.c.provider_idempotency_key)))
+            .where(attempts.c.operation_id == operations.c.operation_id)
+            .scalar_subquery()
+        )
+        verifying = (
+            select(outbox.c.id)
+            .where(
+                outbox.c.operation_id == operations.c.operation_id,
+                outbox.c.kind == "audit",
+                outbox.c.done_at.is_(None),
+            )
+            .exists()
+        )
         result = await self.conn.execute(
-            select(operations)
+            select(operations, keys.label("keys"), verifying.label("verifying"))
             .where(operations.c.parent_operation_id == payment_id)
             .order_by(operations.c.created_at, operations.c.operation_id)
         )
