@@ -68,6 +68,8 @@ CLIENT_PATIENCE_SECONDS = 120.0
 RESTART_TIMEOUT_SECONDS = 120.0
 # Rules under which a second execution is a deliberate, recorded new request.
 NEW_REQUEST_RULES = ("operator_approved_new_request", "new_request_after_not_found")
+# Refunds pick from payments older than the newest this many.
+RECENT_PAYMENTS = 64
 # Refund faults on the sandbox, weighted like the payments' (`sandbox_scenario`).
 REFUND_SCENARIOS = {
     "ok": 60,
@@ -255,8 +257,9 @@ class Load:
         self.rng = random.Random(config.seed)
         self.headers = {"Authorization": f"Bearer {token}"}
         self.mandates: list[str] = []
-        # Payments accepted so far, to refund (amount by id).
+        # Payments accepted so far, to refund: amount by id, and the ids in order.
         self.payments: dict[str, int] = {}
+        self.paid_in_order: list[str] = []
 
     def _url(self) -> str:
         return f"http://127.0.0.1:{self.rng.choice(self.fleet.api_ports)}"
@@ -309,6 +312,8 @@ class Load:
         response = await self._post(client, "/v1/payments", body, key)
         if response.status_code in (200, 202):
             self.tally.accepted.add(response.json()["id"])
+            if response.json()["id"] not in self.payments:
+                self.paid_in_order.append(response.json()["id"])
             self.payments[response.json()["id"]] = body["amount"]
         else:
             self.tally.refused[response.status_code] += 1
@@ -324,9 +329,12 @@ class Load:
         """One to three refunds of one earlier payment at once, with distinct
         keys: whatever their faults and the payment's state, the ledger must
         never let them take more than the payment captured."""
-        if not self.payments:
+        # Not the newest: a payment must be known succeeded to be refunded, and
+        # the latest bursts are still on their way.
+        settled_enough = self.paid_in_order[:-RECENT_PAYMENTS]
+        if not settled_enough:
             return
-        payment_id = self.rng.choice(sorted(self.payments))
+        payment_id = self.rng.choice(settled_enough)
         amount = self.payments[payment_id]
         asks = []
         for k in range(self.rng.randint(1, 3)):
