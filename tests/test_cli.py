@@ -51,6 +51,22 @@ def test_an_unknown_operation_is_named_once(database_url: str) -> None:
     assert done.stderr.strip() == "no operation 'op_nope'"
 
 
+def test_refund_duplicate_refuses_in_one_line(database_url: str) -> None:
+    done = run(
+        "ops",
+        "refund-duplicate",
+        "op_nope",
+        "--charge",
+        "ch_1",
+        "--reason",
+        "twice",
+        "--database-url",
+        database_url,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == "no operation 'op_nope'"
+
+
 def test_keys_are_listed_and_revoked(database_url: str) -> None:
     made = run("keys", "create", "--actor", "kim", "--database-url", database_url)
     assert made.returncode == 0, made

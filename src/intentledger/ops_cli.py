@@ -16,6 +16,7 @@ from intentledger.documents import event_documents, json_value
 from intentledger.domain.states import Outcome, State
 from intentledger.engine import operator, refunds
 from intentledger.engine.clock import system_clock
+from intentledger.engine.refusal import Refusal
 from intentledger.providers.registry import retention_policy_for
 from intentledger.settings import Settings
 from intentledger.store.database import UnsupportedDatabase, create_ledger_engine
@@ -57,10 +58,9 @@ def _run(database_url: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(main())
-    except operator.OperationNotFound as exc:
-        err.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1) from exc
-    except (operator.ActionNotAllowed, ValueError) as exc:
+    except (Refusal, ValueError) as exc:
+        # Every refusal (not found, not allowed, no room for a refund's new key):
+        # one line, exit 1, nothing written.
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
 
