@@ -362,20 +362,9 @@ class StripeProvider:
             return await self._refund_lookup(query)
         if query.kind != "payment":
             raise ValueError(f"provider stripe does not carry {query.kind!r}")
-        seen: dict[str, ChargeSeen] = {}
-        last: ProviderAnswer | None = None
-        for intent_id in query.known:
-            answer = await self._get(f"/v1/payment_intents/{intent_id}")
-            intent = _object(answer, "payment_intent")
-            charge = _seen(intent) if intent is not None else None
-            if charge is None:
-                # A failed call, or a 200 that is no PaymentIntent: no evidence either way.
-                return LookupAnswer(answer, readable=False, method=f"retrieve {intent_id}")
-            seen[intent_id] = charge
-            last = answer
-        if query.known and not query.exhaustive:
-            assert last is not None
-            return LookupAnswer(last, tuple(seen.values()), method="retrieve by id")
+        seen, done = await self._retrieve_known(query, "/v1/payment_intents", "payment_intent")
+        if done is not None:
+            return done
         found = await self._by_reference(query.reference)
         merged = {**{c.provider_reference: c for c in found.charges}, **seen}
         return LookupAnswer(
@@ -401,14 +390,45 @@ class StripeProvider:
 
     async def _scan(self, reference: str) -> LookupAnswer:
         """Search is missing: page through the list (consistent, Stripe documents)
-        and filter here; past SCAN_PAGES an absence proves nothing."""
+        and filter here."""
         method = f"list scan, search unavailable (at most {SCAN_PAGES * PAGE_SIZE})"
+        return await self._pages("/v1/payment_intents", {}, reference, method, "payment_intent")
+
+    async def _retrieve_known(
+        self, query: ProviderLookup, path: str, kind: str
+    ) -> tuple[dict[str, ChargeSeen], LookupAnswer | None]:
+        """Retrieve every object an answer named (strongly consistent): what they
+        show, and the lookup's whole answer when that is all there is to ask
+        (one key sent, not an audit) or a retrieval proved nothing."""
+        read = _refund_seen if kind == "refund" else _seen
+        seen: dict[str, ChargeSeen] = {}
+        last: ProviderAnswer | None = None
+        for object_id in query.known:
+            answer = await self._get(f"{path}/{object_id}")
+            found = _object(answer, kind)
+            charge = read(found) if found is not None else None
+            if charge is None:
+                # A failed call, or a 200 that is not the object: no evidence either way.
+                failed = LookupAnswer(answer, readable=False, method=f"retrieve {object_id}")
+                return seen, failed
+            seen[object_id] = charge
+            last = answer
+        if query.known and not query.exhaustive:
+            assert last is not None
+            return seen, LookupAnswer(last, tuple(seen.values()), method="retrieve by id")
+        return seen, None
+
+    async def _pages(
+        self, path: str, params: dict[str, str], reference: str, method: str, kind: str
+    ) -> LookupAnswer:
+        """Page through a list (consistent, Stripe documents), keeping the objects
+        that carry our reference; past SCAN_PAGES an absence proves nothing."""
         charges: list[ChargeSeen] = []
-        params = {"limit": str(PAGE_SIZE)}
+        page_params = {**params, "limit": str(PAGE_SIZE)}
         answer: ProviderAnswer | None = None
         for _ in range(SCAN_PAGES):
-            answer = await self._get("/v1/payment_intents", params)
-            page = _listing(answer, reference, method, lag=None)
+            answer = await self._get(path, page_params)
+            page = _listing(answer, reference, method, lag=None, kind=kind)
             if page.answer.status != 200 or not page.readable:
                 return page
             charges += page.charges
@@ -417,7 +437,7 @@ class StripeProvider:
             data = body.get("data") or []
             if not body.get("has_more") or not data:
                 return LookupAnswer(answer, tuple(charges), method=method)
-            params = {"limit": str(PAGE_SIZE), "starting_after": str(data[-1].get("id"))}
+            page_params = {**page_params, "starting_after": str(data[-1].get("id"))}
         assert answer is not None
         return LookupAnswer(answer, tuple(charges), complete=False, method=method)
 
@@ -426,38 +446,18 @@ class StripeProvider:
         answer named, retrieved; then (unless one was found and only one key was
         sent) the PaymentIntent's refunds, listed — a list Stripe keeps
         consistent, so "none of ours" there is an answer, not a lag."""
-        seen: dict[str, ChargeSeen] = {}
-        last: ProviderAnswer | None = None
-        for refund_id in query.known:
-            answer = await self._get(f"/v1/refunds/{refund_id}")
-            refund = _object(answer, "refund")
-            found = _refund_seen(refund) if refund is not None else None
-            if found is None:
-                return LookupAnswer(answer, readable=False, method=f"retrieve {refund_id}")
-            seen[refund_id] = found
-            last = answer
-        if query.known and not query.exhaustive:
-            assert last is not None
-            return LookupAnswer(last, tuple(seen.values()), method="retrieve by id")
+        seen, done = await self._retrieve_known(query, "/v1/refunds", "refund")
+        if done is not None:
+            return done
         if not query.target:
             raise ValueError("a Stripe refund lookup needs the PaymentIntent it reverses")
         method = f"list the PaymentIntent's refunds (at most {SCAN_PAGES * PAGE_SIZE})"
-        charges: list[ChargeSeen] = []
-        params = {"payment_intent": query.target, "limit": str(PAGE_SIZE)}
-        for _ in range(SCAN_PAGES):
-            answer = await self._get("/v1/refunds", params)
-            page = _listing(answer, query.reference, method, lag=None, kind="refund")
-            if page.answer.status != 200 or not page.readable:
-                return page
-            charges += page.charges
-            body = answer.detail["body"]
-            assert isinstance(body, dict)
-            data = body.get("data") or []
-            if not body.get("has_more") or not data:
-                merged = {**{c.provider_reference: c for c in charges}, **seen}
-                return LookupAnswer(answer, tuple(merged.values()), method=method)
-            params = {**params, "starting_after": str(data[-1].get("id"))}
-        return LookupAnswer(answer, tuple(charges), complete=False, method=method)
+        params = {"payment_intent": query.target}
+        listed = await self._pages("/v1/refunds", params, query.reference, method, "refund")
+        if not _ok(listed.answer) or not listed.readable:
+            return listed  # the listing failed: no evidence, whatever was retrieved
+        merged = {**{c.provider_reference: c for c in listed.charges}, **seen}
+        return replace(listed, charges=tuple(merged.values()))
 
     async def _get(self, path: str, params: dict[str, str] | None = None) -> ProviderAnswer:
         call = self._clients.request("GET", path, params=params, headers=self._headers)
