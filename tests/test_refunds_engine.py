@@ -324,6 +324,9 @@ async def test_a_new_key_for_a_refund_needs_room_for_both_executions(engine: Asy
         await scene.drain()
     scene.provider.submit_behaviour = "ok"
     await scene.act(approve(small))
+    # Approved, not yet sent: both executions are held already (2 x 200 of 500).
+    with pytest.raises(RefundRefused, match="exceeds"):
+        await refund(scene, payment, "r-3", 101)
     await scene.drain()
     assert (await scene.operation(small)).outcome == Outcome.SUCCEEDED
     assert len(scene.provider.charges_for(small)) == 1

@@ -96,7 +96,12 @@ def view_of(refund: Any, extra_keys: int = 0) -> RefundView:
         executed=recorded_executions(
             _field(refund, "executed_references"), outcome, _field(refund, "provider_reference")
         ),
-        keys=(_optional(refund, "keys") or 1) + extra_keys,
+        # Keys sent, or approved and not yet sent (a person's new-key request).
+        keys=max(
+            _optional(refund, "keys") or 1,
+            (_field(refund, "request_context") or {}).get("keys_approved", 1),
+        )
+        + extra_keys,
         verifying=bool(_optional(refund, "verifying")),
     )
 

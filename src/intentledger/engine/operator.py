@@ -174,12 +174,18 @@ async def approve_resubmission(
         key_age_at_decision=key_age,
         source=f"operator:{action.by}",
     )
+    changes: dict[str, Any] = {}
+    if operation.kind == "refund":
+        # Held from now, not from when the dispatcher sends it: a refund accepted
+        # in between must not take the room this key was approved with.
+        changes["request_context"] = {**operation.request_context, "keys_approved": last.number + 1}
     await ledger.update_operation(
         operation,
         now=now,
         next_action=NextAction.RESUBMIT,
         key_age_at_decision=key_age,
         provider_retention_note=policy.note,
+        **changes,
     )
     await ledger.enqueue(action.operation_id, "submit", now, now, decision_id=decision_id)
     return f"new request approved with key {key}"
