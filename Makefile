@@ -28,8 +28,10 @@ typecheck: setup
 	$(BIN)/mypy
 
 # Lint, type-check, then the whole suite on SQLite and on a throwaway
-# PostgreSQL server that scripts/with-postgres starts and removes.
+# PostgreSQL server that scripts/with-postgres starts and removes; the
+# browser and Prometheus the suite drives are installed first when missing.
 test: lint typecheck
+	scripts/ensure-test-tools
 	scripts/with-postgres $(BIN)/python -m pytest
 
 # The full fault run of docs/reliability.md, on a throwaway PostgreSQL server.
