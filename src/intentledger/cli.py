@@ -132,6 +132,14 @@ WebhookRetryFor = Annotated[
     str | None,
     typer.Option("--webhook-retry-for", help="INTENTLEDGER_WEBHOOK_RETRY_FOR, e.g. 3d"),
 ]
+OperatorQueueAfter = Annotated[
+    str | None,
+    typer.Option(
+        "--operator-queue-after",
+        help="INTENTLEDGER_OPERATOR_QUEUE_AFTER: the console's work queue shows an unresolved "
+        "operation once it is this old, e.g. 15m",
+    ),
+]
 SafetyRules = Annotated[
     str | None, typer.Option("--safety-rules", help="INTENTLEDGER_SAFETY_RULES: a TOML file")
 ]
@@ -230,8 +238,10 @@ def serve(
     webhook_retry_for: WebhookRetryFor = None,
     webhook_retry_longest: WebhookRetryLongest = None,
     webhook_concurrency: WebhookConcurrency = None,
+    operator_queue_after: OperatorQueueAfter = None,
 ) -> None:
-    """Run the HTTP API, plus the dispatcher (unless --no-workers) and the sandbox provider."""
+    """Run the HTTP API and the operator console (/console), plus the dispatcher
+    (unless --no-workers) and the sandbox provider."""
     from intentledger.http_server import server_options
     from intentledger.service import SANDBOX_MOUNT, build_service_app, mounts_sandbox
 
@@ -264,6 +274,7 @@ def serve(
         webhook_retry_for=webhook_retry_for,
         webhook_retry_longest=webhook_retry_longest,
         webhook_concurrency=webhook_concurrency,
+        operator_queue_after=operator_queue_after,
     )
     _configure_logging()
     _require_provider(settings)

@@ -162,6 +162,7 @@ def build_service_app(
         webhook_readers=webhook_readers(settings),
         recheck_backoff=settings.recheck_backoff,
         webhook_allow_private=settings.webhook_allow_private,
+        operator_queue_after=settings.operator_queue_after,
     )
     if mounts_sandbox(settings):
         webhooks = None

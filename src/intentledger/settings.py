@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from intentledger.domain.durations import parse_duration
 from intentledger.domain.retention import DEFAULT_SANDBOX_RETENTION
+from intentledger.domain.work_queue import DEFAULT_WAITING_THRESHOLD
 from intentledger.providers.http import call_deadline
 
 
@@ -83,6 +84,10 @@ class Settings(BaseSettings):
     webhook_retry_first: Duration = timedelta(seconds=10)
     webhook_retry_longest: Duration = timedelta(hours=6)
     webhook_retry_for: Duration = timedelta(days=3)
+    # The operator console's work queue shows an UNKNOWN, RECONCILIATION_DUE or
+    # SAFETY_REVIEW operation once it is this old (MANUAL_REVIEW, contradictions
+    # and duplicates at once): until then the engine is still working on it.
+    operator_queue_after: Duration = DEFAULT_WAITING_THRESHOLD
     # Optional TOML file of per-provider safety rules (see safety_config.py).
     safety_rules: str | None = None
     # TEST ONLY: deliberately break the engine so the chaos harness can prove it

@@ -33,6 +33,7 @@ from intentledger.api.schemas import PaymentRequest
 from intentledger.api.validation import valid_idempotency_key
 from intentledger.api.webhook_endpoint_routes import router as webhook_endpoint_router
 from intentledger.api.webhook_routes import router as webhook_router
+from intentledger.console.pages import install_console
 from intentledger.documents import event_documents, operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.retention import (
@@ -40,6 +41,7 @@ from intentledger.domain.retention import (
     RetentionPolicy,
     policy_for_provider,
 )
+from intentledger.domain.work_queue import DEFAULT_WAITING_THRESHOLD
 from intentledger.engine.clock import Clock
 from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.intake import PaymentIntent
@@ -186,6 +188,7 @@ def create_app(
     webhook_readers: Mapping[str, WebhookReader] | None = None,
     recheck_backoff: timedelta = timedelta(seconds=30),
     webhook_allow_private: bool = False,
+    operator_queue_after: timedelta = DEFAULT_WAITING_THRESHOLD,
 ) -> FastAPI:
     app = FastAPI(
         lifespan=lifespan,
@@ -225,5 +228,6 @@ def create_app(
     app.include_router(webhook_router)
     app.include_router(webhook_endpoint_router)
     app.include_router(refund_router)
+    install_console(app, operator_queue_after)
     install_openapi(app)
     return app

@@ -130,7 +130,16 @@ async def _look_up(request: Request) -> Principal:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise _unauthorized("the Authorization header must be 'Bearer <token>'")
-    token_hash = hash_token(token.strip())
+    principal = await principal_of(request, token.strip())
+    if principal is None:
+        raise _unauthorized("unknown or revoked token")
+    return principal
+
+
+async def principal_of(request: Request, token: str) -> Principal | None:
+    """The key's principal, or None for a token no key has (or a revoked one):
+    the bearer header's check, and the console's for its signed-in cookie."""
+    token_hash = hash_token(token)
     cache = _principal_cache(request)
     principal = cache.get(token_hash)
     if principal is not None:
@@ -139,7 +148,7 @@ async def _look_up(request: Request) -> Principal:
     async with engine.connect() as conn:
         row = await Ledger(conn).find_api_key(token_hash)
     if row is None:
-        raise _unauthorized("unknown or revoked token")
+        return None
     principal = Principal(actor=row.actor, is_operator=bool(row.is_operator))
     cache.put(token_hash, principal)
     return principal

@@ -6,8 +6,9 @@ with who did it and why.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
@@ -18,6 +19,7 @@ from intentledger.api.problems import Problem
 from intentledger.api.validation import valid_idempotency_key
 from intentledger.documents import event_documents, json_value, operation_document
 from intentledger.domain.canonical import request_hash
+from intentledger.domain.retention import RetentionPolicy
 from intentledger.domain.states import Outcome, State
 from intentledger.engine import operator, refunds
 
@@ -100,30 +102,77 @@ async def show_operation(operation_id: str, request: Request, _principal: Operat
     return JSONResponse(document)
 
 
-async def _act(
-    request: Request,
-    principal: Principal,
-    operation_id: str,
+ACTION_BODIES: dict[str, type[BaseModel]] = {
+    "resolve": ResolveRequest,
+    "approve-resubmission": ReasonRequest,
+    "escalate": ReasonRequest,
+    "refund-duplicate": RefundDuplicateRequest,
+}
+
+
+def operator_action(
     verb: str,
-    body: dict[str, Any],
-    idempotency_key: str | None,
-    action: operator.Action,
-) -> JSONResponse:
-    key = valid_idempotency_key(idempotency_key)
+    body: BaseModel,
+    operation_id: str,
+    by: str,
+    policy_for: Callable[[str], RetentionPolicy],
+) -> operator.Action:
+    """The engine's action for one of ACTION_BODIES' verbs and its checked body."""
+    if isinstance(body, ResolveRequest):
+        resolution = operator.OperatorAction(operation_id, by, body.evidence)
+        outcome = Outcome(body.outcome)
+        return lambda ledger, now: operator.resolve(ledger, now, resolution, outcome)
+    if isinstance(body, RefundDuplicateRequest):
+        remedy = operator.OperatorAction(operation_id, by, body.reason)
+        charge = body.charge
+        return lambda ledger, now: refunds.refund_duplicate(ledger, now, remedy, charge)
+    assert isinstance(body, ReasonRequest)
+    action = operator.OperatorAction(operation_id, by, body.reason)
+    if verb == "approve-resubmission":
+        return lambda ledger, now: operator.approve_resubmission(ledger, now, action, policy_for)
+    assert verb == "escalate"
+    return lambda ledger, now: operator.escalate(ledger, now, action)
+
+
+async def perform_operator_action(
+    request: Request, principal: Principal, operation_id: str, verb: str, body: BaseModel, key: str
+) -> tuple[str, bool]:
+    """Run an operator action under its Idempotency-Key: (what it did, replayed).
+    The API and the console share the route names, so a key means one thing."""
     route = f"POST /v1/ops/operations/{{id}}/{verb}"
     keyed = operator.KeyedRequest(
         actor=principal.actor,
         route=route,
         idempotency_key=key,
-        request_hash=request_hash(principal.actor, route, {"id": operation_id, **body}),
+        request_hash=request_hash(
+            principal.actor, route, {"id": operation_id, **body.model_dump()}
+        ),
         operation_id=operation_id,
     )
-    engine = request.app.state.engine
+    action = operator_action(
+        verb, body, operation_id, principal.actor, request.app.state.policy_for
+    )
     try:
-        done, replayed = await operator.perform(engine, request.app.state.clock, action, keyed)
+        return await operator.perform(
+            request.app.state.engine, request.app.state.clock, action, keyed
+        )
     except ValueError as exc:  # an empty reason or evidence
         raise Problem(422, "invalid-request", "Unprocessable Content", str(exc)) from exc
-    shown = await operator.show(engine, operation_id)
+
+
+async def _act(
+    request: Request,
+    principal: Principal,
+    operation_id: str,
+    verb: str,
+    body: BaseModel,
+    idempotency_key: str | None,
+) -> JSONResponse:
+    key = valid_idempotency_key(idempotency_key)
+    done, replayed = await perform_operator_action(
+        request, principal, operation_id, verb, body, key
+    )
+    shown = await operator.show(request.app.state.engine, operation_id)
     document = operation_document(
         shown["operation"], shown["attempts"], shown["submit_results"], shown["refunds"]
     )
@@ -143,17 +192,7 @@ async def resolve(
     principal: Operator,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
-    action = operator.OperatorAction(operation_id, principal.actor, body.evidence)
-    outcome = Outcome(body.outcome)
-    return await _act(
-        request,
-        principal,
-        operation_id,
-        "resolve",
-        body.model_dump(),
-        idempotency_key,
-        lambda ledger, now: operator.resolve(ledger, now, action, outcome),
-    )
+    return await _act(request, principal, operation_id, "resolve", body, idempotency_key)
 
 
 @router.post(
@@ -167,17 +206,8 @@ async def approve_resubmission(
     principal: Operator,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
-    action = operator.OperatorAction(operation_id, principal.actor, body.reason)
     return await _act(
-        request,
-        principal,
-        operation_id,
-        "approve-resubmission",
-        body.model_dump(),
-        idempotency_key,
-        lambda ledger, now: operator.approve_resubmission(
-            ledger, now, action, request.app.state.policy_for
-        ),
+        request, principal, operation_id, "approve-resubmission", body, idempotency_key
     )
 
 
@@ -189,16 +219,7 @@ async def escalate(
     principal: Operator,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
-    action = operator.OperatorAction(operation_id, principal.actor, body.reason)
-    return await _act(
-        request,
-        principal,
-        operation_id,
-        "escalate",
-        body.model_dump(),
-        idempotency_key,
-        lambda ledger, now: operator.escalate(ledger, now, action),
-    )
+    return await _act(request, principal, operation_id, "escalate", body, idempotency_key)
 
 
 @router.post(
@@ -212,13 +233,4 @@ async def refund_duplicate(
     principal: Operator,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
-    action = operator.OperatorAction(operation_id, principal.actor, body.reason)
-    return await _act(
-        request,
-        principal,
-        operation_id,
-        "refund-duplicate",
-        body.model_dump(),
-        idempotency_key,
-        lambda ledger, now: refunds.refund_duplicate(ledger, now, action, body.charge),
-    )
+    return await _act(request, principal, operation_id, "refund-duplicate", body, idempotency_key)

@@ -73,6 +73,13 @@ Json = JSON().with_variant(JSONB(), "postgresql")
 # a worker's id) fits its column whatever the actor.
 ACTOR_LENGTH = 255
 SOURCE_LENGTH = ACTOR_LENGTH + 32
+# Every operation the console's work queue can ever show (which of them it shows
+# depends on their age): domain/work_queue.py's reasons, as SQL. Repeated
+# verbatim in the queue's queries, which SQLite needs to use the partial index.
+WORK_QUEUE_PREDICATE = (
+    "next_action = 'operator' OR duplicate_detected OR outcome_contradicted "
+    "OR state IN ('UNKNOWN', 'RECONCILIATION_DUE', 'SAFETY_REVIEW')"
+)
 
 
 def _timestamp(name: str, nullable: bool = False) -> Column[Any]:
@@ -137,6 +144,16 @@ operations = Table(
     # The operator list filters by state; the sweeper by state and age.
     Index(None, "state", "updated_at"),
     Index(None, "parent_operation_id"),
+    Index(None, "mandate_id"),
+    # The console's work queue (store/work_queue.py): only what a person may be
+    # asked about, oldest first.
+    Index(
+        "ix_operations_work_queue",
+        "created_at",
+        "operation_id",
+        postgresql_where=text(WORK_QUEUE_PREDICATE),
+        sqlite_where=text(WORK_QUEUE_PREDICATE),
+    ),
 )
 
 idempotency_records = Table(
@@ -330,6 +347,8 @@ merchant_events = Table(
     Column("object_id", String(40), nullable=False),
     Column("payload", Text, nullable=False),
     _timestamp("created_at"),
+    # The console shows an operation's (or mandate's, card's) events.
+    Index(None, "object_id"),
 )
 
 # An event on its way to one endpoint: leased like an outbox row while an

@@ -1,0 +1,1 @@
+"""The operator console at /console (pages.py): server-rendered, no script."""

@@ -1,0 +1,414 @@
+"""The console's pages in process, on both databases: what the work queue shows
+and in which order, its paging and filters, the partial index it reads through,
+and every refusal (each changes nothing). The browser tests are test_console.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import event, func, insert, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.api.app import create_app
+from intentledger.api.auth import create_api_key
+from intentledger.console.pages import money
+from intentledger.console.session import COOKIE, csrf_token
+from intentledger.domain.states import NextAction, State
+from intentledger.domain.work_queue import QueueFacts, needs
+from intentledger.store.tables import cards, decisions, mandates, operations
+from intentledger.store.work_queue import QueueFilter, work_queue
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+THRESHOLD = timedelta(minutes=15)
+HTML = {"Accept": "text/html"}
+
+
+@dataclass
+class Console:
+    client: httpx.AsyncClient
+    operator_token: str
+    merchant_token: str
+    engine: AsyncEngine
+
+    def csrf(self) -> str:
+        return csrf_token(self.operator_token)
+
+
+@pytest.fixture
+async def console(engine: AsyncEngine) -> AsyncIterator[Console]:
+    operator_token = await create_api_key(engine, lambda: NOW, "olive", True)
+    merchant_token = await create_api_key(engine, lambda: NOW, "dora", False)
+    app = create_app(engine, lambda: NOW, "sandbox", operator_queue_after=THRESHOLD)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://console.test") as client:
+        client.cookies.set(COOKIE, operator_token)
+        yield Console(client, operator_token, merchant_token, engine)
+
+
+_serial = iter(range(1, 1_000_000))
+
+
+async def add_operation(
+    engine: AsyncEngine,
+    *,
+    state: State,
+    next_action: NextAction,
+    age: timedelta,
+    actor: str = "dora",
+    provider: str = "sandbox",
+    duplicate: bool = False,
+    contradicted: bool = False,
+    mandate_id: str | None = None,
+    kind: str = "payment",
+) -> str:
+    operation_id = f"op_{next(_serial):06d}"
+    at = NOW - age
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(operations).values(
+                operation_id=operation_id,
+                idempotency_key=f"k-{operation_id}",
+                state=state.value,
+                request_context={"route": "POST /v1/payments", "body": {}},
+                next_action=next_action.value,
+                actor=actor,
+                route="POST /v1/payments",
+                kind=kind,
+                request_hash="0" * 64,
+                provider=provider,
+                amount=990,
+                currency="EUR",
+                mandate_id=mandate_id,
+                version=1,
+                created_at=at,
+                updated_at=at,
+                duplicate_detected=duplicate,
+                outcome_contradicted=contradicted,
+                outcome="succeeded" if state == State.OUTCOME_KNOWN else None,
+            )
+        )
+    return operation_id
+
+
+def listed(page: str) -> list[str]:
+    return re.findall(r'<a href="/console/operations/(op_\d+)">', page)
+
+
+def count(page: str, name: str) -> int:
+    found = re.search(rf'id="count-{name}">(\d+)<', page)
+    assert found is not None, name
+    return int(found.group(1))
+
+
+async def test_the_queue_shows_what_needs_a_person_oldest_first_in_pages(console: Console) -> None:
+    engine = console.engine
+    expected: list[tuple[timedelta, str]] = []
+    shown_not: list[str] = []
+    minute = timedelta(minutes=1)
+    for i in range(60):
+        age = (i + 1) * minute
+        op = await add_operation(
+            engine, state=State.MANUAL_REVIEW, next_action=NextAction.OPERATOR, age=age
+        )
+        expected.append((age, op))
+    for i in range(12):
+        age = THRESHOLD + i * minute
+        op = await add_operation(
+            engine, state=State.UNKNOWN, next_action=NextAction.RECONCILE, age=age
+        )
+        expected.append((age, op))
+    for i in range(5):  # still young: the engine is working on them
+        shown_not.append(
+            await add_operation(
+                engine,
+                state=State.SAFETY_REVIEW,
+                next_action=NextAction.REVIEW_SAFETY,
+                age=THRESHOLD - (i + 1) * minute,
+            )
+        )
+    for i in range(4):
+        age = timedelta(days=2, minutes=i)
+        expected.append(
+            (
+                age,
+                await add_operation(
+                    engine,
+                    state=State.OUTCOME_KNOWN,
+                    next_action=NextAction.OPERATOR,
+                    age=age,
+                    duplicate=i % 2 == 0,
+                    contradicted=i % 2 == 1,
+                ),
+            )
+        )
+    for _ in range(6):
+        shown_not.append(
+            await add_operation(
+                engine,
+                state=State.OUTCOME_KNOWN,
+                next_action=NextAction.NONE,
+                age=timedelta(days=3),
+            )
+        )
+
+    seen: list[str] = []
+    response = await console.client.get("/console/queue")
+    first = response.text
+    while True:
+        assert response.status_code == 200, response.text
+        seen.extend(listed(response.text))
+        following = re.search(r'href="/console/queue(\?[^"]+)" rel="next"', response.text)
+        if following is None:
+            break
+        response = await console.client.get(
+            "/console/queue" + following.group(1).replace("&amp;", "&")
+        )
+    oldest_first = [op for _, op in sorted(expected, key=lambda pair: pair[0], reverse=True)]
+    assert seen == oldest_first
+    assert not set(seen) & set(shown_not)
+    assert count(first, "total") == 76
+    assert (count(first, "operator"), count(first, "waiting")) == (64, 12)
+    assert (count(first, "duplicate"), count(first, "contradicted")) == (2, 2)
+
+
+async def test_the_queue_and_the_domain_agree_on_who_needs_a_person(engine: AsyncEngine) -> None:
+    """Every combination of state, next action, flags and age: the SQL queue and
+    the pure rule (domain/work_queue.needs) pick the same operations."""
+    combinations = []
+    for state in State:
+        for action in (NextAction.OPERATOR, NextAction.RECONCILE, NextAction.NONE):
+            for flags in ((False, False), (True, False), (False, True)):
+                for age in (THRESHOLD - timedelta(seconds=1), THRESHOLD, timedelta(days=1)):
+                    op = await add_operation(
+                        engine,
+                        state=state,
+                        next_action=action,
+                        age=age,
+                        duplicate=flags[0],
+                        contradicted=flags[1],
+                    )
+                    facts = QueueFacts(state, action, flags[0], flags[1], NOW - age)
+                    combinations.append((op, bool(needs(facts, NOW, THRESHOLD))))
+    async with engine.connect() as conn:
+        page = await work_queue(conn, NOW, THRESHOLD, QueueFilter(), None, 10_000)
+    assert {row.operation_id for row in page.rows} == {op for op, wanted in combinations if wanted}
+
+
+async def test_the_queue_reads_through_its_partial_index(console: Console) -> None:
+    """The page query itself, as sent, is planned on the partial index: its
+    WHERE carries the index's predicate the way SQLite needs to see it."""
+    for _ in range(3):
+        await add_operation(
+            console.engine,
+            state=State.MANUAL_REVIEW,
+            next_action=NextAction.OPERATOR,
+            age=THRESHOLD,
+        )
+    sent: list[tuple[str, Any]] = []
+
+    def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if "ORDER BY operations.created_at" in statement:
+            sent.append((statement, parameters))
+
+    sync_engine = console.engine.sync_engine
+    event.listen(sync_engine, "before_cursor_execute", capture)
+    try:
+        async with console.engine.connect() as conn:
+            await work_queue(conn, NOW, THRESHOLD, QueueFilter(actor="dora"), None, 50)
+    finally:
+        event.remove(sync_engine, "before_cursor_execute", capture)
+    [(statement, parameters)] = sent
+    async with console.engine.connect() as conn:
+        if console.engine.dialect.name == "sqlite":
+            plan = await conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)
+        else:
+            # A three-row table is read fastest whole: ask whether the index can serve.
+            await conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            plan = await conn.exec_driver_sql("EXPLAIN " + statement, parameters)
+        described = " ".join(str(row) for row in plan.all())
+    assert "ix_operations_work_queue" in described, described
+
+
+# -- refusals: each is clear, and changes nothing ------------------------------------------
+
+
+async def decision_count(engine: AsyncEngine, operation_id: str) -> int:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(func.count())
+            .select_from(decisions)
+            .where(decisions.c.operation_id == operation_id)
+        )
+        return int(rows.scalar_one())
+
+
+@pytest.mark.parametrize(
+    ("query", "detail"),
+    [
+        ({"state": "LOST"}, "no state"),
+        ({"older_than": "1 hour"}, "duration"),
+        ({"older_than": "-5m"}, "duration"),
+        ({"actor": "x" * 300}, "actor"),
+        ({"actor": "nul\x00here"}, "actor"),
+        ({"provider": "p" * 33}, "provider"),
+        ({"after": "yesterday"}, "queue position"),
+        ({"after": "2026-11-30T12:00:00~op_1"}, "queue position"),  # no time zone
+    ],
+)
+async def test_a_bad_queue_filter_is_a_clear_400(
+    console: Console, query: dict[str, str], detail: str
+) -> None:
+    answer = await console.client.get("/console/queue", params=query)
+    assert answer.status_code == 400
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert detail in answer.json()["detail"]
+    page = await console.client.get("/console/queue", params=query, headers=HTML)
+    assert page.status_code == 400 and "text/html" in page.headers["content-type"]
+    assert detail in page.text
+
+
+async def test_action_posts_are_refused_unless_complete_and_change_nothing(
+    console: Console,
+) -> None:
+    op = await add_operation(
+        console.engine, state=State.MANUAL_REVIEW, next_action=NextAction.OPERATOR, age=THRESHOLD
+    )
+    path = f"/console/operations/{op}/escalate"
+    good = {"csrf_token": console.csrf(), "reason": "why", "idempotency_key": "console-abcdefgh"}
+
+    async def refused(status: int, slug: str, **kwargs: Any) -> None:
+        answer = await console.client.post(kwargs.pop("path", path), **kwargs)
+        assert answer.status_code == status, answer.text
+        assert answer.json()["type"].endswith("/" + slug)
+
+    await refused(415, "unsupported-media-type", json=good)
+    await refused(413, "body-too-large", data={**good, "reason": "x" * 20_000})
+    await refused(
+        400,
+        "invalid-form",
+        content="csrf_token=a&csrf_token=b",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    await refused(400, "invalid-form", data={**good, "reason": "a\x00b"})
+    await refused(400, "idempotency-key-invalid", data={**good, "idempotency_key": "mine"})
+    await refused(422, "invalid-request", data={**good, "reason": ""})
+    await refused(
+        403, "csrf-token-invalid", data={k: v for k, v in good.items() if k != "csrf_token"}
+    )
+    await refused(403, "cross-origin-post", data=good, headers={"Origin": "https://evil.example"})
+    await refused(404, "not-found", data=good, path=f"/console/operations/{op}/delete")
+    await refused(404, "not-found", data=good, path=f"/console/operations/{'x' * 41}/escalate")
+    # MANUAL_REVIEW cannot be escalated: the engine's refusal, shown as such.
+    await refused(409, "action-not-allowed", data=good)
+    await refused(
+        404, "operation-not-found", data=good, path="/console/operations/op_nobody/escalate"
+    )
+    console.client.cookies.clear()
+    await refused(401, "unauthorized", data=good)
+    console.client.cookies.set(COOKIE, console.merchant_token)
+    await refused(
+        403,
+        "operator-role-required",
+        data={**good, "csrf_token": csrf_token(console.merchant_token)},
+    )
+    assert await decision_count(console.engine, op) == 0
+
+
+async def test_pages_carry_their_security_headers_and_sign_in_never_redirects_away(
+    console: Console,
+) -> None:
+    page = await console.client.get("/console/queue")
+    assert page.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert page.headers["cache-control"] == "no-store"
+    console.client.cookies.clear()
+    away = await console.client.post(
+        "/console/sign-in", data={"token": console.operator_token, "next": "//evil.example/x"}
+    )
+    assert away.status_code == 303 and away.headers["location"] == "/console/queue"
+    cookie = away.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/console" in cookie
+    console.client.cookies.clear()
+    anonymous = await console.client.get("/console/operations/op_1", headers=HTML)
+    assert anonymous.status_code == 303
+    assert anonymous.headers["location"].startswith("/console/sign-in?next=")
+
+
+async def test_mandate_and_card_pages_show_reservations_and_indeterminate_projections(
+    console: Console,
+) -> None:
+    async with console.engine.begin() as conn:
+        await conn.execute(
+            insert(mandates).values(
+                mandate_id="md_console",
+                actor="dora",
+                currency="EUR",
+                max_amount=5000,
+                total_limit=20000,
+                reserved=1980,
+                spent=990,
+                status="active",
+                version=1,
+                created_at=NOW,
+                updated_at=NOW,
+            )
+        )
+    pending = await add_operation(
+        console.engine,
+        state=State.UNKNOWN,
+        next_action=NextAction.RECONCILE,
+        age=timedelta(minutes=1),
+        mandate_id="md_console",
+    )
+    card_op = await add_operation(
+        console.engine,
+        state=State.UNKNOWN,
+        next_action=NextAction.RECONCILE,
+        age=timedelta(minutes=1),
+        kind="card_freeze",
+    )
+    async with console.engine.begin() as conn:
+        await conn.execute(
+            insert(cards).values(
+                card_id="crd_console",
+                actor="dora",
+                label="travel",
+                provider_card_id="card_1",
+                status="active",
+                indeterminate=True,
+                pending_operation_id=card_op,
+                version=1,
+                created_at=NOW,
+                updated_at=NOW,
+            )
+        )
+    listed_mandates = await console.client.get("/console/mandates", params={"status": "active"})
+    assert "md_console" in listed_mandates.text and ">1980<" in listed_mandates.text
+    mandate = await console.client.get("/console/mandates/md_console")
+    assert pending in mandate.text and "1980 EUR" in mandate.text
+    indeterminate = await console.client.get("/console/cards", params={"indeterminate": "yes"})
+    assert "crd_console" in indeterminate.text and card_op in indeterminate.text
+    determinate = await console.client.get("/console/cards", params={"indeterminate": "no"})
+    assert "crd_console" not in determinate.text
+    card = await console.client.get("/console/cards/crd_console")
+    assert card_op in card.text and "indeterminate" in card.text.lower()
+    assert (await console.client.get("/console/cards/crd_nobody")).status_code == 404
+    assert (
+        await console.client.get("/console/mandates", params={"status": "x"})
+    ).status_code == 400
+
+
+def test_amounts_read_in_major_units() -> None:
+    assert (money(990, "EUR"), money(5, "JPY"), money(-1005, "USD")) == (
+        "9.90 EUR",
+        "5 JPY",
+        "-10.05 USD",
+    )
+    assert (money(None, "EUR"), money(12, None)) == ("—", "12")
