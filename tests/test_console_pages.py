@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.api.app import create_app
 from intentledger.api.auth import create_api_key
-from intentledger.console.pages import money
+from intentledger.console.pages import human_duration, money
 from intentledger.console.session import COOKIE, csrf_token
 from intentledger.domain.states import NextAction, State
 from intentledger.domain.work_queue import QueueFacts, needs
@@ -412,3 +412,49 @@ def test_amounts_read_in_major_units() -> None:
         "-10.05 USD",
     )
     assert (money(None, "EUR"), money(12, None)) == ("—", "12")
+
+
+async def test_refunding_a_duplicate_offers_only_the_extra_charge_and_confirms_first(
+    console: Console,
+) -> None:
+    op = await add_operation(
+        console.engine,
+        state=State.OUTCOME_KNOWN,
+        next_action=NextAction.OPERATOR,
+        age=timedelta(hours=1),
+        duplicate=True,
+    )
+    async with console.engine.begin() as conn:
+        await conn.execute(
+            operations.update()
+            .where(operations.c.operation_id == op)
+            .values(provider_reference="ch_settled", executed_references=["ch_settled", "ch_extra"])
+        )
+    story = await console.client.get(f"/console/operations/{op}")
+    assert f'/console/operations/{op}/refund-duplicate"' in story.text
+    assert "/resolve" not in story.text  # settled and not contradicted: nothing to resolve
+    form = await console.client.get(f"/console/operations/{op}/refund-duplicate")
+    assert re.findall(r'<option value="(ch_\w+)"', form.text) == ["ch_extra"]
+    review = await console.client.post(
+        f"/console/operations/{op}/refund-duplicate/review",
+        data={"csrf_token": console.csrf(), "charge": "ch_extra", "reason": "charged twice"},
+    )
+    assert review.status_code == 200
+    [key] = re.findall(r'name="idempotency_key" value="(console-[\w-]+)"', review.text)
+    assert 'name="charge" value="ch_extra"' in review.text
+    assert await decision_count(console.engine, op) == 0, "a review page does nothing"
+    another = await console.client.post(
+        f"/console/operations/{op}/refund-duplicate/review",
+        data={"csrf_token": console.csrf(), "charge": "ch_extra", "reason": "charged twice"},
+    )
+    assert key not in another.text, "each confirmation page makes its own key"
+
+
+def test_durations_read_like_a_person_writes_them() -> None:
+    assert [human_duration(s) for s in (None, 3.86, 42, 3_900, 90_061)] == [
+        "—",
+        "3.9 s",
+        "42 s",
+        "1 h 5 min",
+        "1 d 1 h",
+    ]
