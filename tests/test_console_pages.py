@@ -260,6 +260,9 @@ async def decision_count(engine: AsyncEngine, operation_id: str) -> int:
         ({"provider": "p" * 33}, "provider"),
         ({"after": "yesterday"}, "queue position"),
         ({"after": "2026-11-30T12:00:00~op_1"}, "queue position"),  # no time zone
+        ({"after": "2026-11-30T12:00:00+00:00~op_\x00"}, "queue position"),
+        ({"after": "2026-11-30T12:00:00+00:00~" + "o" * 41}, "queue position"),
+        ({"older_than": "999999999d"}, "at most"),
     ],
 )
 async def test_a_bad_queue_filter_is_a_clear_400(

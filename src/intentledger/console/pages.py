@@ -10,7 +10,6 @@ the record says who did it and why, exactly as when the API is used.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from collections.abc import Mapping
 from datetime import timedelta
@@ -46,7 +45,7 @@ from intentledger.documents import (
 from intentledger.domain.currencies import MINOR_UNITS
 from intentledger.domain.durations import parse_duration
 from intentledger.domain.states import UNRESOLVED, State
-from intentledger.domain.work_queue import Cursor, Need, QueueFacts, needs
+from intentledger.domain.work_queue import OPERATION_ID, Cursor, Need, QueueFacts, needs
 from intentledger.engine import operator
 from intentledger.engine.refusal import Refusal
 from intentledger.store.ledger import Ledger
@@ -63,10 +62,12 @@ from intentledger.store.work_queue import (
 
 PREFIX = "/console"
 PAGE_SIZE = 50
+# Nothing in a ledger is older; a longer one would overflow the date arithmetic.
+LONGEST_AGE_FILTER = timedelta(days=36_500)
 # A form is a handful of short fields; anything bigger is not from our pages.
 MAX_FORM_BYTES = 16 * 1024
 # The ids this service issues (api/edge.py's rule for /v1 paths).
-ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
+ID = OPERATION_ID
 # Security headers for every console page: no framing (an action console must
 # not be clickjacked), no script or style from anywhere but here, nothing cached.
 PAGE_HEADERS = {
@@ -374,6 +375,8 @@ def _queue_filter(
             age = parse_duration(older_than)
         except ValueError as exc:
             raise _bad_filter(str(exc)) from exc
+        if age > LONGEST_AGE_FILTER:
+            raise _bad_filter(f"older_than is at most {LONGEST_AGE_FILTER.days} days")
     return QueueFilter(
         state=chosen_state,
         provider=_filter_text(provider, "provider", 32),

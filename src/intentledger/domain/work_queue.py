@@ -9,6 +9,7 @@ nothing that needs a person waits silently (DESIGN.md, rule 4).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -33,6 +34,9 @@ WAITING_STATES: tuple[State, ...] = (
     State.SAFETY_REVIEW,
 )
 DEFAULT_WAITING_THRESHOLD = timedelta(minutes=15)
+# The form of every id this service issues: a cursor naming anything else names
+# no operation (and must not reach the database, which may refuse its bytes).
+OPERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ class Cursor:
     def decode(cls, text: str) -> Cursor:
         """Raises ValueError for anything this class did not encode."""
         instant, separator, operation_id = text.partition("~")
-        if not separator or not operation_id:
+        if not separator or not OPERATION_ID.fullmatch(operation_id):
             raise ValueError("not a queue position")
         created_at = datetime.fromisoformat(instant)
         if created_at.tzinfo is None:
