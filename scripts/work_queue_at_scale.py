@@ -4,7 +4,7 @@
 
 Builds a fresh database on each backend (a throwaway SQLite file, and a new
 database on INTENTLEDGER_TEST_POSTGRES_URL when it is set), migrated to head,
-holding N operations of which 1 in 500 needs a person, then times the queue's
+holding N operations of which 1 in 500 (--in-queue-every) needs a person, then times the queue's
 first page, a page 20 pages deep (keyset paging), a filtered page and the
 counts, each the median of 7 runs. docs/operations.md records its output.
 """
@@ -31,12 +31,11 @@ from intentledger.store.work_queue import QueueFilter, work_queue
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 THRESHOLD = timedelta(minutes=15)
-IN_QUEUE_EVERY = 500
 RUNS = 7
 
 
-def fill_sql(dialect: str, operations: int) -> str:
-    """One INSERT ... SELECT: every 500th operation in MANUAL_REVIEW, the rest
+def fill_sql(dialect: str, operations: int, every: int) -> str:
+    """One INSERT ... SELECT: every `every`-th operation in MANUAL_REVIEW, the rest
     settled, created one second apart, spread over ten actors."""
     if dialect == "postgresql":
         series = f"generate_series(1, {operations}) AS g(n)"
@@ -54,12 +53,12 @@ def fill_sql(dialect: str, operations: int) -> str:
             next_action, actor, route, kind, request_hash, provider, amount, currency,
             version, created_at, updated_at, duplicate_detected, outcome_contradicted, outcome)
         SELECT 'op_' || n, 'k' || n,
-            CASE WHEN n % {IN_QUEUE_EVERY} = 0 THEN 'MANUAL_REVIEW' ELSE 'OUTCOME_KNOWN' END,
+            CASE WHEN n % {every} = 0 THEN 'MANUAL_REVIEW' ELSE 'OUTCOME_KNOWN' END,
             {context},
-            CASE WHEN n % {IN_QUEUE_EVERY} = 0 THEN 'operator' ELSE 'none' END,
+            CASE WHEN n % {every} = 0 THEN 'operator' ELSE 'none' END,
             'actor-' || (n % 10), 'POST /v1/payments', 'payment', 'h', 'sandbox', 990, 'EUR',
             1, {created}, {created}, false, false,
-            CASE WHEN n % {IN_QUEUE_EVERY} = 0 THEN NULL ELSE 'succeeded' END
+            CASE WHEN n % {every} = 0 THEN NULL ELSE 'succeeded' END
         FROM {series}
     """
 
@@ -74,12 +73,12 @@ async def timed(engine: AsyncEngine, chosen: QueueFilter, after: Cursor | None) 
     return statistics.median(samples) * 1000
 
 
-async def measure(url: str, operations: int) -> None:
+async def measure(url: str, operations: int, every: int) -> None:
     upgrade(url)
     engine = create_ledger_engine(url)
     started = time.perf_counter()
     async with engine.begin() as conn:
-        await conn.execute(text(fill_sql(engine.dialect.name, operations)))
+        await conn.execute(text(fill_sql(engine.dialect.name, operations, every)))
         if engine.dialect.name == "postgresql":
             await conn.execute(text("ANALYZE operations"))
     filled = time.perf_counter() - started
@@ -104,9 +103,13 @@ async def measure(url: str, operations: int) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--operations", type=int, default=1_000_000)
+    parser.add_argument(
+        "--in-queue-every", type=int, default=500, help="1 in this many needs a person"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        await measure(f"sqlite:///{Path(folder) / 'queue.db'}", args.operations)
+        sqlite_url = f"sqlite:///{Path(folder) / 'queue.db'}"
+        await measure(sqlite_url, args.operations, args.in_queue_every)
     server = os.environ.get("INTENTLEDGER_TEST_POSTGRES_URL")
     if server:
         name = f"queue_at_scale_{os.getpid()}"
@@ -114,7 +117,7 @@ async def main() -> None:
             admin.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
         try:
             url = make_url(server).set(database=name).render_as_string(hide_password=False)
-            await measure(url, args.operations)
+            await measure(url, args.operations, args.in_queue_every)
         finally:
             with psycopg.connect(server, autocommit=True) as admin:
                 admin.execute(f"DROP DATABASE {name}")  # type: ignore[arg-type]

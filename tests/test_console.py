@@ -82,8 +82,9 @@ def test_an_operator_finds_a_lost_payment_in_the_queue_reads_its_story_and_resol
     sign_in(page, served, token_of(served.operator_auth))
     assert page.url.endswith("/console/queue"), page.content()
     [cookie] = context.cookies()
-    assert (cookie["httpOnly"], cookie["sameSite"]) == (True, "Strict")
-    assert cookie["value"] == token_of(served.operator_auth)
+    assert (cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (True, "Strict", "/console")
+    # A session id: the key itself never leaves the sign-in form.
+    assert token_of(served.operator_auth) not in cookie["value"]
 
     # The work queue: the lost payment is there, the settled one is not.
     queue = page.locator("table.queue")
@@ -161,13 +162,11 @@ def test_a_double_submitted_action_does_one_thing_and_the_console_refuses_what_i
             const form = document.getElementById('confirm-form');
             const send = () => fetch(form.action, {
                 method: 'POST', body: new URLSearchParams(new FormData(form)),
-            }).then(async (r) => ({status: r.status, url: r.url}));
+            }).then((r) => r.status);
             return Promise.all([send(), send()]);
         }"""
     )
-    assert [a["status"] for a in answers] == [200, 200]
-    results = sorted(re.search(r"result=(\w+)", a["url"]).group(1) for a in answers)  # type: ignore[union-attr]
-    assert results == ["done", "replayed"]
+    assert answers == [200, 200]
     assert len(decisions(served, lost, "operator_approved_new_request")) == 1
 
     # The same form without its CSRF token, or with another session's, is
@@ -202,19 +201,18 @@ def test_a_double_submitted_action_does_one_thing_and_the_console_refuses_what_i
     page.goto(f"{served.url}/console/queue")
     assert "/console/sign-in" in page.url
 
-    # Nor does a non-operator's key put in the cookie by hand.
+    # Nor does a key put in the cookie by hand: the cookie holds a session id.
     stranger.add_cookies(
         [
             {
                 "name": "intentledger_console",
-                "value": token_of(served.auth),
+                "value": token_of(served.operator_auth),
                 "url": served.url + "/console",
             }
         ]
     )
-    refused_page = page.goto(f"{served.url}/console/queue")
-    assert refused_page is not None and refused_page.status == 403
-    assert "operator role" in page.inner_text(".error")
+    page.goto(f"{served.url}/console/queue")
+    assert "/console/sign-in" in page.url
     stranger.clear_cookies()
 
     sign_in(page, served, "il_not-a-key")

@@ -17,12 +17,14 @@ from sqlalchemy import event, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.api.app import create_app
-from intentledger.api.auth import create_api_key
+from intentledger.api.auth import create_api_key, hash_token
 from intentledger.console.pages import human_duration, money
 from intentledger.console.session import COOKIE, csrf_token
 from intentledger.domain.states import NextAction, State
 from intentledger.domain.work_queue import QueueFacts, needs
-from intentledger.store.tables import cards, decisions, mandates, operations
+from intentledger.store.console_sessions import find_key, open_session
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import attempts, cards, decisions, mandates, operations
 from intentledger.store.work_queue import QueueFilter, work_queue
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -36,9 +38,19 @@ class Console:
     operator_token: str
     merchant_token: str
     engine: AsyncEngine
+    session: str
 
     def csrf(self) -> str:
-        return csrf_token(self.operator_token)
+        return csrf_token(self.session)
+
+    async def session_of(self, token: str) -> str:
+        """A session opened straight in the store (sign-in refuses a merchant's
+        key; the pages must refuse its session too, should one exist)."""
+        async with self.engine.begin() as conn:
+            key = await find_key(conn, hash_token(token))
+            assert key is not None
+            opened = await open_session(conn, key, NOW, timedelta(hours=1))
+        return opened.session_id
 
 
 @pytest.fixture
@@ -48,8 +60,10 @@ async def console(engine: AsyncEngine) -> AsyncIterator[Console]:
     app = create_app(engine, lambda: NOW, "sandbox", operator_queue_after=THRESHOLD)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://console.test") as client:
-        client.cookies.set(COOKIE, operator_token)
-        yield Console(client, operator_token, merchant_token, engine)
+        made = Console(client, operator_token, merchant_token, engine, "")
+        made.session = await made.session_of(operator_token)
+        client.cookies.set(COOKIE, made.session)
+        yield made
 
 
 _serial = iter(range(1, 1_000_000))
@@ -263,6 +277,8 @@ async def decision_count(engine: AsyncEngine, operation_id: str) -> int:
         ({"after": "2026-11-30T12:00:00+00:00~op_\x00"}, "queue position"),
         ({"after": "2026-11-30T12:00:00+00:00~" + "o" * 41}, "queue position"),
         ({"older_than": "999999999d"}, "at most"),
+        ({"after": "0001-01-01T00:00:00+01:00~op_x"}, "queue position"),
+        ({"after": "9999-12-31T23:59:59-01:00~op_x"}, "queue position"),
     ],
 )
 async def test_a_bad_queue_filter_is_a_clear_400(
@@ -280,11 +296,17 @@ async def test_a_bad_queue_filter_is_a_clear_400(
 async def test_action_posts_are_refused_unless_complete_and_change_nothing(
     console: Console,
 ) -> None:
+    # UNKNOWN: escalating it is allowed, so "changes nothing" below can fail.
     op = await add_operation(
-        console.engine, state=State.MANUAL_REVIEW, next_action=NextAction.OPERATOR, age=THRESHOLD
+        console.engine, state=State.UNKNOWN, next_action=NextAction.RECONCILE, age=THRESHOLD
     )
     path = f"/console/operations/{op}/escalate"
-    good = {"csrf_token": console.csrf(), "reason": "why", "idempotency_key": "console-abcdefgh"}
+    good = {
+        "csrf_token": console.csrf(),
+        "reason": "why",
+        "idempotency_key": "console-abcdefgh",
+        "version": "1",
+    }
 
     async def refused(status: int, slug: str, **kwargs: Any) -> None:
         answer = await console.client.post(kwargs.pop("path", path), **kwargs)
@@ -300,7 +322,15 @@ async def test_action_posts_are_refused_unless_complete_and_change_nothing(
         headers={"content-type": "application/x-www-form-urlencoded"},
     )
     await refused(400, "invalid-form", data={**good, "reason": "a\x00b"})
-    await refused(400, "idempotency-key-invalid", data={**good, "idempotency_key": "mine"})
+    await refused(400, "confirmation-invalid", data={**good, "idempotency_key": "mine"})
+    await refused(
+        400, "idempotency-key-invalid", data={**good, "idempotency_key": "console-\x01 x"}
+    )
+    await refused(
+        400, "confirmation-invalid", data={k: v for k, v in good.items() if k != "version"}
+    )
+    await refused(400, "confirmation-invalid", data={**good, "version": "1e3"})
+    await refused(409, "changed-since-reviewed", data={**good, "version": "2"})
     await refused(422, "invalid-request", data={**good, "reason": ""})
     await refused(
         403, "csrf-token-invalid", data={k: v for k, v in good.items() if k != "csrf_token"}
@@ -308,20 +338,25 @@ async def test_action_posts_are_refused_unless_complete_and_change_nothing(
     await refused(403, "cross-origin-post", data=good, headers={"Origin": "https://evil.example"})
     await refused(404, "not-found", data=good, path=f"/console/operations/{op}/delete")
     await refused(404, "not-found", data=good, path=f"/console/operations/{'x' * 41}/escalate")
-    # MANUAL_REVIEW cannot be escalated: the engine's refusal, shown as such.
-    await refused(409, "action-not-allowed", data=good)
+    # An UNKNOWN operation cannot be approved a new request: the engine's refusal.
+    await refused(
+        409, "action-not-allowed", data=good, path=f"/console/operations/{op}/approve-resubmission"
+    )
     await refused(
         404, "operation-not-found", data=good, path="/console/operations/op_nobody/escalate"
     )
     console.client.cookies.clear()
     await refused(401, "unauthorized", data=good)
-    console.client.cookies.set(COOKIE, console.merchant_token)
+    merchant_session = await console.session_of(console.merchant_token)
+    console.client.cookies.set(COOKIE, merchant_session)
     await refused(
-        403,
-        "operator-role-required",
-        data={**good, "csrf_token": csrf_token(console.merchant_token)},
+        403, "operator-role-required", data={**good, "csrf_token": csrf_token(merchant_session)}
     )
     assert await decision_count(console.engine, op) == 0
+    # The complete form, from the operator's session, does it (so the above could fail).
+    console.client.cookies.set(COOKIE, console.session)
+    done = await console.client.post(path, data=good)
+    assert done.status_code == 303 and await decision_count(console.engine, op) == 1
 
 
 async def test_pages_carry_their_security_headers_and_sign_in_never_redirects_away(
@@ -393,9 +428,9 @@ async def test_mandate_and_card_pages_show_reservations_and_indeterminate_projec
             )
         )
     listed_mandates = await console.client.get("/console/mandates", params={"status": "active"})
-    assert "md_console" in listed_mandates.text and ">1980<" in listed_mandates.text
+    assert "md_console" in listed_mandates.text and ">19.80 EUR<" in listed_mandates.text
     mandate = await console.client.get("/console/mandates/md_console")
-    assert pending in mandate.text and "1980 EUR" in mandate.text
+    assert pending in mandate.text and "19.80 EUR" in mandate.text
     indeterminate = await console.client.get("/console/cards", params={"indeterminate": "yes"})
     assert "crd_console" in indeterminate.text and card_op in indeterminate.text
     determinate = await console.client.get("/console/cards", params={"indeterminate": "no"})
@@ -452,6 +487,71 @@ async def test_refunding_a_duplicate_offers_only_the_extra_charge_and_confirms_f
     )
     assert key not in another.text, "each confirmation page makes its own key"
 
+    # Confirmed twice (a double click): one refund, and the second answer says so.
+    confirm = {
+        "csrf_token": console.csrf(),
+        "idempotency_key": key,
+        "version": re.findall(r'name="version" value="(\d+)"', review.text)[0],
+        "charge": "ch_extra",
+        "reason": "charged twice",
+    }
+    path = f"/console/operations/{op}/refund-duplicate"
+    first = await console.client.post(path, data=confirm)
+    assert first.status_code == 303
+    assert "Refund duplicate: Done." in (await console.client.get(first.headers["location"])).text
+    second = await console.client.post(path, data=confirm)
+    assert second.status_code == 303
+    shown = (await console.client.get(second.headers["location"])).text
+    assert "Refund duplicate: Already done" in shown
+    assert "Already done" not in (await console.client.get(second.headers["location"])).text
+    async with console.engine.connect() as conn:
+        made = await conn.execute(select(operations).where(operations.c.parent_operation_id == op))
+        assert len(made.all()) == 1
+    # The other confirmation page, from before the refund: the engine refuses a
+    # second refund of the charge while the first is in flight.
+    [other_key] = re.findall(r'name="idempotency_key" value="(console-[\w-]+)"', another.text)
+    stale = await console.client.post(path, data={**confirm, "idempotency_key": other_key})
+    assert stale.status_code == 409 and "in flight" in stale.json()["detail"]
+
+
+async def test_two_review_pages_for_one_approval_approve_once(console: Console) -> None:
+    """Two operators (or two tabs) review the same new-key request; each page
+    has its own key, so only the operation's version keeps the second out."""
+    op = await add_operation(
+        console.engine, state=State.MANUAL_REVIEW, next_action=NextAction.OPERATOR, age=THRESHOLD
+    )
+    async with console.engine.begin() as conn:
+        await conn.execute(
+            attempts.insert().values(
+                operation_id=op,
+                number=1,
+                provider_idempotency_key=f"{op}:1",
+                submitted_at=NOW - THRESHOLD,
+                relation="original",
+                source="test",
+            )
+        )
+    reason = {"csrf_token": console.csrf(), "reason": "support says nothing executed"}
+    path = f"/console/operations/{op}/approve-resubmission"
+    pages = [(await console.client.post(path + "/review", data=reason)).text for _ in range(2)]
+    assert all(f"{op}:2" in page for page in pages)
+    answers = []
+    for page in pages:
+        [key] = re.findall(r'name="idempotency_key" value="(console-[\w-]+)"', page)
+        [version] = re.findall(r'name="version" value="(\d+)"', page)
+        answers.append(
+            await console.client.post(
+                path, data={**reason, "idempotency_key": key, "version": version}
+            )
+        )
+    assert [a.status_code for a in answers] == [303, 409]
+    async with console.engine.connect() as conn:
+        rows = await conn.execute(select(decisions.c.rule).where(decisions.c.operation_id == op))
+        assert [r.rule for r in rows] == ["operator_approved_new_request"]
+    # Nor does the API approve a second time while the first is on its way.
+    page = (await console.client.get(f"/console/operations/{op}")).text
+    assert "approve-resubmission" not in page
+
 
 def test_durations_read_like_a_person_writes_them() -> None:
     assert [human_duration(s) for s in (None, 3.86, 42, 3_900, 90_061)] == [
@@ -461,3 +561,34 @@ def test_durations_read_like_a_person_writes_them() -> None:
         "1 h 5 min",
         "1 d 1 h",
     ]
+
+
+async def test_a_session_ends_on_sign_out_on_expiry_and_when_its_key_is_revoked(
+    console: Console,
+) -> None:
+    async def shows_queue(session: str) -> bool:
+        console.client.cookies.set(COOKIE, session)
+        answer = await console.client.get("/console/queue")
+        return answer.status_code == 200
+
+    assert await shows_queue(console.session)
+    # Sign-out closes it on the server: the same cookie, sent again, opens nothing.
+    out = await console.client.post("/console/sign-out", data={"csrf_token": console.csrf()})
+    assert out.status_code == 303
+    assert not await shows_queue(console.session)
+
+    async with console.engine.begin() as conn:
+        key = await find_key(conn, hash_token(console.operator_token))
+        assert key is not None
+        expired = await open_session(conn, key, NOW - timedelta(hours=13), timedelta(hours=12))
+    assert not await shows_queue(expired.session_id)
+
+    fresh = await console.session_of(console.operator_token)
+    assert await shows_queue(fresh)
+    async with console.engine.begin() as conn:
+        await Ledger(conn).revoke_api_key(key.key_id, NOW)
+    assert not await shows_queue(fresh), "a revoked key's session ends at once"
+    # And the key signs nobody in again, at once (no cache on the way in).
+    console.client.cookies.clear()
+    again = await console.client.post("/console/sign-in", data={"token": console.operator_token})
+    assert again.status_code == 401 and "set-cookie" not in again.headers

@@ -135,10 +135,17 @@ def operator_action(
 
 
 async def perform_operator_action(
-    request: Request, principal: Principal, operation_id: str, verb: str, body: BaseModel, key: str
+    request: Request,
+    principal: Principal,
+    operation_id: str,
+    verb: str,
+    body: BaseModel,
+    key: str,
+    expected_version: int | None = None,
 ) -> tuple[str, bool]:
     """Run an operator action under its Idempotency-Key: (what it did, replayed).
-    The API and the console share the route names, so a key means one thing."""
+    The API and the console share the route names, so a key means one thing.
+    With `expected_version` (the console) it is done only on the version reviewed."""
     route = f"POST /v1/ops/operations/{{id}}/{verb}"
     keyed = operator.KeyedRequest(
         actor=principal.actor,
@@ -152,6 +159,8 @@ async def perform_operator_action(
     action = operator_action(
         verb, body, operation_id, principal.actor, request.app.state.policy_for
     )
+    if expected_version is not None:
+        action = operator.as_reviewed(action, operation_id, expected_version)
     try:
         return await operator.perform(
             request.app.state.engine, request.app.state.clock, action, keyed

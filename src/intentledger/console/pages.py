@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -23,16 +23,18 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from pydantic import BaseModel, ValidationError
 
-from intentledger.api.auth import Principal, principal_of
+from intentledger.api.auth import Principal
 from intentledger.api.operator_routes import ACTION_BODIES, perform_operator_action
 from intentledger.api.problems import Problem, problem_response
+from intentledger.api.validation import valid_idempotency_key
 from intentledger.console.session import (
     CSRF_FIELD,
+    begin,
     csrf_matches,
     csrf_token,
-    keep_signed_in,
+    end,
+    key_of,
     same_origin,
-    sign_out,
     signed_in,
 )
 from intentledger.documents import (
@@ -44,12 +46,13 @@ from intentledger.documents import (
 )
 from intentledger.domain.currencies import MINOR_UNITS
 from intentledger.domain.durations import parse_duration
-from intentledger.domain.states import UNRESOLVED, State
+from intentledger.domain.safety import attempt_key
+from intentledger.domain.states import UNRESOLVED, NextAction, State
 from intentledger.domain.work_queue import OPERATION_ID, Cursor, Need, QueueFacts, needs
 from intentledger.engine import operator
 from intentledger.engine.refusal import Refusal
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import ACTOR_LENGTH
+from intentledger.store.tables import ACTOR_LENGTH, Record
 from intentledger.store.work_queue import (
     QueueFilter,
     list_cards,
@@ -67,7 +70,14 @@ LONGEST_AGE_FILTER = timedelta(days=36_500)
 # A form is a handful of short fields; anything bigger is not from our pages.
 MAX_FORM_BYTES = 16 * 1024
 # The ids this service issues (api/edge.py's rule for /v1 paths).
-ID = OPERATION_ID
+ISSUED_ID = OPERATION_ID
+# A one-shot note from an action to the page it redirects to (never in the URL,
+# where a link could make the page claim something that did not happen).
+FLASH_COOKIE = "intentledger_console_flash"
+FLASH_NOTES = {
+    "done": "Done.",
+    "replayed": "Already done: this confirmation was sent before, nothing was done again.",
+}
 # Security headers for every console page: no framing (an action console must
 # not be clickjacked), no script or style from anywhere but here, nothing cached.
 PAGE_HEADERS = {
@@ -216,8 +226,8 @@ async def _operator(request: Request) -> tuple[str, Principal]:
     return token, principal
 
 
-def _context(token: str, principal: Principal, **values: Any) -> dict[str, Any]:
-    return {"operator": principal.actor, "csrf": csrf_token(token), **values}
+def _context(session_id: str, principal: Principal, **values: Any) -> dict[str, Any]:
+    return {"operator": principal.actor, "csrf": csrf_token(session_id), **values}
 
 
 async def _read_form(request: Request) -> dict[str, str]:
@@ -264,13 +274,13 @@ async def _checked_post(request: Request) -> tuple[str, Principal, dict[str, str
         raise _cross_origin()
     form = await _read_form(request)
     if not csrf_matches(token, form.pop(CSRF_FIELD, None)):
-        raise ConsoleRefusal(
-            403,
-            "csrf-token-invalid",
-            "Forbidden",
-            "the form's CSRF token is missing or not this session's: reload the page",
-        )
+        raise _csrf_refused()
     return token, principal, form
+
+
+def _csrf_refused() -> ConsoleRefusal:
+    detail = "the form's CSRF token is missing or not this session's: reload the page"
+    return ConsoleRefusal(403, "csrf-token-invalid", "Forbidden", detail)
 
 
 def _bad_filter(detail: str) -> ConsoleRefusal:
@@ -286,7 +296,7 @@ def _cross_origin() -> ConsoleRefusal:
 
 
 def _id(value: str, what: str) -> str:
-    if not ID.fullmatch(value):
+    if not ISSUED_ID.fullmatch(value):
         raise ConsoleRefusal(404, "not-found", "Not Found", f"no {what} {value!r}")
     return value
 
@@ -330,30 +340,32 @@ async def sign_in(request: Request) -> Response:
     form = await _read_form(request)
     token = form.get("token", "").strip()
     target = _safe_next(form.get("next"))
-    principal = await principal_of(request, token) if token else None
-    if principal is None or not principal.is_operator:
-        detail = (
-            "this key does not have the operator role"
-            if principal is not None
-            else "unknown or revoked token"
+    key = await key_of(request, token) if token else None
+    if key is None or not key.is_operator:
+        refused = (
+            (401, "unknown or revoked token")
+            if key is None
+            else (403, "this key does not have the operator role")
         )
-        status = 403 if principal is not None else 401
-        return _page(
-            request,
-            "sign_in.html",
-            {"operator": None, "next": target, "error": detail},
-            status=status,
-        )
+        context = {"operator": None, "next": target, "error": refused[1]}
+        return _page(request, "sign_in.html", context, status=refused[0])
     response = _redirect(target)
-    keep_signed_in(response, request, token)
+    await begin(request, response, key)
     return response
 
 
 @router.post("/sign-out")
-async def sign_out_page(request: Request) -> Response:
-    await _checked_post(request)
+async def sign_out(request: Request) -> Response:
+    """Ends the session (when it is still open, only from its own pages) and
+    always forgets the cookie."""
+    session = await signed_in(request)
+    if session is not None:
+        session_id, _principal = session
+        form = await _read_form(request)
+        if not same_origin(request) or not csrf_matches(session_id, form.get(CSRF_FIELD)):
+            raise _csrf_refused()
     response = _redirect(f"{PREFIX}/sign-in")
-    sign_out(response, request)
+    await end(request, response)
     return response
 
 
@@ -465,7 +477,11 @@ def available_actions(document: Mapping[str, Any], attempted: bool) -> list[str]
     actions = []
     if state in UNRESOLVED or document["outcome_contradicted"]:
         actions.append("resolve")
-    if state == State.MANUAL_REVIEW and attempted:
+    if (
+        state == State.MANUAL_REVIEW
+        and document["next_action"] == NextAction.OPERATOR
+        and attempted
+    ):
         actions.append("approve-resubmission")
     if state in operator.ESCALATABLE:
         actions.append("escalate")
@@ -505,32 +521,32 @@ async def _operation_story(request: Request, operation_id: str) -> dict[str, Any
         "timeline": timeline,
         "lookups": [e for e in timeline if e["type"] == "observation" and "lookup" in e["kind"]],
         "refunds": [operation_document(refund) for refund in shown["refunds"]],
-        "merchant_events": [
-            {"type": event.type, "at": json_value(event.created_at), "id": event.event_id}
-            for event in events
-        ],
+        "merchant_events": _announced(events),
         "mandate": mandate_document(mandate) if mandate is not None else None,
         "card": card_document(card) if card is not None else None,
         "actions": available_actions(document, bool(shown["attempts"])),
     }
 
 
-RESULTS = {
-    "done": "Done.",
-    "replayed": "Already done: this confirmation was sent before, nothing was done again.",
-}
+def _announced(events: Sequence[Record]) -> list[dict[str, Any]]:
+    return [
+        {"type": event.type, "at": json_value(event.created_at), "id": event.event_id}
+        for event in events
+    ]
 
 
 @router.get("/operations/{operation_id}")
-async def operation_page(
-    request: Request, operation_id: str, result: str | None = None, verb: str | None = None
-) -> HTMLResponse:
+async def operation_page(request: Request, operation_id: str) -> HTMLResponse:
     token, principal = await _operator(request)
     story = await _operation_story(request, _id(operation_id, "operation"))
+    verb, _, result = request.cookies.get(FLASH_COOKIE, "").partition(":")
     flash = None
-    if result in RESULTS and verb in ACTION_BODIES:
-        flash = f"{verb.replace('-', ' ').capitalize()}: {RESULTS[result]}"
-    return _page(request, "operation.html", _context(token, principal, flash=flash, **story))
+    if result in FLASH_NOTES and verb in ACTION_BODIES:
+        flash = f"{verb.replace('-', ' ').capitalize()}: {FLASH_NOTES[result]}"
+    response = _page(request, "operation.html", _context(token, principal, flash=flash, **story))
+    if flash is not None:
+        response.delete_cookie(FLASH_COOKIE, path=PREFIX)
+    return response
 
 
 # -- actions: a form, a confirmation, then the action ------------------------------------
@@ -542,11 +558,13 @@ def _verb(verb: str) -> str:
     return verb
 
 
-async def _key_review(request: Request, story: Mapping[str, Any]) -> dict[str, Any] | None:
+async def _key_review(
+    request: Request, verb: str, story: Mapping[str, Any]
+) -> dict[str, Any] | None:
     """What approving a new-key request weighs: the last key's age against the
     provider's documented retention."""
     attempts = story["document"]["attempts"]
-    if not attempts:
+    if verb != "approve-resubmission" or not attempts:
         return None
     last = attempts[-1]
     record = story["record"]
@@ -554,7 +572,11 @@ async def _key_review(request: Request, story: Mapping[str, Any]) -> dict[str, A
         first_use = await Ledger(conn).first_use_of_key(
             record.operation_id, last["provider_idempotency_key"]
         )
-    policy = request.app.state.policy_for(record.provider)
+    try:
+        policy = request.app.state.policy_for(record.provider)
+    except KeyError as exc:
+        detail = f"no retention policy is known for provider {record.provider!r}"
+        raise ConsoleRefusal(409, "provider-unknown", "Not possible here", detail) from exc
     age = request.app.state.clock() - first_use
     return {
         "key": last["provider_idempotency_key"],
@@ -563,7 +585,7 @@ async def _key_review(request: Request, story: Mapping[str, Any]) -> dict[str, A
         "minimum_seconds": policy.minimum.total_seconds(),
         "retention_passed": age >= policy.minimum,
         "note": policy.note,
-        "next_key": f"{record.operation_id}:{last['number'] + 1}",
+        "next_key": attempt_key(record.operation_id, last["number"] + 1),
     }
 
 
@@ -579,7 +601,7 @@ async def action_form(request: Request, operation_id: str, verb: str) -> HTMLRes
             token,
             principal,
             verb=verb,
-            key_review=await _key_review(request, story),
+            key_review=await _key_review(request, verb, story),
             charges=duplicate_charges(story["document"]),
             values={},
             error=None,
@@ -620,7 +642,8 @@ async def action_review(request: Request, operation_id: str, verb: str) -> HTMLR
             verb=verb,
             values=body.model_dump(),
             idempotency_key=f"console-{secrets.token_urlsafe(18)}",
-            key_review=await _key_review(request, story),
+            version=story["record"].version,
+            key_review=await _key_review(request, verb, story),
             **story,
         ),
     )
@@ -628,27 +651,35 @@ async def action_review(request: Request, operation_id: str, verb: str) -> HTMLR
 
 @router.post("/operations/{operation_id}/{verb}")
 async def action_perform(request: Request, operation_id: str, verb: str) -> Response:
-    _token, principal, form = await _checked_post(request)
+    """The confirmed action: done once under the page's key, and only while the
+    operation is as the confirmation page showed it (its version): a stale page
+    — another operator acted, the worker moved it on — is refused, not obeyed."""
+    _session, principal, form = await _checked_post(request)
     operation_id = _id(operation_id, "operation")
     verb = _verb(verb)
-    key = form.get("idempotency_key", "")
-    if not key.startswith("console-") or not 9 <= len(key) <= 255 or not key.isascii():
-        raise ConsoleRefusal(
-            400, "idempotency-key-invalid", "Bad Request", "confirm the action from its review page"
-        )
+    try:
+        key = valid_idempotency_key(form.get("idempotency_key"))
+    except Problem as exc:
+        raise ConsoleRefusal(exc.status, exc.slug, exc.title, exc.detail) from exc
+    reviewed = form.get("version", "")
+    if not key.startswith("console-") or not reviewed.isdecimal() or len(reviewed) > 9:
+        detail = "confirm the action from its review page"
+        raise ConsoleRefusal(400, "confirmation-invalid", "Bad Request", detail)
     body = _checked_body(verb, form)
     try:
         _done, replayed = await perform_operator_action(
-            request, principal, operation_id, verb, body, key
+            request, principal, operation_id, verb, body, key, expected_version=int(reviewed)
         )
     except Refusal as exc:
         raise ConsoleRefusal(exc.status, exc.slug, "Not done", exc.detail) from exc
     except Problem as exc:
         raise ConsoleRefusal(exc.status, exc.slug, exc.title, exc.detail) from exc
-    result = "replayed" if replayed else "done"
-    return _redirect(
-        f"{PREFIX}/operations/{operation_id}?{urlencode({'result': result, 'verb': verb})}"
+    response = _redirect(f"{PREFIX}/operations/{operation_id}")
+    note = f"{verb}:{'replayed' if replayed else 'done'}"
+    response.set_cookie(
+        FLASH_COOKIE, note, max_age=60, path=PREFIX, httponly=True, samesite="strict"
     )
+    return response
 
 
 # -- mandates and cards -----------------------------------------------------------------
@@ -698,9 +729,7 @@ async def mandate_page(request: Request, mandate_id: str) -> HTMLResponse:
             principal,
             mandate={**mandate_document(mandate), "actor": mandate.actor},
             open_operations=open_operations,
-            merchant_events=[
-                {"type": e.type, "at": json_value(e.created_at), "id": e.event_id} for e in events
-            ],
+            merchant_events=_announced(events),
         ),
     )
 
@@ -749,8 +778,6 @@ async def card_page(request: Request, card_id: str) -> HTMLResponse:
             token,
             principal,
             card={**card_document(card), "actor": card.actor},
-            merchant_events=[
-                {"type": e.type, "at": json_value(e.created_at), "id": e.event_id} for e in events
-            ],
+            merchant_events=_announced(events),
         ),
     )

@@ -1,84 +1,128 @@
-"""The console's sign-in: an operator's API token in a cookie, and CSRF tokens.
+"""The console's sign-in: a server-side session opened with an operator's key,
+and the CSRF token of its forms.
 
-The cookie holds the token itself (`HttpOnly`: no script reads it;
-`SameSite=Strict`: no other site's page sends it; `Secure` over https), so a
-key revoked with `intentledger keys revoke` signs the console out as soon as
-the API stops accepting it — there is no second credential to revoke.
+The browser holds only a random session id (`HttpOnly`: no script reads it;
+`SameSite=Strict`: no other site's page sends it; `Secure` except over plain
+http to this machine's loopback). The key itself never leaves the sign-in
+form: the session row names it, and every request checks on the server that
+the session is open, unexpired and its key not revoked (store/console_sessions.py),
+so signing out, the session's expiry and `intentledger keys revoke` end it at once.
 
 Every form that changes something carries a CSRF token derived from the
-signed-in token (an HMAC of a fixed label under the token): only a page this
-service rendered for that operator can know it, and it needs no storage.
-Posts must also come from this origin when the browser says where from.
+session id (an HMAC of a fixed label under it): only a page this service
+rendered for that session can know it, and it needs no storage. Posts must
+also come from this origin when the browser says where from.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 from datetime import timedelta
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from intentledger.api.auth import Principal, principal_of
+from intentledger.api.auth import Principal, hash_token
+from intentledger.store.console_sessions import (
+    ConsoleKey,
+    ConsoleSession,
+    close_session,
+    find_key,
+    find_session,
+    open_session,
+)
 
 COOKIE = "intentledger_console"
 COOKIE_PATH = "/console"
-# A signed-in browser stays signed in for one working shift.
+# A signed-in browser stays signed in for one working shift at most.
 SESSION_LENGTH = timedelta(hours=12)
 CSRF_FIELD = "csrf_token"
 _CSRF_LABEL = b"intentledger console csrf v1"
 
 
-def csrf_token(token: str) -> str:
-    return hmac.new(token.encode("utf-8"), _CSRF_LABEL, hashlib.sha256).hexdigest()
+def csrf_token(session_id: str) -> str:
+    return hmac.new(session_id.encode("utf-8"), _CSRF_LABEL, hashlib.sha256).hexdigest()
 
 
-def csrf_matches(token: str, sent: str | None) -> bool:
-    return sent is not None and hmac.compare_digest(csrf_token(token), sent)
-
-
-def signed_in_token(request: Request) -> str | None:
-    token = request.cookies.get(COOKIE)
-    return token if token else None
+def csrf_matches(session_id: str, sent: str | None) -> bool:
+    return sent is not None and hmac.compare_digest(csrf_token(session_id), sent)
 
 
 async def signed_in(request: Request) -> tuple[str, Principal] | None:
-    """The cookie's token and its principal; None when absent, unknown or revoked."""
-    token = signed_in_token(request)
-    if token is None:
+    """The open session's id and its key's principal; None when there is none."""
+    session_id = request.cookies.get(COOKIE)
+    if not session_id or len(session_id) > 100:
         return None
-    principal = await principal_of(request, token)
-    return None if principal is None else (token, principal)
+    async with request.app.state.engine.connect() as conn:
+        session = await find_session(conn, session_id, request.app.state.clock())
+    if session is None:
+        return None
+    return session.session_id, Principal(session.actor, session.is_operator)
 
 
-def is_https(request: Request) -> bool:
-    return request.url.scheme == "https"
+async def key_of(request: Request, token: str) -> ConsoleKey | None:
+    async with request.app.state.engine.connect() as conn:
+        return await find_key(conn, hash_token(token))
 
 
-def keep_signed_in(response: Response, request: Request, token: str) -> None:
+async def begin(request: Request, response: Response, key: ConsoleKey) -> ConsoleSession:
+    async with request.app.state.engine.begin() as conn:
+        session = await open_session(conn, key, request.app.state.clock(), SESSION_LENGTH)
     response.set_cookie(
         COOKIE,
-        token,
+        session.session_id,
         max_age=int(SESSION_LENGTH.total_seconds()),
         path=COOKIE_PATH,
         httponly=True,
         samesite="strict",
-        secure=is_https(request),
+        secure=not _plain_http_to_loopback(request),
     )
+    return session
 
 
-def sign_out(response: Response, request: Request) -> None:
+async def end(request: Request, response: Response) -> None:
+    session_id = request.cookies.get(COOKIE)
+    if session_id and len(session_id) <= 100:
+        async with request.app.state.engine.begin() as conn:
+            await close_session(conn, session_id)
     response.delete_cookie(
-        COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict", secure=is_https(request)
+        COOKIE,
+        path=COOKIE_PATH,
+        httponly=True,
+        samesite="strict",
+        secure=not _plain_http_to_loopback(request),
     )
+
+
+def _loopback(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _plain_http_to_loopback(request: Request) -> bool:
+    """Development on this machine: a `Secure` cookie would not come back over
+    plain http. Anywhere else the console is served over https (behind a TLS
+    proxy this process may see http, but the browser sees https)."""
+    host = request.headers.get("host", "")
+    return request.url.scheme == "http" and _loopback(host)
 
 
 def same_origin(request: Request) -> bool:
-    """A post's Origin (sent by every current browser on a form post) is this
-    service's own; a post without one (a script, curl) is judged by its token."""
+    """A post's Origin (every current browser sends one on a form post) is this
+    service: https at its host, or plain http only on loopback. A post without
+    an Origin (a script, curl) is judged by its CSRF token alone."""
     origin = request.headers.get("origin")
     if origin is None:
         return True
     host = request.headers.get("host")
-    return host is not None and origin in (f"http://{host}", f"https://{host}")
+    if host is None:
+        return False
+    return origin == f"https://{host}" or (origin == f"http://{host}" and _loopback(host))

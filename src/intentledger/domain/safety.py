@@ -153,3 +153,10 @@ def _not_found_long_enough(evidence: Evidence, rules: SafetyRules) -> bool:
         evidence.not_found >= rules.new_request_min_not_found
         and _spread(evidence) >= rules.new_request_min_spread
     )
+
+
+def attempt_key(operation_id: str, number: int) -> str:
+    """The provider-facing idempotency key of attempt `number`. Every replay of
+    an attempt sends its key again (the provider deduplicates); a deliberate
+    new request, authorised by a decision, is the next attempt with the next key."""
+    return f"{operation_id}:{number}"

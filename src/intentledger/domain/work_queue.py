@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from intentledger.domain.states import NextAction, State
@@ -82,4 +82,9 @@ class Cursor:
         created_at = datetime.fromisoformat(instant)
         if created_at.tzinfo is None:
             raise ValueError("a queue position carries its time zone")
+        try:
+            # In UTC, as stored: an instant at the calendar's edge may not fit.
+            created_at = created_at.astimezone(UTC)
+        except OverflowError as exc:
+            raise ValueError("not a queue position") from exc
         return cls(created_at, operation_id)

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.evidence import Effect, Limits, SubmitAnswer
 from intentledger.domain.retry_after import RetryAfter, parse_retry_after
+from intentledger.domain.safety import attempt_key
 from intentledger.domain.states import NextAction, State
 from intentledger.domain.transport import Classification, ProviderAnswer, Verdict, classify
 from intentledger.engine.clock import Clock
@@ -62,7 +63,7 @@ class Submission:
 def provider_key(operation_id: str) -> str:
     # The provider-facing key of the original request. A replay after evidence
     # of non-execution reuses it, so the provider can deduplicate.
-    return f"{operation_id}:1"
+    return attempt_key(operation_id, 1)
 
 
 # Fields of our own API that the provider never sees.

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.evidence import Limits, OperatorStatement
 from intentledger.domain.retention import RetentionPolicy
+from intentledger.domain.safety import attempt_key
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
@@ -41,6 +42,18 @@ class ActionNotAllowed(Refusal):
 
     def __init__(self, detail: str) -> None:
         super().__init__(409, "action-not-allowed", detail)
+
+
+class ChangedSinceReviewed(Refusal):
+    """A person confirmed what a page showed, and the operation has moved on since."""
+
+    def __init__(self, operation_id: str) -> None:
+        super().__init__(
+            409,
+            "changed-since-reviewed",
+            f"{operation_id} changed since it was reviewed (another person acted, or the "
+            "engine moved it on): review it again",
+        )
 
 
 @dataclass(frozen=True)
@@ -141,11 +154,18 @@ async def approve_resubmission(
         frozenset({State.MANUAL_REVIEW}),
         "approve a resubmission of",
     )
+    if operation.next_action != NextAction.OPERATOR:
+        # Already approved (a new request is on its way, next_action resubmit):
+        # a second approval would be a third request nobody weighed.
+        raise ActionNotAllowed(
+            f"cannot approve a resubmission of {action.operation_id}: one is already "
+            f"approved and on its way (next action {operation.next_action})"
+        )
     if operation.kind == "refund":
         await require_room_for_a_new_key(ledger, operation)
     last = await ledger.last_attempt(action.operation_id)
     assert last is not None, "only an attempted operation reaches MANUAL_REVIEW"
-    key = f"{action.operation_id}:{last.number + 1}"
+    key = attempt_key(action.operation_id, last.number + 1)
     policy = policy_for(operation.provider)
     first_use = await ledger.first_use_of_key(action.operation_id, last.provider_idempotency_key)
     key_age = now - first_use
@@ -216,6 +236,19 @@ async def escalate(ledger: Ledger, now: datetime, action: OperatorAction) -> str
 
 
 Action = Callable[[Ledger, datetime], Awaitable[str]]
+
+
+def as_reviewed(action: Action, operation_id: str, version: int) -> Action:
+    """`action`, done only while the operation is at the version a person
+    reviewed (the console's confirmation page): what they confirmed is what is done."""
+
+    async def reviewed(ledger: Ledger, now: datetime) -> str:
+        operation = await ledger.lock_operation(operation_id)
+        if operation is not None and operation.version != version:
+            raise ChangedSinceReviewed(operation_id)
+        return await action(ledger, now)
+
+    return reviewed
 
 
 @dataclass(frozen=True)

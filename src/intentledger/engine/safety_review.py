@@ -18,6 +18,7 @@ from intentledger.domain.safety import (
     ReviewInputs,
     SafetyDecision,
     SafetyRules,
+    attempt_key,
     review,
 )
 from intentledger.domain.states import NextAction, State
@@ -121,7 +122,7 @@ async def run_safety_review(
     )
     decision = review(inputs, rules)
     new_key = decision.resolution is Resolution.NEW_REQUEST
-    chosen_key = f"{operation.operation_id}:{last.number + 1}" if new_key else key
+    chosen_key = attempt_key(operation.operation_id, last.number + 1) if new_key else key
     document = _inputs_document(inputs, rules, decision, chosen_key)
     document["same_key"] = decision.resolution is Resolution.REPLAY_SAME_KEY
     document["unresolved_attempt"] = last.number

@@ -98,6 +98,18 @@ api_keys = Table(
     _timestamp("revoked_at", nullable=True),
 )
 
+# A signed-in operator console (console/session.py): the browser holds only a
+# random id, stored here as its hash, with the key it was opened with. Signing
+# out deletes the row; a revoked key ends every session opened with it.
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    Column("session_hash", String(64), primary_key=True),
+    Column("api_key_id", Integer, ForeignKey("api_keys.id"), nullable=False),
+    _timestamp("created_at"),
+    _timestamp("expires_at"),
+)
+
 operations = Table(
     "operations",
     metadata,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, case, func, or_, select, text
+from sqlalchemy import ColumnElement, String, and_, bindparam, case, func, or_, select, text, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import FINAL, NextAction, State
@@ -23,6 +23,7 @@ from intentledger.domain.work_queue import WAITING_STATES, Cursor, Need
 from intentledger.store.tables import (
     WORK_QUEUE_PREDICATE,
     Record,
+    UTCDateTime,
     cards,
     mandates,
     merchant_events,
@@ -104,13 +105,13 @@ async def work_queue(
     where = [_in_queue(now, waiting_threshold), *_filtered(now, chosen)]
     paged = list(where)
     if after is not None:
+        # A row-value comparison: both databases seek the index to the position
+        # (an OR of the two columns made SQLite scan from the start).
         paged.append(
-            or_(
-                operations.c.created_at > after.created_at,
-                and_(
-                    operations.c.created_at == after.created_at,
-                    operations.c.operation_id > after.operation_id,
-                ),
+            tuple_(operations.c.created_at, operations.c.operation_id)
+            > tuple_(
+                bindparam("after_created_at", after.created_at, type_=UTCDateTime()),
+                bindparam("after_operation_id", after.operation_id, type_=String()),
             )
         )
     rows = list(

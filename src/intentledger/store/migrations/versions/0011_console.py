@@ -1,4 +1,4 @@
-"""console: the work queue's partial index; operations by mandate; events by object
+"""console: sessions; the work queue's partial index; operations by mandate; events by object
 
 Revision ID: 0011
 Revises: 0010
@@ -24,6 +24,15 @@ QUEUE_PREDICATE = (
 
 
 def upgrade() -> None:
+    op.create_table(
+        "console_sessions",
+        sa.Column("session_hash", sa.String(length=64), nullable=False),
+        sa.Column("api_key_id", sa.Integer(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(["api_key_id"], ["api_keys.id"]),
+        sa.PrimaryKeyConstraint("session_hash"),
+    )
     op.create_index(
         "ix_operations_work_queue",
         "operations",
@@ -39,3 +48,4 @@ def downgrade() -> None:
     op.drop_index("ix_merchant_events_object_id", table_name="merchant_events")
     op.drop_index("ix_operations_mandate_id", table_name="operations")
     op.drop_index("ix_operations_work_queue", table_name="operations")
+    op.drop_table("console_sessions")
