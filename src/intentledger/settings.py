@@ -83,6 +83,11 @@ class Settings(BaseSettings):
     webhook_retry_first: Duration = timedelta(seconds=10)
     webhook_retry_longest: Duration = timedelta(hours=6)
     webhook_retry_for: Duration = timedelta(days=3)
+    # Logs (observability/logs.py): `text`, or `json` for one object per line.
+    log_format: Literal["text", "json"] = "text"
+    # A worker process's own metrics server (prometheus_client's), on every
+    # interface at this port; unset: none. `serve` answers GET /metrics itself.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
     # Optional TOML file of per-provider safety rules (see safety_config.py).
     safety_rules: str | None = None
     # TEST ONLY: deliberately break the engine so the chaos harness can prove it

@@ -137,6 +137,13 @@ operations = Table(
     # The operator list filters by state; the sweeper by state and age.
     Index(None, "state", "updated_at"),
     Index(None, "parent_operation_id"),
+    # The flagged few a person must look at (/metrics counts them at each scrape).
+    Index(
+        "ix_operations_flagged",
+        "updated_at",
+        sqlite_where=text("outcome_contradicted OR duplicate_detected"),
+        postgresql_where=text("outcome_contradicted OR duplicate_detected"),
+    ),
 )
 
 idempotency_records = Table(
