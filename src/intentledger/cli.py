@@ -160,10 +160,10 @@ def load_settings(**flags: Any) -> Settings:
         raise typer.Exit(2) from exc
 
 
-def _configure_logging(settings: Settings | None = None) -> None:
+def _configure_logging(settings: Settings) -> None:
     from intentledger.observability.logs import configure_logging
 
-    configure_logging(settings.log_format if settings is not None else "text")
+    configure_logging(settings.log_format)
 
 
 def _require_provider(settings: Settings) -> None:
@@ -433,7 +433,7 @@ def migrate(database_url: DatabaseUrl = None) -> None:
     from intentledger.store.migrate import upgrade
 
     settings = load_settings(database_url=database_url)
-    _configure_logging()
+    _configure_logging(settings)
     try:
         upgrade(settings.database_url)
     except UnsupportedDatabase as exc:
