@@ -104,7 +104,8 @@ def _flags(command: str) -> set[str]:
     ("command", "not_applicable"),
     [
         # A secret key is read from the environment only (`ps` shows a command line).
-        ("serve", {"break_for_tests", "stripe_api_key", "stripe_webhook_secret"}),
+        # serve answers GET /metrics on its own port: no metrics server of its own.
+        ("serve", {"break_for_tests", "stripe_api_key", "stripe_webhook_secret", "metrics_port"}),
         (
             "worker",
             {

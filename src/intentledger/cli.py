@@ -27,6 +27,8 @@ app.add_typer(ops_app, name="ops")
 # Errors stay one line each, whatever the terminal's width (logs, CI).
 err = Console(stderr=True, soft_wrap=True)
 
+log = logging.getLogger("intentledger")
+
 # serve and worker wait for an unreachable database, backing off to this.
 DATABASE_WAIT_CAP_SECONDS = 30.0
 
@@ -140,6 +142,16 @@ OperatorQueueAfter = Annotated[
         "operation once it is this old, e.g. 15m",
     ),
 ]
+LogFormat = Annotated[
+    str | None, typer.Option("--log-format", help="INTENTLEDGER_LOG_FORMAT: text or json")
+]
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        help="INTENTLEDGER_METRICS_PORT: serve this worker's metrics at /metrics on this port",
+    ),
+]
 SafetyRules = Annotated[
     str | None, typer.Option("--safety-rules", help="INTENTLEDGER_SAFETY_RULES: a TOML file")
 ]
@@ -156,13 +168,10 @@ def load_settings(**flags: Any) -> Settings:
         raise typer.Exit(2) from exc
 
 
-def _configure_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # A line per provider request and per migration step would drown what matters.
-    for noisy in ("httpx", "alembic"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+def _configure_logging(settings: Settings) -> None:
+    from intentledger.observability.logs import configure_logging
+
+    configure_logging(settings.log_format)
 
 
 def _require_provider(settings: Settings) -> None:
@@ -200,7 +209,7 @@ def _require_schema(settings: Settings, *, wait_for_database: bool = False) -> N
             if not wait_for_database:
                 err.print(f"[red]the database is not reachable: {reason}[/red]")
                 raise typer.Exit(1) from exc
-            err.print(f"the database is not reachable ({reason}); trying again in {delay:.0f} s")
+            log.warning("the database is not reachable (%s); trying again in %.0f s", reason, delay)
             time.sleep(delay)
             delay = min(delay * 2, DATABASE_WAIT_CAP_SECONDS)
 
@@ -239,6 +248,7 @@ def serve(
     webhook_retry_longest: WebhookRetryLongest = None,
     webhook_concurrency: WebhookConcurrency = None,
     operator_queue_after: OperatorQueueAfter = None,
+    log_format: LogFormat = None,
 ) -> None:
     """Run the HTTP API and the operator console (/console), plus the dispatcher
     (unless --no-workers) and the sandbox provider."""
@@ -275,21 +285,27 @@ def serve(
         webhook_retry_longest=webhook_retry_longest,
         webhook_concurrency=webhook_concurrency,
         operator_queue_after=operator_queue_after,
+        log_format=log_format,
     )
-    _configure_logging()
+    _configure_logging(settings)
     _require_provider(settings)
     _require_schema(settings, wait_for_database=True)
     local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     service = build_service_app(
         settings, own_url=f"http://{local_host}:{port}", with_workers=not no_workers
     )
-    err.print(
-        f"intentledger serving on http://{host}:{port} (workers: {'off' if no_workers else 'on'})"
+    # Through logging, so that with --log-format json every line is JSON.
+    log.info(
+        "intentledger serving on http://%s:%s (workers: %s)",
+        host,
+        port,
+        "off" if no_workers else "on",
     )
     if mounts_sandbox(settings):
-        err.print(
-            f"[yellow]warning: the provider is the built-in sandbox at {SANDBOX_MOUNT}, a test "
-            "provider with no authentication: not for real money[/yellow]"
+        log.warning(
+            "the provider is the built-in sandbox at %s, a test provider with no "
+            "authentication: not for real money",
+            SANDBOX_MOUNT,
         )
     # A sandbox request may be withholding its answer on purpose: do not wait for it.
     eventloop.serve(
@@ -297,6 +313,8 @@ def serve(
         host=host,
         port=port,
         log_level="warning",
+        # uvicorn's own lines go through the root handler: JSON when asked.
+        log_config=None,
         lifespan="on",
         timeout_graceful_shutdown=5,
         **server_options(settings.header_timeout.total_seconds(), settings.max_connections),
@@ -328,6 +346,8 @@ def worker(
     webhook_retry_for: WebhookRetryFor = None,
     webhook_retry_longest: WebhookRetryLongest = None,
     webhook_concurrency: WebhookConcurrency = None,
+    log_format: LogFormat = None,
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run the dispatcher alone (point --provider-url at a running provider)."""
     from intentledger.engine.clock import system_clock
@@ -358,8 +378,10 @@ def worker(
         webhook_retry_for=webhook_retry_for,
         webhook_retry_longest=webhook_retry_longest,
         webhook_concurrency=webhook_concurrency,
+        log_format=log_format,
+        metrics_port=metrics_port,
     )
-    _configure_logging()
+    _configure_logging(settings)
     _require_provider(settings)
     _require_schema(settings, wait_for_database=True)
 
@@ -374,7 +396,14 @@ def worker(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        err.print(f"intentledger worker {worker.worker_id} started")
+        if settings.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            # prometheus_client's own server, in a thread: the worker's counters
+            # only (the ledger's gauges come from the API's /metrics).
+            start_http_server(settings.metrics_port)
+            log.info("worker metrics at http://0.0.0.0:%s/metrics", settings.metrics_port)
+        log.info("intentledger worker %s started", worker.worker_id)
         try:
             await run_workers(worker, settings, stop)
         finally:
@@ -415,7 +444,7 @@ def migrate(database_url: DatabaseUrl = None) -> None:
     from intentledger.store.migrate import upgrade
 
     settings = load_settings(database_url=database_url)
-    _configure_logging()
+    _configure_logging(settings)
     try:
         upgrade(settings.database_url)
     except UnsupportedDatabase as exc:

@@ -23,6 +23,7 @@ from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.sync_writes import SyncWriter
 from intentledger.engine.webhook_sender import WebhookSender
 from intentledger.engine.worker import Worker, run_worker
+from intentledger.observability.logs import bind_log_context
 from intentledger.providers.base import Provider, WebhookReader
 from intentledger.providers.registry import build_provider, plugin_for, retention_policy_for
 from intentledger.providers.sandbox import create_sandbox_app
@@ -100,6 +101,8 @@ def build_webhook_sender(
 
 
 async def run_workers(worker: Worker, settings: Settings, stop: asyncio.Event) -> None:
+    # Every line this worker's tasks log names it (tasks inherit the context).
+    bind_log_context(worker=worker.worker_id)
     try:
         await run_worker(
             worker,

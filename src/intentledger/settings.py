@@ -88,6 +88,11 @@ class Settings(BaseSettings):
     # SAFETY_REVIEW operation once it is this old (MANUAL_REVIEW, contradictions
     # and duplicates at once): until then the engine is still working on it.
     operator_queue_after: Duration = DEFAULT_WAITING_THRESHOLD
+    # Logs (observability/logs.py): `text`, or `json` for one object per line.
+    log_format: Literal["text", "json"] = "text"
+    # A worker process's own metrics server (prometheus_client's), on every
+    # interface at this port; unset: none. `serve` answers GET /metrics itself.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
     # Optional TOML file of per-provider safety rules (see safety_config.py).
     safety_rules: str | None = None
     # TEST ONLY: deliberately break the engine so the chaos harness can prove it

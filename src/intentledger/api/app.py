@@ -20,6 +20,7 @@ from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
 from intentledger.api.edge import DEFAULT_BODY_TIMEOUT, EdgeGuard
 from intentledger.api.mandate_routes import router as mandate_router
+from intentledger.api.metrics_route import router as metrics_router
 from intentledger.api.openapi import install_openapi
 from intentledger.api.operator_routes import router as operator_router
 from intentledger.api.problems import (
@@ -229,5 +230,6 @@ def create_app(
     app.include_router(webhook_endpoint_router)
     app.include_router(refund_router)
     install_console(app, operator_queue_after)
+    app.include_router(metrics_router)
     install_openapi(app)
     return app

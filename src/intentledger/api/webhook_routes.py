@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from intentledger.api.problems import Problem
 from intentledger.domain.signatures import SignatureRefused
 from intentledger.engine.provider_events import receive
+from intentledger.observability.metrics import WEBHOOKS_IN
 from intentledger.providers.base import UnreadableEvent, WebhookReader
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,29 @@ async def provider_webhook(provider: str, request: Request) -> JSONResponse:
     except SignatureRefused as exc:
         rejected: Counter[str] = request.app.state.webhook_rejections
         rejected[provider] += 1
-        log.warning("provider %s webhook refused: %s", provider, exc)
+        # `provider` is one of the configured readers' names: a bounded label.
+        WEBHOOKS_IN.labels(provider, "rejected").inc()
+        log.warning(
+            "provider %s webhook refused: %s",
+            provider,
+            exc,
+            extra={"event": "webhook_in.rejected", "provider": provider},
+        )
         raise Problem(400, "signature-refused", "Bad Request", str(exc)) from exc
     except UnreadableEvent as exc:
+        WEBHOOKS_IN.labels(provider, "unreadable").inc()
+        log.warning(
+            "provider %s webhook verified but unreadable: %s",
+            provider,
+            exc,
+            extra={"event": "webhook_in.unreadable", "provider": provider},
+        )
         raise Problem(400, "unreadable-event", "Bad Request", str(exc)) from exc
     receipt = await receive(
         request.app.state.engine, clock, provider, event, request.app.state.recheck_backoff
     )
+    # Counted once `receive` has committed the event (or found it stored).
+    WEBHOOKS_IN.labels(provider, "duplicate" if receipt.duplicate else "verified").inc()
     return JSONResponse(
         {
             "event_id": receipt.event_id,

@@ -28,6 +28,7 @@ from intentledger.domain.transport import Classification, ProviderAnswer, Verdic
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
 from intentledger.engine.unknown import mark_unknown
+from intentledger.observability.logs import log_context
 from intentledger.providers.base import Provider, ProviderRequest
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
@@ -148,11 +149,13 @@ class Dispatcher:
         self.jitter = jitter
 
     async def deliver_submit(self, row: Record) -> None:
-        submission = await self._pre_submit(row)
-        if submission is None:
-            return
-        answer = await self.provider.submit(submission.request)
-        await self.record(row, submission, answer)
+        with log_context(operation_id=row.operation_id):
+            submission = await self._pre_submit(row)
+            if submission is None:
+                return
+            with log_context(attempt=submission.attempt_number):
+                answer = await self.provider.submit(submission.request)
+                await self.record(row, submission, answer)
 
     # -- step 3: pre-submit -------------------------------------------------
 

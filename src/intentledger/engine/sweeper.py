@@ -18,6 +18,7 @@ from intentledger.domain.states import State
 from intentledger.domain.transport import Verdict
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
+from intentledger.observability import ledger_events
 from intentledger.store.ledger import Ledger
 
 BATCH = 100
@@ -81,5 +82,6 @@ class Sweeper:
                     source=self.worker_id,
                     observation_id=observation_id,
                 )
+                ledger_events.swept(conn, operation_id, attempt.number)
                 swept += 1
         return swept

@@ -27,6 +27,7 @@ from intentledger.domain.signatures import standard_signature
 from intentledger.domain.webhook_targets import TargetRefused
 from intentledger.engine.clock import Clock
 from intentledger.engine.webhook_endpoints import Resolver, check_target, resolve
+from intentledger.observability.metrics import WEBHOOKS_OUT
 from intentledger.store.webhooks import AttemptResult, Claimed, WebhookStore
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ class WebhookSender:
             result = await self.attempt(claimed)
             async with self.engine.begin() as conn:
                 await WebhookStore(conn).record_attempt(claimed, self.owner, result)
+            self._report(claimed, result)
         except Exception:
             log.exception(
                 "webhook delivery %s: attempt not recorded; its lease will run out",
@@ -186,6 +188,29 @@ class WebhookSender:
                 self.schedule, claimed.attempts + 1, claimed.event_created_at, now, self.jitter()
             )
         return AttemptResult(now, duration_ms, status, error, delivered, next_at)
+
+    @staticmethod
+    def _report(claimed: Claimed, result: AttemptResult) -> None:
+        """Count and log an attempt once it is recorded (never its URL or secret)."""
+        if result.delivered:
+            WEBHOOKS_OUT.labels("delivered").inc()
+            return
+        gave_up = result.next_attempt_at is None
+        WEBHOOKS_OUT.labels("gave_up" if gave_up else "failed").inc()
+        log.log(
+            logging.ERROR if gave_up else logging.WARNING,
+            "webhook delivery %s (event %s) attempt %s failed: %s; %s",
+            claimed.delivery_id,
+            claimed.event_id,
+            claimed.attempts + 1,
+            result.error or f"status {result.http_status}",
+            "given up" if gave_up else f"next at {result.next_attempt_at}",
+            extra={
+                "event": "webhook_out.gave_up" if gave_up else "webhook_out.failed",
+                "delivery_id": claimed.delivery_id,
+                "endpoint_id": claimed.endpoint_id,
+            },
+        )
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -21,6 +21,7 @@ from intentledger.engine.dispatcher import Dispatcher
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.webhook_sender import WebhookSender
+from intentledger.observability.logs import log_context
 from intentledger.store.batches import BatchLedger
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
@@ -60,6 +61,10 @@ class Worker:
         return True
 
     async def deliver(self, row: Record) -> None:
+        with log_context(operation_id=row.operation_id):
+            await self._deliver(row)
+
+    async def _deliver(self, row: Record) -> None:
         if row.kind == "submit":
             await self.dispatcher.deliver_submit(row)
         elif row.kind == "reconcile":

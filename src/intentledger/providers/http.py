@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -60,6 +61,48 @@ def _reference(body: Any) -> str | None:
 # httpx's own timeout fires first for a single slow phase (so the record names
 # the exact class, e.g. httpx.ReadTimeout); the deadline only cuts off calls
 # whose phases each stayed under it.
+# A provider echoes what it was sent (a beneficiary's IBAN) and may show card
+# data: what an answer's detail keeps of those fields is their last four
+# characters, enough to tell two apart; a card's security code not at all. The
+# answer is recorded as an observation and shown by the API: it is no place for
+# a full account or card number. No adapter's mapping or lookup reads these
+# fields (they read ids, statuses and error codes).
+LAST_FOUR_FIELDS = frozenset({"iban", "account_number", "card_number", "number", "pan"})
+DROPPED_FIELDS = frozenset({"cvc", "cvv", "cvc2", "cvv2"})
+# Shapes in a body that is not JSON: an IBAN, spaced or not, and a run of 13-19
+# digits (a card number, spaced or dashed).
+_IBAN_SHAPE = re.compile(r"\b[A-Z]{2}[0-9]{2}(?:[ ]?[A-Z0-9]){11,30}\b")
+_CARD_SHAPE = re.compile(r"\b(?:[0-9][ -]?){12,18}[0-9]\b")
+
+
+def last_four(value: str) -> str:
+    compact = value.replace(" ", "")
+    return "****" + compact[-4:] if len(compact) > 4 else "****"
+
+
+def redacted(value: Any) -> Any:
+    """`value` (a parsed body) with account and card numbers cut to their last four."""
+    if isinstance(value, dict):
+        kept: dict[str, Any] = {}
+        for name, item in value.items():
+            lowered = name.lower() if isinstance(name, str) else name
+            if lowered in DROPPED_FIELDS:
+                kept[name] = "***"
+            elif lowered in LAST_FOUR_FIELDS and isinstance(item, str | int):
+                kept[name] = last_four(str(item))
+            else:
+                kept[name] = redacted(item)
+        return kept
+    if isinstance(value, list):
+        return [redacted(item) for item in value]
+    return value
+
+
+def redacted_text(text: str) -> str:
+    text = _IBAN_SHAPE.sub(lambda m: last_four(m.group(0)), text)
+    return _CARD_SHAPE.sub(lambda m: last_four(re.sub("[ -]", "", m.group(0))), text)
+
+
 CALL_GRACE = timedelta(milliseconds=200)
 
 
@@ -104,9 +147,10 @@ async def observe(
     detail: dict[str, Any] = {}
     body: Any = None  # what an unreadable body tells: nothing
     try:
-        body = detail["body"] = response.json()
+        body = response.json()
+        detail["body"] = redacted(body)
     except ValueError:
-        detail["body_text"] = response.text[:2000]
+        detail["body_text"] = redacted_text(response.text[:2000])
     for name in keep_headers:
         if name in response.headers:
             detail[name.lower()] = response.headers[name]

@@ -18,6 +18,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 
 from intentledger.domain.retention import RetentionPolicy, policy_for_provider
+from intentledger.observability.provider_metrics import InstrumentedProvider
 from intentledger.providers.base import KINDS, LookupConsistency, Provider, WebhookReader
 from intentledger.settings import Settings
 
@@ -100,9 +101,11 @@ def build_provider(
     # Enough connections for every delivery in flight: a call queued for a
     # connection would spend its deadline waiting and end as "no response".
     connections = max(DEFAULT_CONNECTIONS, settings.worker_concurrency)
-    return plugin.build(
+    adapter = plugin.build(
         BuildArguments(settings, default_url, timeout or settings.submit_timeout, connections)
     )
+    # Every call timed and counted in one place (observability/provider_metrics.py).
+    return InstrumentedProvider(adapter)
 
 
 def retention_policy_for(settings: Settings) -> Callable[[str], RetentionPolicy]:

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import NextAction, State, require_transition
+from intentledger.observability import ledger_events
 from intentledger.store import announcements
 from intentledger.store.ledger import ConcurrentUpdate, Ledger
 from intentledger.store.tables import (
@@ -80,7 +81,9 @@ class BatchLedger:
             .values(lease_owner=owner, due_at=now + lease, deliveries=outbox.c.deliveries + 1)
             .returning(outbox)
         )
-        return sorted(result.all(), key=lambda row: (row.created_at, row.id))
+        rows = sorted(result.all(), key=lambda row: (row.created_at, row.id))
+        ledger_events.claimed(self.conn, rows)
+        return rows
 
     async def lock(self, operation_ids: Iterable[str]) -> Locked:
         """Lock the operations' mandates, then the operations (Ledger.lock_operation's order)."""
@@ -148,6 +151,9 @@ class BatchLedger:
         begin = self._begin_in_one_statement if self._is_postgres else self._begin_stepwise
         if await begin(attempt_rows, now, reasons, source) != len(ids):
             raise ConcurrentUpdate(", ".join(ids))
+        ledger_events.transitions(
+            self.conn, State.ACCEPTED, State.SUBMITTING, len(ids), "pre_submit"
+        )
 
     async def _begin_in_one_statement(
         self,
@@ -215,6 +221,9 @@ class BatchLedger:
         settled = await write(settlements, now, source)
         if settled is not None and settled != len(settlements):
             raise ConcurrentUpdate(", ".join(s.operation.operation_id for s in settlements))
+        ledger_events.transitions(
+            self.conn, State.SUBMITTING, State.OUTCOME_KNOWN, len(settlements), "settle"
+        )
         ledger = Ledger(self.conn)
         for s in settlements:
             await ledger.rebook(
@@ -385,7 +394,18 @@ class BatchLedger:
         if not accepted:
             return set()
         if self.conn.dialect.name != "postgresql":
-            return await self._claim_and_accept_stepwise(accepted, reason, now)
+            claimed = await self._claim_and_accept_stepwise(accepted, reason, now)
+        else:
+            claimed = await self._claim_and_accept_in_one_statement(accepted, reason, now)
+        # The group is every intent in the transaction; the new ones made transitions.
+        ledger_events.transitions(
+            self.conn, None, State.ACCEPTED, len(claimed), "intake", group_size=len(accepted)
+        )
+        return claimed
+
+    async def _claim_and_accept_in_one_statement(
+        self, accepted: Sequence[tuple[Mapping[str, Any], str]], reason: str, now: datetime
+    ) -> set[str]:
         columns = tuple(accepted[0][0])
         rows = [{**row, _SOURCE: source} for row, source in accepted]
         result = await self.conn.execute(

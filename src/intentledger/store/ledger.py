@@ -22,6 +22,7 @@ from intentledger.domain.cards import CARD_KINDS, status_after
 from intentledger.domain.evidence import Share, mandate_share, recorded_executions
 from intentledger.domain.refunds import refund_mandate_share
 from intentledger.domain.states import FINAL, NextAction, Outcome, State, require_transition
+from intentledger.observability import ledger_events
 from intentledger.store import announcements
 from intentledger.store.tables import (
     Record,
@@ -241,6 +242,10 @@ class Ledger:
                 source=source,
             )
         )
+        ledger_events.transition(
+            self.conn, operation.operation_id, current, target, next_action, reason
+        )
+        ledger_events.flags_raised(self.conn, operation, fields)
         after = {**operation._mapping, "state": target, "next_action": next_action, **fields}
         await announcements.operation_changed(self, operation, after, now)
 
@@ -258,6 +263,9 @@ class Ledger:
                 source=source,
             )
         )
+        ledger_events.transition(
+            self.conn, operation_id, None, State.ACCEPTED, NextAction.SUBMIT, reason
+        )
 
     # -- append-only companions --------------------------------------------
 
@@ -267,6 +275,7 @@ class Ledger:
 
     async def add_decision(self, **values: Any) -> int:
         result = await self.conn.execute(insert(decisions).values(**values))
+        ledger_events.decision(self.conn, values)
         return int(result.inserted_primary_key[0])  # type: ignore[index]
 
     async def add_attempt(self, **values: Any) -> None:
@@ -429,6 +438,8 @@ class Ledger:
             .returning(outbox)
         )
         claimed: Record | None = result.first()
+        if claimed is not None:
+            ledger_events.claimed(self.conn, [claimed])
         return claimed
 
     async def holds_lease(self, row_id: int, owner: str, now: datetime) -> bool:
@@ -479,6 +490,7 @@ class Ledger:
         )
         if result.rowcount != 1:
             raise ConcurrentUpdate(operation.operation_id)
+        ledger_events.flags_raised(self.conn, operation, fields)
         await self.rebook(operation, State(operation.state), fields, now)
         if operation.kind == "card_issue" and fields.get("provider_reference"):
             await self._adopt_card_reference(operation, fields["provider_reference"], now)

@@ -166,6 +166,13 @@ operations = Table(
         postgresql_where=text(WORK_QUEUE_PREDICATE),
         sqlite_where=text(WORK_QUEUE_PREDICATE),
     ),
+    # The flagged few a person must look at (/metrics counts them at each scrape).
+    Index(
+        "ix_operations_flagged",
+        "updated_at",
+        sqlite_where=text("outcome_contradicted OR duplicate_detected"),
+        postgresql_where=text("outcome_contradicted OR duplicate_detected"),
+    ),
 )
 
 idempotency_records = Table(

@@ -1,6 +1,6 @@
 """The operator console's reads: the work queue, and mandates and cards.
 
-The queue reads through a partial index (migration 0011) that holds only the
+The queue reads through a partial index (migration 0012) that holds only the
 operations a person may be asked about — those with `next_action: operator`,
 the flagged ones and the unresolved ones — so a page costs the same on a
 ledger of a million settled operations as on an empty one. The index's

@@ -1,0 +1,151 @@
+"""The ledger's state, read from the database when the API's /metrics is scraped.
+
+Only the API process exports these: every process reads the same database, so
+each would report the same numbers (and a worker has no business holding a
+scrape open on it). Each query is bounded by what needs attention, never by the
+size of the ledger, through an index:
+
+- unresolved operations by state and kind, and the oldest per state: the
+  operations' (state, updated_at) index, over the unresolved states only (final
+  states grow for ever; `intentledger_transitions_total` counts arrivals there);
+- flagged operations: the partial index of flagged rows (migration 0011);
+- the oldest due-but-unclaimed outbox row and merchant webhook delivery: the
+  partial indexes of pending rows by due time, read at their first entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.domain.states import FINAL, State
+from intentledger.store.tables import operations, outbox, webhook_deliveries
+
+UNRESOLVED = tuple(state for state in State if state not in FINAL)
+# The partial index's predicate, written the same way so SQLite's planner uses it.
+FLAGGED = text("outcome_contradicted OR duplicate_detected")
+
+
+@dataclass
+class LedgerState:
+    readable: bool = True
+    # (state, kind) -> count, and state -> seconds since the oldest was created.
+    unresolved: dict[tuple[str, str], int] = field(default_factory=dict)
+    oldest_seconds: dict[str, float] = field(default_factory=dict)
+    flagged: dict[str, int] = field(default_factory=dict)
+    outbox_due_seconds: float = 0.0
+    webhook_due_seconds: float = 0.0
+
+
+async def read_ledger_state(engine: AsyncEngine, now: datetime) -> LedgerState:
+    state = LedgerState()
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(
+                operations.c.state,
+                operations.c.kind,
+                func.count(),
+                func.min(operations.c.created_at),
+            )
+            .where(operations.c.state.in_(UNRESOLVED))
+            .group_by(operations.c.state, operations.c.kind)
+        )
+        for row_state, kind, count, oldest in rows:
+            state.unresolved[(row_state, kind)] = int(count)
+            age = _age(now, oldest)
+            state.oldest_seconds[row_state] = max(state.oldest_seconds.get(row_state, 0.0), age)
+        flags = (
+            await conn.execute(
+                select(
+                    func.count().filter(operations.c.outcome_contradicted),
+                    func.count().filter(operations.c.duplicate_detected),
+                ).where(FLAGGED)
+            )
+        ).one()
+        state.flagged = {"outcome_contradicted": int(flags[0]), "duplicate_detected": int(flags[1])}
+        oldest_due = (
+            await conn.execute(
+                select(func.min(outbox.c.due_at)).where(
+                    outbox.c.done_at.is_(None), outbox.c.due_at <= now
+                )
+            )
+        ).scalar_one()
+        state.outbox_due_seconds = _age(now, oldest_due)
+        oldest_delivery = (
+            await conn.execute(
+                select(func.min(webhook_deliveries.c.due_at)).where(
+                    webhook_deliveries.c.status == "pending", webhook_deliveries.c.due_at <= now
+                )
+            )
+        ).scalar_one()
+        state.webhook_due_seconds = _age(now, oldest_delivery)
+    return state
+
+
+def _age(now: datetime, since: datetime | str | None) -> float:
+    if since is None:
+        return 0.0
+    if isinstance(since, str):  # an aggregate over SQLite's text timestamps
+        since = datetime.fromisoformat(since)
+    if since.tzinfo is None:
+        since = since.replace(tzinfo=now.tzinfo)
+    return max(0.0, (now - since).total_seconds())
+
+
+class LedgerCollector(Collector):
+    """One scrape's reading, as gauges (built fresh for each scrape)."""
+
+    def __init__(self, reading: LedgerState) -> None:
+        self.reading = reading
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        reading = self.reading
+        yield GaugeMetricFamily(
+            "intentledger_ledger_readable",
+            "1 if this scrape could read the ledger's state from the database, else 0.",
+            value=1 if reading.readable else 0,
+        )
+        if not reading.readable:
+            return
+        operations_family = GaugeMetricFamily(
+            "intentledger_operations",
+            "Unresolved operations (not OUTCOME_KNOWN or CANCELLED) by state and kind.",
+            labels=["state", "kind"],
+        )
+        for (state, kind), count in sorted(reading.unresolved.items()):
+            operations_family.add_metric([state, kind], count)
+        yield operations_family
+        oldest = GaugeMetricFamily(
+            "intentledger_oldest_unresolved_age_seconds",
+            "Age (since it was accepted) of the oldest operation in each unresolved state; "
+            "0 when there is none.",
+            labels=["state"],
+        )
+        for state in UNRESOLVED:
+            oldest.add_metric([state], reading.oldest_seconds.get(state, 0.0))
+        yield oldest
+        flagged = GaugeMetricFamily(
+            "intentledger_flagged_operations",
+            "Operations carrying a flag a person must clear, by flag.",
+            labels=["flag"],
+        )
+        for flag, count in sorted(reading.flagged.items()):
+            flagged.add_metric([flag], count)
+        yield flagged
+        yield GaugeMetricFamily(
+            "intentledger_outbox_due_age_seconds",
+            "How long the oldest due outbox row (submit, reconcile, audit) has waited "
+            "unclaimed; 0 when none is due.",
+            value=reading.outbox_due_seconds,
+        )
+        yield GaugeMetricFamily(
+            "intentledger_webhook_due_age_seconds",
+            "How long the oldest due merchant webhook delivery has waited unclaimed.",
+            value=reading.webhook_due_seconds,
+        )

@@ -1,0 +1,145 @@
+"""The process's metrics, in prometheus_client's default registry.
+
+Cardinality is bounded by construction: every label value comes from a closed
+set the code owns (states, kinds, verdicts, rules, installed providers), never
+from a request. No operation id, actor, key, URL or amount is ever a label.
+
+Counts of rows a transaction writes (transitions, decisions, sweeps, lease
+take-overs, group sizes) are kept pending on the connection by `after_commit`
+and applied when that transaction commits; a rollback drops them, so a retried
+or failed transaction is not counted twice or at all. They are applied at the
+commit event, which SQLAlchemy fires as COMMIT is sent: a commit cut off at that
+very moment may or may not have happened, and is counted — the metric then errs
+like the database itself is ambiguous, once, and the ledger's tables (and the
+scrape-time gauges read from them, observability/ledger_gauges.py) stay the truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+# -- counted where the work is written (applied at commit) -------------------
+
+TRANSITIONS = Counter(
+    "intentledger_transitions_total",
+    "State transitions committed, by state before (none: a new operation) and after.",
+    ["from_state", "to_state"],
+)
+DECISIONS = Counter(
+    "intentledger_decisions_total",
+    "Decision rows committed (safety review, non-execution requeue, operator action), by rule.",
+    ["rule"],
+)
+SWEEPER_ACTIONS = Counter(
+    "intentledger_sweeper_actions_total",
+    "What the sweeper committed, by action (stale SUBMITTING made UNKNOWN).",
+    ["action"],
+)
+LEASE_EXPIRIES = Counter(
+    "intentledger_lease_expiries_total",
+    "Rows claimed again after an earlier holder's lease ran out before it finished them "
+    "(a crashed or stalled worker, or a request that outlived its hold), by queue.",
+    ["queue"],
+)
+GROUP_COMMIT_SIZE = Histogram(
+    "intentledger_group_commit_size",
+    "Operations written by one grouped transaction, by stage (intake, pre_submit, settle).",
+    ["stage"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+
+# -- counted where the call or request is made ---------------------------------
+# A provider call, a webhook received or sent happened whatever a later
+# transaction does, so these count when they happen.
+
+PROVIDER_CALL_SECONDS = Histogram(
+    "intentledger_provider_call_seconds",
+    "Provider calls, from send to answer (or to giving up on one), by provider, call "
+    "(submit, lookup), operation kind and verdict (a submit's classification, a lookup's "
+    "finding).",
+    ["provider", "call", "kind", "verdict"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+CLASSIFICATIONS = Counter(
+    "intentledger_classifications_total",
+    "Submit answers as classified (the transport, and what the adapter's mapping proves), "
+    "by provider, operation kind, transport and verdict.",
+    ["provider", "kind", "transport", "verdict"],
+)
+LOOKUPS = Counter(
+    "intentledger_lookups_total",
+    "Lookups by our reference, by provider, operation kind and what they showed.",
+    ["provider", "kind", "verdict"],
+)
+WEBHOOKS_IN = Counter(
+    "intentledger_provider_webhooks_total",
+    "Provider webhooks received, by provider (a configured one) and result "
+    "(verified, duplicate, rejected, unreadable).",
+    ["provider", "result"],
+)
+WEBHOOKS_OUT = Counter(
+    "intentledger_merchant_webhook_attempts_total",
+    "Merchant webhook attempts recorded, by result (delivered, failed: tried again later, "
+    "gave_up: no more retries).",
+    ["result"],
+)
+
+# The label names every metric of ours may carry: a test holds the set to this.
+LABEL_NAMES = frozenset(
+    {
+        "from_state",
+        "to_state",
+        "rule",
+        "action",
+        "queue",
+        "stage",
+        "provider",
+        "call",
+        "kind",
+        "transport",
+        "verdict",
+        "result",
+        "state",
+        "flag",
+    }
+)
+
+_PENDING = "intentledger.metrics.after_commit"
+
+
+def after_commit(conn: AsyncConnection | Connection, action: Callable[[], Any]) -> None:
+    """Run `action` when the connection's current transaction commits; never if it
+    rolls back. For counts (and log lines) of what a transaction writes."""
+    sync = conn.sync_connection if isinstance(conn, AsyncConnection) else conn
+    assert sync is not None, "a connection in use has its sync side"
+    sync.info.setdefault(_PENDING, []).append(action)
+
+
+def _take_pending(conn: Connection) -> list[Callable[[], Any]]:
+    try:
+        pending: list[Callable[[], Any]] = conn.info.pop(_PENDING, [])
+    except SQLAlchemyError:
+        # An invalidated connection has no info left; nothing of it committed.
+        return []
+    return pending
+
+
+@event.listens_for(Engine, "commit")
+def _apply_pending(conn: Connection) -> None:
+    for action in _take_pending(conn):
+        action()
+
+
+@event.listens_for(Engine, "rollback")
+@event.listens_for(Engine, "begin")
+def _drop_pending(conn: Connection) -> None:
+    # On begin too: `info` belongs to the pooled DBAPI connection, so nothing
+    # of an earlier checkout may leak into this transaction's count.
+    _take_pending(conn)
