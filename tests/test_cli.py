@@ -117,6 +117,8 @@ def _flags(command: str) -> set[str]:
                 "header_timeout",
                 "body_timeout",
                 "max_connections",
+                # The console's work queue is served by the API only.
+                "operator_queue_after",
             },
         ),
     ],
