@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import insert, select
 
+from intentledger.api.auth import TOKEN_PREFIX, hash_token
 from intentledger.store.database import create_sync_engine
-from intentledger.store.tables import idempotency_records, metadata, operations, outbox
+from intentledger.store.tables import api_keys, idempotency_records, metadata, operations, outbox
 from tests.conftest import BACKENDS, Databases
-from tests.support import INTENTLEDGER, Process, free_port
+from tests.support import Process, free_port
 
 SEED_FIELDS = {
     "operation_id",
@@ -62,14 +64,24 @@ class Service:
 
 
 def create_key(database_url: str, actor: str, operator: bool = False) -> str:
-    flags = ["--operator"] if operator else []
-    done = subprocess.run(
-        [*INTENTLEDGER, "keys", "create", "--actor", actor, *flags, "--database-url", database_url],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip().splitlines()[-1]
+    """A key stored the way `intentledger keys create` stores one (its own test is
+    in test_cli.py). Written here in process: the command's start-up cost two
+    seconds a key, and the served tests make two keys each."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    engine = create_sync_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(api_keys).values(
+                    token_hash=hash_token(token),
+                    actor=actor,
+                    is_operator=operator,
+                    created_at=datetime.now(UTC),
+                )
+            )
+    finally:
+        engine.dispose()
+    return token
 
 
 @contextmanager
