@@ -117,8 +117,9 @@ def _flags(command: str) -> set[str]:
                 "header_timeout",
                 "body_timeout",
                 "max_connections",
-                # The console's work queue is served by the API only.
+                # The console's work queue and the replay window are the API's.
                 "operator_queue_after",
+                "replay_window",
             },
         ),
     ],

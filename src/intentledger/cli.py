@@ -142,6 +142,14 @@ OperatorQueueAfter = Annotated[
         "operation once it is this old, e.g. 15m",
     ),
 ]
+ReplayWindow = Annotated[
+    str | None,
+    typer.Option(
+        "--replay-window",
+        help="INTENTLEDGER_REPLAY_WINDOW: equal retries replay this long after a key's first "
+        "use, then 409 key-expired, e.g. 30d",
+    ),
+]
 LogFormat = Annotated[
     str | None, typer.Option("--log-format", help="INTENTLEDGER_LOG_FORMAT: text or json")
 ]
@@ -248,6 +256,7 @@ def serve(
     webhook_retry_longest: WebhookRetryLongest = None,
     webhook_concurrency: WebhookConcurrency = None,
     operator_queue_after: OperatorQueueAfter = None,
+    replay_window: ReplayWindow = None,
     log_format: LogFormat = None,
 ) -> None:
     """Run the HTTP API and the operator console (/console), plus the dispatcher
@@ -285,6 +294,7 @@ def serve(
         webhook_retry_longest=webhook_retry_longest,
         webhook_concurrency=webhook_concurrency,
         operator_queue_after=operator_queue_after,
+        replay_window=replay_window,
         log_format=log_format,
     )
     _configure_logging(settings)

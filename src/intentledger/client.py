@@ -159,7 +159,9 @@ class NotFound(IntentledgerError):
 
 
 class Conflict(IntentledgerError):
-    """409: the key was used with another request, or the state does not allow it."""
+    """409: the key was used with another request, or longer ago than the replay
+    window (`key-expired`: a new request needs a new key), or the state does not
+    allow it."""
 
 
 class ValidationFailed(IntentledgerError):

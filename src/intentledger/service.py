@@ -166,6 +166,7 @@ def build_service_app(
         recheck_backoff=settings.recheck_backoff,
         webhook_allow_private=settings.webhook_allow_private,
         operator_queue_after=settings.operator_queue_after,
+        replay_window=settings.replay_window,
     )
     if mounts_sandbox(settings):
         webhooks = None

@@ -9,6 +9,7 @@ from pydantic import BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from intentledger.domain.durations import parse_duration
+from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW, SHORTEST_REPLAY_WINDOW
 from intentledger.domain.retention import DEFAULT_SANDBOX_RETENTION
 from intentledger.domain.work_queue import DEFAULT_WAITING_THRESHOLD
 from intentledger.providers.http import call_deadline
@@ -88,6 +89,9 @@ class Settings(BaseSettings):
     # SAFETY_REVIEW operation once it is this old (MANUAL_REVIEW, contradictions
     # and duplicates at once): until then the engine is still working on it.
     operator_queue_after: Duration = DEFAULT_WAITING_THRESHOLD
+    # An equal retry replays inside this window from the key's first use; after
+    # it the key is refused, 409 key-expired (docs/decisions/0018).
+    replay_window: Duration = DEFAULT_REPLAY_WINDOW
     # Logs (observability/logs.py): `text`, or `json` for one object per line.
     log_format: Literal["text", "json"] = "text"
     # A worker process's own metrics server (prometheus_client's), on every
@@ -115,6 +119,10 @@ class Settings(BaseSettings):
             raise ValueError(f"lease must exceed the longest call ({longest_call})")
         if not timedelta(0) < self.webhook_retry_first <= self.webhook_retry_longest:
             raise ValueError("webhook_retry_first must be more than 0 and at most the longest")
+        if self.replay_window < SHORTEST_REPLAY_WINDOW:
+            # Clients retry for minutes to hours (restarts, queue redeliveries):
+            # a shorter window would refuse ordinary retries as expired keys.
+            raise ValueError(f"replay_window must be at least {SHORTEST_REPLAY_WINDOW}")
         if not timedelta(0) < self.webhook_timeout <= timedelta(minutes=1):
             raise ValueError("webhook_timeout must be more than 0 and at most 1m")
         return self

@@ -37,6 +37,7 @@ from intentledger.api.webhook_routes import router as webhook_router
 from intentledger.console.pages import install_console
 from intentledger.documents import event_documents, operation_document
 from intentledger.domain.canonical import request_hash
+from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW
 from intentledger.domain.retention import (
     DEFAULT_SANDBOX_RETENTION,
     RetentionPolicy,
@@ -107,6 +108,7 @@ async def create_payment(request: Request) -> JSONResponse:
         request_hash=request_hash(principal.actor, PAYMENTS_ROUTE, body),
         body=body,
         provider=request.app.state.provider_name,
+        replay_window=request.app.state.replay_window,
     )
     # Refusals (a reused key, a mandate's limits) become problem+json in one handler.
     groups: IntakeGroups = request.app.state.intake_groups
@@ -190,6 +192,7 @@ def create_app(
     recheck_backoff: timedelta = timedelta(seconds=30),
     webhook_allow_private: bool = False,
     operator_queue_after: timedelta = DEFAULT_WAITING_THRESHOLD,
+    replay_window: timedelta = DEFAULT_REPLAY_WINDOW,
 ) -> FastAPI:
     app = FastAPI(
         lifespan=lifespan,
@@ -211,6 +214,8 @@ def create_app(
     app.state.webhook_allow_private = webhook_allow_private
     # Concurrent payment intents share a commit (engine/group_intake.py).
     app.state.intake_groups = IntakeGroups(engine, clock)
+    # How long an equal retry replays; after it a reused key is 409 key-expired.
+    app.state.replay_window = replay_window
     # Beneficiary and card writes call the provider in the request path.
     app.state.sync_writer = sync_writer
     # The key-retention policy operators weigh when they approve a new request.

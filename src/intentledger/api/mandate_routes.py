@@ -37,9 +37,17 @@ class MandateRequest(BaseModel):
         return self
 
 
-def _keyed(principal: Principal, route: str, key: str | None, body: Any) -> mandates.Keyed:
+def _keyed(
+    request: Request, principal: Principal, route: str, key: str | None, body: Any
+) -> mandates.Keyed:
     valid = valid_idempotency_key(key)
-    return mandates.Keyed(principal.actor, route, valid, request_hash(principal.actor, route, body))
+    return mandates.Keyed(
+        principal.actor,
+        route,
+        valid,
+        request_hash(principal.actor, route, body),
+        request.app.state.replay_window,
+    )
 
 
 def _respond(mandate: Record, replayed: bool, first_status: int) -> JSONResponse:
@@ -69,7 +77,7 @@ async def create_mandate(
         body = MandateRequest.model_validate(raw).model_dump(mode="json")
     except ValidationError as exc:
         return invalid_body_response(request.url.path, exc.errors())
-    keyed = _keyed(principal, mandates.CREATE_ROUTE, idempotency_key, body)
+    keyed = _keyed(request, principal, mandates.CREATE_ROUTE, idempotency_key, body)
     mandate, replayed = await mandates.create_mandate(
         request.app.state.engine, request.app.state.clock, keyed, body
     )
@@ -92,7 +100,7 @@ async def _change(
     idempotency_key: str | None,
 ) -> JSONResponse:
     route = f"POST /v1/mandates/{{id}}/{action}"
-    keyed = _keyed(principal, route, idempotency_key, {"id": mandate_id})
+    keyed = _keyed(request, principal, route, idempotency_key, {"id": mandate_id})
     mandate, replayed = await mandates.change_status(
         request.app.state.engine, request.app.state.clock, keyed, mandate_id, action
     )

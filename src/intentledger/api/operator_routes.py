@@ -155,6 +155,7 @@ async def perform_operator_action(
             principal.actor, route, {"id": operation_id, **body.model_dump()}
         ),
         operation_id=operation_id,
+        replay_window=request.app.state.replay_window,
     )
     action = operator_action(
         verb, body, operation_id, principal.actor, request.app.state.policy_for

@@ -81,6 +81,7 @@ async def create_refund(
         body=body,
         provider=provider,
         kind="refund",
+        replay_window=request.app.state.replay_window,
     )
     result = await accept_refund(
         request.app.state.engine, request.app.state.clock, intent, payment_id

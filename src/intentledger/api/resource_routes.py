@@ -103,6 +103,7 @@ async def _write(
         body=body,
         provider=provider,
         kind=kind,
+        replay_window=request.app.state.replay_window,
     )
     writer: SyncWriter | None = request.app.state.sync_writer
     if writer is None:

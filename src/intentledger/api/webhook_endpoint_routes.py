@@ -97,7 +97,13 @@ async def create_endpoint(
     events: list[str] | None = None if parsed.events is None else sorted(set(parsed.events))
     body = {"url": parsed.url, "events": events}
     route = webhook_endpoints.CREATE_ROUTE
-    keyed = Keyed(principal.actor, route, key, request_hash(principal.actor, route, body))
+    keyed = Keyed(
+        principal.actor,
+        route,
+        key,
+        request_hash(principal.actor, route, body),
+        request.app.state.replay_window,
+    )
     created = await webhook_endpoints.create_endpoint(
         request.app.state.engine,
         request.app.state.clock,

@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -127,7 +128,7 @@ class IntakeGroups:
                 if v["operation_id"] in claimed:
                     outcomes[id(w)] = IntakeResult(v, replayed=False)
             if len(claimed) < len(group):
-                await self._judge_retries(ledger, group, claimed, values, outcomes)
+                await self._judge_retries(ledger, group, claimed, values, outcomes, now)
         return [outcomes[id(w)] for w in group]
 
     @staticmethod
@@ -137,6 +138,7 @@ class IntakeGroups:
         claimed: set[str],
         values: list[dict[str, object]],
         outcomes: dict[int, IntakeResult | BaseException],
+        now: datetime,
     ) -> None:
         """Intents whose key already had a record: a replay of what the equal
         earlier request made, or a refusal when the request differs."""
@@ -151,7 +153,9 @@ class IntakeGroups:
                 # Records are never deleted: a key that could not be claimed has one.
                 raise RuntimeError(f"no idempotency record for a taken key {waiting.key}")
             try:
-                originals[id(waiting)] = replay_of(record, waiting.intent.request_hash)
+                originals[id(waiting)] = replay_of(
+                    record, waiting.intent.request_hash, now, waiting.intent.replay_window
+                )
             except Refusal as refusal:
                 outcomes[id(waiting)] = refusal
         found = await ledger.operations(originals.values())

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
 from intentledger.engine.mandates import reserve_for_payment
@@ -34,6 +35,8 @@ class Intent:
     provider: str
     # payment | beneficiary | card_issue | card_freeze | card_unfreeze
     kind: str = "payment"
+    # How long an equal retry of this request's key replays (decision 0018).
+    replay_window: timedelta = DEFAULT_REPLAY_WINDOW
 
 
 # Payments were the first kind of intent; the name stays for readability at call sites.
@@ -116,6 +119,7 @@ async def accept(
             intent.request_hash,
             values["operation_id"],
             now,
+            intent.replay_window,
         )
         if original is not None:
             operation = await ledger.get_operation(original)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
 from intentledger.engine.refusal import Refusal, claim_key, find_replay, retry_key_races
@@ -42,15 +43,23 @@ class Keyed:
     route: str
     idempotency_key: str
     request_hash: str
+    # How long an equal retry of this key replays (decision 0018).
+    replay_window: timedelta = DEFAULT_REPLAY_WINDOW
 
 
 def new_mandate_id() -> str:
     return "md_" + secrets.token_hex(12)
 
 
-async def _replay(ledger: Ledger, keyed: Keyed) -> str | None:
+async def _replay(ledger: Ledger, keyed: Keyed, now: datetime) -> str | None:
     return await find_replay(
-        ledger, keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash
+        ledger,
+        keyed.actor,
+        keyed.route,
+        keyed.idempotency_key,
+        keyed.request_hash,
+        now,
+        keyed.replay_window,
     )
 
 
@@ -60,10 +69,10 @@ async def create_mandate(
     async def attempt() -> tuple[Record, bool]:
         async with engine.begin() as conn:
             ledger = Ledger(conn)
-            replayed = await _replay(ledger, keyed)
+            now = clock()
+            replayed = await _replay(ledger, keyed, now)
             if replayed is not None:
                 return await _mandate(ledger, replayed), True
-            now = clock()
             mandate_id = new_mandate_id()
             await _claim(ledger, keyed, mandate_id, now)
             await ledger.insert_mandate(
@@ -161,10 +170,10 @@ async def change_status(
     async def attempt() -> tuple[Record, bool]:
         async with engine.begin() as conn:
             ledger = Ledger(conn)
-            replayed = await _replay(ledger, keyed)
+            now = clock()
+            replayed = await _replay(ledger, keyed, now)
             if replayed is not None:
                 return await _mandate(ledger, replayed), True
-            now = clock()
             await _claim(ledger, keyed, mandate_id, now)
             mandate = await ledger.lock_mandate(mandate_id)
             if mandate is None or mandate.actor != keyed.actor:

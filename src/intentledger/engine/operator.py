@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.evidence import Limits, OperatorStatement
+from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW
 from intentledger.domain.retention import RetentionPolicy
 from intentledger.domain.safety import attempt_key
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
@@ -260,6 +261,8 @@ class KeyedRequest:
     idempotency_key: str
     request_hash: str
     operation_id: str
+    # How long an equal retry of this key replays (decision 0018).
+    replay_window: timedelta = DEFAULT_REPLAY_WINDOW
 
 
 async def perform(
@@ -277,7 +280,13 @@ async def perform(
             now = clock()
             if keyed is not None:
                 if await find_replay(
-                    ledger, keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash
+                    ledger,
+                    keyed.actor,
+                    keyed.route,
+                    keyed.idempotency_key,
+                    keyed.request_hash,
+                    now,
+                    keyed.replay_window,
                 ):
                     return "replayed", True
                 await claim_key(

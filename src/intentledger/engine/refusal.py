@@ -8,11 +8,12 @@ The API turns every refusal into a problem+json answer with its status.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from sqlalchemy.exc import IntegrityError
 
+from intentledger.domain.replay_window import replay_window_passed
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -45,20 +46,44 @@ class IdempotencyKeyReused(Refusal):
         self.resource_id = resource_id
 
 
+class KeyExpired(Refusal):
+    """The key was first used longer ago than the replay window (decision 0018)."""
+
+    def __init__(self, resource_id: str, first_used_at: datetime, window: timedelta) -> None:
+        super().__init__(
+            409,
+            "key-expired",
+            f"this Idempotency-Key was first used at {first_used_at.isoformat()}, longer ago "
+            f"than the {window.days}-day replay window: it replays no more and is never used "
+            "again; a new request needs a new key",
+        )
+        self.resource_id = resource_id
+
+
 async def find_replay(
-    ledger: Ledger, actor: str, route: str, key: str, request_hash: str
+    ledger: Ledger,
+    actor: str,
+    route: str,
+    key: str,
+    request_hash: str,
+    now: datetime,
+    window: timedelta,
 ) -> str | None:
     """The resource an equal earlier request made, None for a first request;
-    IdempotencyKeyReused when the key came with a different request."""
+    IdempotencyKeyReused when the key came with a different request, KeyExpired
+    when it was first used longer ago than `window`."""
     existing = await ledger.find_idempotency_record(actor, route, key)
     if existing is None:
         return None
-    return replay_of(existing, request_hash)
+    return replay_of(existing, request_hash, now, window)
 
 
-def replay_of(existing: Record, request_hash: str) -> str:
+def replay_of(existing: Record, request_hash: str, now: datetime, window: timedelta) -> str:
     """What an equal earlier request made with this key; IdempotencyKeyReused
-    when the key's record is for a different request."""
+    when the key's record is for a different request; KeyExpired, whatever the
+    request, once the key's replay window has passed."""
+    if replay_window_passed(existing.created_at, now, window):
+        raise KeyExpired(existing.resource_id, existing.created_at, window)
     if existing.request_hash != request_hash:
         raise IdempotencyKeyReused(existing.resource_id)
     return str(existing.resource_id)
@@ -88,6 +113,7 @@ async def claim_or_replay(
     request_hash: str,
     resource_id: str,
     now: datetime,
+    window: timedelta,
 ) -> str | None:
     """Claim the key for `resource_id` (None), or find what an equal earlier
     request made with it (its resource id); IdempotencyKeyReused when the key
@@ -107,7 +133,7 @@ async def claim_or_replay(
     for _ in range(_MAX_KEY_RACES):
         if await ledger.claim_idempotency_key(actor, route, key, request_hash, resource_id, now):
             return None
-        original = await find_replay(ledger, actor, route, key, request_hash)
+        original = await find_replay(ledger, actor, route, key, request_hash, now, window)
         if original is not None:
             return original
     raise RuntimeError("idempotency key race did not settle")

@@ -17,6 +17,7 @@ import socket
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from urllib.parse import SplitResult
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -124,7 +125,7 @@ async def create_endpoint(
     # was lost gets its endpoint and secret even if the name resolves
     # differently (or not at all) now.
     async with engine.connect() as conn:
-        original = await _replay(Ledger(conn), keyed)
+        original = await _replay(Ledger(conn), keyed, clock())
         if original is not None:
             return Created(original, True)
     try:
@@ -136,10 +137,10 @@ async def create_endpoint(
         async with engine.begin() as conn:
             ledger = Ledger(conn)
             store = WebhookStore(conn)
-            replayed = await _replay(ledger, keyed)
+            now = clock()
+            replayed = await _replay(ledger, keyed, now)
             if replayed is not None:
                 return Created(replayed, True)
-            now = clock()
             endpoint_id = new_endpoint_id()
             await claim_key(
                 ledger,
@@ -171,11 +172,17 @@ async def create_endpoint(
     return await retry_key_races(attempt)
 
 
-async def _replay(ledger: Ledger, keyed: Keyed) -> Record | None:
+async def _replay(ledger: Ledger, keyed: Keyed, now: datetime) -> Record | None:
     """The endpoint an equal earlier request made (IdempotencyKeyReused if the
     key came with another request)."""
     found = await find_replay(
-        ledger, keyed.actor, keyed.route, keyed.idempotency_key, keyed.request_hash
+        ledger,
+        keyed.actor,
+        keyed.route,
+        keyed.idempotency_key,
+        keyed.request_hash,
+        now,
+        keyed.replay_window,
     )
     if found is None:
         return None

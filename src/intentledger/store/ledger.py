@@ -102,7 +102,12 @@ class Ledger:
 
     async def find_idempotency_record(self, actor: str, route: str, key: str) -> Record | None:
         result = await self.conn.execute(
-            select(idempotency_records.c.request_hash, idempotency_records.c.resource_id).where(
+            select(
+                idempotency_records.c.request_hash,
+                idempotency_records.c.resource_id,
+                # The key's first use: the replay window counts from it.
+                idempotency_records.c.created_at,
+            ).where(
                 idempotency_records.c.actor == actor,
                 idempotency_records.c.route == route,
                 idempotency_records.c.idempotency_key == key,
