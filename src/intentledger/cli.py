@@ -150,6 +150,18 @@ ReplayWindow = Annotated[
         "use, then 409 key-expired, e.g. 30d",
     ),
 ]
+RecordRetention = Annotated[
+    str | None,
+    typer.Option(
+        "--record-retention",
+        help="INTENTLEDGER_RECORD_RETENTION: settled operations' bulky rows are kept this "
+        "long, then reaped, e.g. 400d",
+    ),
+]
+ReapInterval = Annotated[
+    str | None,
+    typer.Option("--reap-interval", help="INTENTLEDGER_REAP_INTERVAL: how often a worker reaps"),
+]
 LogFormat = Annotated[
     str | None, typer.Option("--log-format", help="INTENTLEDGER_LOG_FORMAT: text or json")
 ]
@@ -258,6 +270,8 @@ def serve(
     operator_queue_after: OperatorQueueAfter = None,
     replay_window: ReplayWindow = None,
     log_format: LogFormat = None,
+    record_retention: RecordRetention = None,
+    reap_interval: ReapInterval = None,
 ) -> None:
     """Run the HTTP API and the operator console (/console), plus the dispatcher
     (unless --no-workers) and the sandbox provider."""
@@ -296,6 +310,8 @@ def serve(
         operator_queue_after=operator_queue_after,
         replay_window=replay_window,
         log_format=log_format,
+        record_retention=record_retention,
+        reap_interval=reap_interval,
     )
     _configure_logging(settings)
     _require_provider(settings)
@@ -357,6 +373,8 @@ def worker(
     webhook_retry_longest: WebhookRetryLongest = None,
     webhook_concurrency: WebhookConcurrency = None,
     log_format: LogFormat = None,
+    record_retention: RecordRetention = None,
+    reap_interval: ReapInterval = None,
     metrics_port: MetricsPort = None,
 ) -> None:
     """Run the dispatcher alone (point --provider-url at a running provider)."""
@@ -389,6 +407,8 @@ def worker(
         webhook_retry_longest=webhook_retry_longest,
         webhook_concurrency=webhook_concurrency,
         log_format=log_format,
+        record_retention=record_retention,
+        reap_interval=reap_interval,
         metrics_port=metrics_port,
     )
     _configure_logging(settings)
@@ -420,6 +440,52 @@ def worker(
             await engine.dispose()
 
     eventloop.run(main())
+
+
+@app.command()
+def reap(
+    database_url: DatabaseUrl = None,
+    record_retention: RecordRetention = None,
+    batch: Annotated[
+        int, typer.Option("--batch", min=1, max=10_000, help="operations per transaction")
+    ] = 500,
+    log_format: LogFormat = None,
+) -> None:
+    """Remove the bulky rows of settled operations past the record retention
+    (provider answers, request bodies, done outbox rows), in bounded batches;
+    never an unresolved, flagged or still-refunding operation's. Workers also
+    do it every --reap-interval."""
+    from intentledger.engine.clock import system_clock
+    from intentledger.engine.reaper import Reaper
+    from intentledger.store.database import create_ledger_engine
+    from intentledger.store.reaping import Reaped
+
+    settings = load_settings(
+        database_url=database_url, record_retention=record_retention, log_format=log_format
+    )
+    _configure_logging(settings)
+    _require_schema(settings)
+
+    async def main() -> Reaped:
+        engine = create_ledger_engine(settings.database_url)
+        try:
+            with err.status("reaping") as status:
+
+                def shown(so_far: Reaped) -> None:
+                    status.update(f"reaping: {so_far.operations} operation(s) so far")
+
+                return await Reaper(engine, system_clock, settings.record_retention, batch).reap(
+                    shown
+                )
+        finally:
+            await engine.dispose()
+
+    done = asyncio.run(main())
+    typer.echo(
+        f"reaped {done.operations} operation(s) older than {settings.record_retention.days} "
+        f"days: {done.observation_details} observation detail(s) cleared, "
+        f"{done.outbox_rows} done outbox row(s) deleted"
+    )
 
 
 @app.command()

@@ -18,6 +18,7 @@ from intentledger.api.app import create_app
 from intentledger.domain.merchant_events import RetrySchedule
 from intentledger.engine.clock import Clock, system_clock
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings
+from intentledger.engine.reaper import Reaper
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.sync_writes import SyncWriter
@@ -80,6 +81,7 @@ def build_worker(
         ),
         Sweeper(engine, clock, settings.stale_submitting, settings.recheck_backoff, identity),
         build_webhook_sender(settings, engine, clock, identity),
+        Reaper(engine, clock, settings.record_retention),
     )
 
 
@@ -111,6 +113,7 @@ async def run_workers(worker: Worker, settings: Settings, stop: asyncio.Event) -
             settings.poll_interval,
             settings.sweep_interval,
             settings.worker_batch,
+            settings.reap_interval,
         )
     finally:
         await worker.close()

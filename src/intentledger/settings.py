@@ -9,6 +9,7 @@ from pydantic import BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from intentledger.domain.durations import parse_duration
+from intentledger.domain.reaping import DEFAULT_RECORD_RETENTION
 from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW, SHORTEST_REPLAY_WINDOW
 from intentledger.domain.retention import DEFAULT_SANDBOX_RETENTION
 from intentledger.domain.work_queue import DEFAULT_WAITING_THRESHOLD
@@ -92,6 +93,11 @@ class Settings(BaseSettings):
     # An equal retry replays inside this window from the key's first use; after
     # it the key is refused, 409 key-expired (docs/decisions/0018).
     replay_window: Duration = DEFAULT_REPLAY_WINDOW
+    # Settled operations' bulky rows (provider answers, request bodies, done
+    # outbox rows) are kept this long, then `reap` removes them (decision 0018).
+    record_retention: Duration = DEFAULT_RECORD_RETENTION
+    # How often each worker reaps what passed the retention.
+    reap_interval: Duration = timedelta(hours=1)
     # Logs (observability/logs.py): `text`, or `json` for one object per line.
     log_format: Literal["text", "json"] = "text"
     # A worker process's own metrics server (prometheus_client's), on every
@@ -123,6 +129,12 @@ class Settings(BaseSettings):
             # Clients retry for minutes to hours (restarts, queue redeliveries):
             # a shorter window would refuse ordinary retries as expired keys.
             raise ValueError(f"replay_window must be at least {SHORTEST_REPLAY_WINDOW}")
+        if self.record_retention < self.replay_window:
+            # A replay answers with the operation as it was accepted: its body
+            # must still be there for as long as the key replays.
+            raise ValueError("record_retention must be at least the replay_window")
+        if self.reap_interval <= timedelta(0):
+            raise ValueError("reap_interval must be more than 0")
         if not timedelta(0) < self.webhook_timeout <= timedelta(minutes=1):
             raise ValueError("webhook_timeout must be more than 0 and at most 1m")
         return self

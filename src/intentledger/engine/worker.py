@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.engine.batch_dispatch import deliver_submits
 from intentledger.engine.clock import Clock
 from intentledger.engine.dispatcher import Dispatcher
+from intentledger.engine.reaper import Reaper
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.webhook_sender import WebhookSender
@@ -40,6 +41,7 @@ class Worker:
         reconciler: Reconciler,
         sweeper: Sweeper,
         webhooks: WebhookSender | None = None,
+        reaper: Reaper | None = None,
     ) -> None:
         self.engine = engine
         self.clock = clock
@@ -50,6 +52,8 @@ class Worker:
         self.sweeper = sweeper
         # Merchant webhooks: their own loop and client (engine/webhook_sender.py).
         self.webhooks = webhooks
+        # Record retention, on a schedule (engine/reaper.py).
+        self.reaper = reaper
 
     async def deliver_next(self) -> bool:
         """Claim and deliver one due outbox row; False when nothing was due."""
@@ -120,6 +124,7 @@ async def run_worker(
     poll_interval: timedelta,
     sweep_interval: timedelta,
     batch: int = 1,
+    reap_interval: timedelta = timedelta(hours=1),
 ) -> None:
     """Deliver up to `concurrency` rows at once, in loops that each claim up to
     `batch` rows at a time, and run the sweeper, until `stop` is set."""
@@ -145,9 +150,23 @@ async def run_worker(
                 log.exception("sweep failed; trying again next interval")
             await _pause(stop, sweep_interval)
 
+    async def reaps(reaper: Reaper) -> None:
+        # Every worker reaps; two at once take disjoint batches (SKIP LOCKED on
+        # PostgreSQL, one writer at a time on SQLite), so none needs electing.
+        while not stop.is_set():
+            await _pause(stop, reap_interval)
+            if stop.is_set():
+                break
+            try:
+                await reaper.reap()
+            except Exception:
+                log.exception("reaping failed; trying again next interval")
+
     async with asyncio.TaskGroup() as group:
         for _ in range(math.ceil(concurrency / per_loop)):
             group.create_task(deliveries())
         group.create_task(sweeps())
         if worker.webhooks is not None:
             group.create_task(worker.webhooks.run(stop, poll_interval))
+        if worker.reaper is not None:
+            group.create_task(reaps(worker.reaper))

@@ -90,6 +90,12 @@ WEBHOOKS_OUT = Counter(
     "gave_up: no more retries).",
     ["result"],
 )
+REAPED = Counter(
+    "intentledger_reaped_total",
+    "What record retention removed (decision 0018), by what: operations reaped, "
+    "observation details cleared, done outbox rows deleted.",
+    ["what"],
+)
 
 # The label names every metric of ours may carry: a test holds the set to this.
 LABEL_NAMES = frozenset(
@@ -108,6 +114,7 @@ LABEL_NAMES = frozenset(
         "result",
         "state",
         "flag",
+        "what",
     }
 )
 

@@ -73,6 +73,8 @@ Json = JSON().with_variant(JSONB(), "postgresql")
 # a worker's id) fits its column whatever the actor.
 ACTOR_LENGTH = 255
 SOURCE_LENGTH = ACTOR_LENGTH + 32
+# Settled and not yet reaped: the only operations `reap` ever looks at.
+REAPABLE_PREDICATE = "reaped_at IS NULL AND state IN ('OUTCOME_KNOWN', 'CANCELLED')"
 # Every operation the console's work queue can ever show (which of them it shows
 # depends on their age): domain/work_queue.py's reasons, as SQL. Repeated
 # verbatim in the queue's queries, which SQLite needs to use the partial index.
@@ -153,6 +155,8 @@ operations = Table(
     Column("executed_references", Json, nullable=True),
     # A refund's payment (the operation it reverses); NULL for every other kind.
     Column("parent_operation_id", String(40), nullable=True),
+    # When `intentledger reap` removed its bulky rows (decision 0018); NULL: not reaped.
+    _timestamp("reaped_at", nullable=True),
     # The operator list filters by state; the sweeper by state and age.
     Index(None, "state", "updated_at"),
     Index(None, "parent_operation_id"),
@@ -165,6 +169,13 @@ operations = Table(
         "operation_id",
         postgresql_where=text(WORK_QUEUE_PREDICATE),
         sqlite_where=text(WORK_QUEUE_PREDICATE),
+    ),
+    # What `reap` may take, oldest change first (store/reaping.py).
+    Index(
+        "ix_operations_reapable",
+        "updated_at",
+        sqlite_where=text(REAPABLE_PREDICATE),
+        postgresql_where=text(REAPABLE_PREDICATE),
     ),
     # The flagged few a person must look at (/metrics counts them at each scrape).
     Index(

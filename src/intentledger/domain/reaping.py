@@ -1,0 +1,45 @@
+"""Which settled operations' bulky rows may be removed (docs/decisions/0018).
+
+Past the record retention, an operation's provider answers (observation
+details), request body and done outbox rows are cost, not evidence — unless a
+person or the provider may still need them. So an operation is reaped only when
+it is settled (OUTCOME_KNOWN or CANCELLED), carries no flag a person must clear,
+has no refund whose outcome is not final, has no outbox work still to do (an
+audit look after a person's resolution), was last changed before the cutoff,
+and was not reaped already. store/reaping.py asks the same in SQL; a test holds
+the two to the same answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from intentledger.domain.states import FINAL, State
+
+DEFAULT_RECORD_RETENTION = timedelta(days=400)
+
+
+@dataclass(frozen=True)
+class ReapFacts:
+    state: State
+    duplicate_detected: bool
+    outcome_contradicted: bool
+    updated_at: datetime
+    # Refunds of this operation whose state is not final.
+    open_refunds: int
+    # Outbox rows of this operation not yet done.
+    pending_outbox: int
+    reaped: bool
+
+
+def may_reap(facts: ReapFacts, cutoff: datetime) -> bool:
+    return (
+        facts.state in FINAL
+        and not facts.duplicate_detected
+        and not facts.outcome_contradicted
+        and facts.open_refunds == 0
+        and facts.pending_outbox == 0
+        and facts.updated_at <= cutoff
+        and not facts.reaped
+    )

@@ -1,0 +1,303 @@
+"""Record retention (decision 0018): `reap` removes only what it may, on both
+databases. A hypothesis property over ledgers of every state, flag, age, refund
+and outbox mix: an operation is reaped exactly when domain/reaping.may_reap
+says so, a reaped one loses only its bulky rows, and every other row is
+untouched — an unresolved, a flagged and a refunding operation older than the
+retention all survive."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.domain.reaping import ReapFacts, may_reap
+from intentledger.domain.states import FINAL, State
+from intentledger.engine.reaper import Reaper
+from intentledger.store import tables
+from tests.support import INTENTLEDGER
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+RETENTION = timedelta(days=400)
+CUTOFF = NOW - RETENTION
+DETAIL = {"status": 200, "body": {"id": "ch_1", "iban": "****3000"}}
+
+
+@dataclass(frozen=True)
+class Planned:
+    state: State
+    duplicate: bool
+    contradicted: bool
+    age: timedelta
+    refund_states: tuple[State, ...]
+    pending_outbox: bool
+    done_outbox: int
+
+
+planned = st.builds(
+    Planned,
+    state=st.sampled_from(list(State)),
+    duplicate=st.booleans(),
+    contradicted=st.booleans(),
+    age=st.sampled_from([RETENTION - timedelta(seconds=1), RETENTION, RETENTION * 2]),
+    refund_states=st.lists(st.sampled_from(list(State)), max_size=2).map(tuple),
+    pending_outbox=st.booleans(),
+    done_outbox=st.integers(0, 2),
+)
+
+
+async def clear(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        for table in (tables.outbox, tables.observations, tables.operations):
+            await conn.execute(delete(table))
+
+
+async def add(
+    engine: AsyncEngine,
+    operation_id: str,
+    state: State,
+    age: timedelta,
+    *,
+    duplicate: bool = False,
+    contradicted: bool = False,
+    parent: str | None = None,
+    pending_outbox: bool = False,
+    done_outbox: int = 1,
+) -> None:
+    at = NOW - age
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(tables.operations).values(
+                operation_id=operation_id,
+                idempotency_key=f"k-{operation_id}",
+                state=state.value,
+                request_context={"route": "POST /v1/payments", "body": {"amount": 990}},
+                next_action="none",
+                actor="dora",
+                route="POST /v1/payments",
+                kind="refund" if parent else "payment",
+                request_hash="0" * 64,
+                provider="sandbox",
+                amount=990,
+                currency="EUR",
+                version=1,
+                created_at=at,
+                updated_at=at,
+                duplicate_detected=duplicate,
+                outcome_contradicted=contradicted,
+                parent_operation_id=parent,
+            )
+        )
+        await conn.execute(
+            insert(tables.observations).values(
+                operation_id=operation_id,
+                at=at,
+                kind="submit_result",
+                source="test",
+                detail=DETAIL,
+            )
+        )
+        for _ in range(done_outbox):
+            await conn.execute(
+                insert(tables.outbox).values(
+                    operation_id=operation_id,
+                    kind="submit",
+                    due_at=at,
+                    deliveries=1,
+                    done_at=at,
+                    created_at=at,
+                )
+            )
+        if pending_outbox:
+            await conn.execute(
+                insert(tables.outbox).values(
+                    operation_id=operation_id, kind="audit", due_at=NOW, deliveries=0, created_at=at
+                )
+            )
+
+
+async def state_of(engine: AsyncEngine, operation_id: str) -> dict[str, Any]:
+    async with engine.connect() as conn:
+        op = (
+            await conn.execute(
+                select(tables.operations).where(tables.operations.c.operation_id == operation_id)
+            )
+        ).one()
+        details = (
+            await conn.execute(
+                select(tables.observations.c.detail).where(
+                    tables.observations.c.operation_id == operation_id
+                )
+            )
+        ).scalars()
+        done = (
+            await conn.execute(
+                select(func.count())
+                .select_from(tables.outbox)
+                .where(
+                    tables.outbox.c.operation_id == operation_id,
+                    tables.outbox.c.done_at.is_not(None),
+                )
+            )
+        ).scalar_one()
+        pending = (
+            await conn.execute(
+                select(func.count())
+                .select_from(tables.outbox)
+                .where(
+                    tables.outbox.c.operation_id == operation_id, tables.outbox.c.done_at.is_(None)
+                )
+            )
+        ).scalar_one()
+    return {
+        "reaped_at": op.reaped_at,
+        "body": op.request_context["body"],
+        "marker": op.request_context.get("body_reaped_at"),
+        "details": list(details),
+        "done": done,
+        "pending": pending,
+        "state": op.state,
+        "version": op.version,
+    }
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ledger=st.lists(planned, min_size=1, max_size=6))
+async def test_reap_removes_exactly_what_it_may_and_nothing_else(
+    engine: AsyncEngine, ledger: list[Planned]
+) -> None:
+    await clear(engine)
+    expected: dict[str, bool] = {}
+    for n, plan in enumerate(ledger):
+        payment = f"op_{n}"
+        await add(
+            engine,
+            payment,
+            plan.state,
+            plan.age,
+            duplicate=plan.duplicate,
+            contradicted=plan.contradicted,
+            pending_outbox=plan.pending_outbox,
+            done_outbox=plan.done_outbox,
+        )
+        for m, refund_state in enumerate(plan.refund_states):
+            await add(engine, f"op_{n}_r{m}", refund_state, plan.age, parent=payment)
+            expected[f"op_{n}_r{m}"] = may_reap(
+                ReapFacts(refund_state, False, False, NOW - plan.age, 0, 0, False), CUTOFF
+            )
+        open_refunds = sum(1 for s in plan.refund_states if s not in FINAL)
+        expected[payment] = may_reap(
+            ReapFacts(
+                plan.state,
+                plan.duplicate,
+                plan.contradicted,
+                NOW - plan.age,
+                open_refunds,
+                int(plan.pending_outbox),
+                False,
+            ),
+            CUTOFF,
+        )
+    before = {op: await state_of(engine, op) for op in expected}
+
+    # Batches of two: several transactions for one pass, as at scale.
+    done = await Reaper(engine, lambda: NOW, RETENTION, batch=2).reap()
+
+    assert done.operations == sum(expected.values())
+    for op, reapable in expected.items():
+        after = await state_of(engine, op)
+        if reapable:
+            assert after["reaped_at"] == NOW
+            assert (after["body"], after["marker"]) == ({}, NOW.isoformat())
+            assert after["details"] == [None] and after["done"] == 0
+            assert (after["state"], after["version"], after["pending"]) == (
+                before[op]["state"],
+                before[op]["version"],
+                0,
+            )
+        else:
+            assert after == before[op], op
+    # A second pass finds nothing more: reaping is done once.
+    assert (await Reaper(engine, lambda: NOW, RETENTION, batch=2).reap()).operations == 0
+
+
+async def test_the_unresolved_the_flagged_and_the_refunding_survive_however_old(
+    engine: AsyncEngine,
+) -> None:
+    old = RETENTION * 3
+    await add(engine, "op_unknown", State.UNKNOWN, old)
+    await add(engine, "op_review", State.MANUAL_REVIEW, old)
+    await add(engine, "op_duplicate", State.OUTCOME_KNOWN, old, duplicate=True)
+    await add(engine, "op_contradicted", State.CANCELLED, old, contradicted=True)
+    await add(engine, "op_refunding", State.OUTCOME_KNOWN, old)
+    await add(engine, "op_refund", State.UNKNOWN, old, parent="op_refunding")
+    await add(engine, "op_audited", State.OUTCOME_KNOWN, old, pending_outbox=True)
+    await add(engine, "op_recent", State.OUTCOME_KNOWN, RETENTION - timedelta(minutes=1))
+    await add(engine, "op_settled", State.OUTCOME_KNOWN, old)
+    done = await Reaper(engine, lambda: NOW, RETENTION).reap()
+    assert (done.operations, done.observation_details, done.outbox_rows) == (1, 1, 1)
+    assert (await state_of(engine, "op_settled"))["reaped_at"] == NOW
+    for survivor in (
+        "op_unknown",
+        "op_review",
+        "op_duplicate",
+        "op_contradicted",
+        "op_refunding",
+        "op_refund",
+        "op_audited",
+        "op_recent",
+    ):
+        kept = await state_of(engine, survivor)
+        assert kept["reaped_at"] is None and kept["details"] == [DETAIL], survivor
+        assert kept["body"] == {"amount": 990}, survivor
+
+
+def test_reap_on_the_command_line_reports_what_it_removed(
+    sqlite_template: Any, tmp_path: Any
+) -> None:
+    import asyncio
+    import shutil
+
+    from intentledger.store.database import create_ledger_engine
+
+    path = tmp_path / "reap.db"
+    shutil.copy(sqlite_template, path)
+    url = f"sqlite:///{path}"
+    engine = create_ledger_engine(url)
+    real_now = datetime.now(UTC)
+
+    async def fill() -> None:
+        for n in range(3):
+            await add(engine, f"op_{n}", State.OUTCOME_KNOWN, RETENTION * 2 + (NOW - real_now))
+        await add(engine, "op_open", State.UNKNOWN, RETENTION * 2 + (NOW - real_now))
+        await engine.dispose()
+
+    asyncio.run(fill())
+    done = subprocess.run(
+        [*INTENTLEDGER, "reap", "--database-url", url, "--batch", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == (
+        "reaped 3 operation(s) older than 400 days: 3 observation detail(s) cleared, "
+        "3 done outbox row(s) deleted"
+    )
+    refused = subprocess.run(
+        [*INTENTLEDGER, "reap", "--database-url", url, "--record-retention", "1d"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "record_retention must be at least" in refused.stderr
