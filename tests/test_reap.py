@@ -301,3 +301,35 @@ def test_reap_on_the_command_line_reports_what_it_removed(
         timeout=120,
     )
     assert refused.returncode == 2 and "record_retention must be at least" in refused.stderr
+
+
+async def test_a_running_worker_reaps_on_its_schedule(engine: AsyncEngine) -> None:
+    import asyncio
+
+    from intentledger.engine.worker import run_worker
+    from tests.test_recovery_model import ControlledClock, SimulatedProvider, build_worker
+
+    clock = ControlledClock(NOW)
+    worker = build_worker(engine, SimulatedProvider(clock), clock)
+    worker.reaper = Reaper(engine, clock, RETENTION)
+    await add(engine, "op_old", State.OUTCOME_KNOWN, RETENTION * 2)
+    stop = asyncio.Event()
+    running = asyncio.create_task(
+        run_worker(
+            worker,
+            stop,
+            concurrency=1,
+            poll_interval=timedelta(milliseconds=20),
+            sweep_interval=timedelta(hours=1),
+            reap_interval=timedelta(milliseconds=50),
+        )
+    )
+    try:
+        for _ in range(100):
+            if (await state_of(engine, "op_old"))["reaped_at"] is not None:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await running
+    assert (await state_of(engine, "op_old"))["reaped_at"] == NOW
