@@ -41,9 +41,11 @@ def test_short_chaos_run_is_clean(databases: Databases) -> None:
     code, report, log = chaos(
         databases.create("postgresql"),
         # Enough load to last well past five kills: 300 payments drained in
-        # about three seconds once intake and dispatch were batched.
+        # about three seconds once intake and dispatch were batched. (1500 took
+        # 160-190 s of the suite's 30 minutes, most of it intake through a fleet
+        # killed every second; 1000 still outlasts the five kills many times.)
         "--operations",
-        "1500",
+        "1000",
         "--kill-every",
         "1",
         "--restart-db-cmd",
@@ -54,7 +56,7 @@ def test_short_chaos_run_is_clean(databases: Databases) -> None:
         "7",
     )
     assert code == 0, (report, log)
-    assert report["operations"] >= 1500
+    assert report["operations"] >= 1000
     assert report["kills"] >= 5  # type: ignore[operator]
     assert report["db_restarts"] == 1
     assert report["violations"] == 0
