@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
-from intentledger.engine.refusal import Refusal, claim_key, find_replay, retry_key_races
+from intentledger.engine.refusal import Refusal, claim_key, find_keyed_replay, retry_key_races
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -52,15 +52,7 @@ def new_mandate_id() -> str:
 
 
 async def _replay(ledger: Ledger, keyed: Keyed, now: datetime) -> str | None:
-    return await find_replay(
-        ledger,
-        keyed.actor,
-        keyed.route,
-        keyed.idempotency_key,
-        keyed.request_hash,
-        now,
-        keyed.replay_window,
-    )
+    return await find_keyed_replay(ledger, keyed, now)
 
 
 async def create_mandate(

@@ -23,7 +23,7 @@ from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
 from intentledger.engine.refund_settlement import require_room_for_a_new_key
-from intentledger.engine.refusal import Refusal, claim_key, find_replay, retry_key_races
+from intentledger.engine.refusal import Refusal, claim_key, find_keyed_replay, retry_key_races
 from intentledger.engine.safety_review import policy_document
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record, operations
@@ -279,15 +279,7 @@ async def perform(
             ledger = Ledger(conn)
             now = clock()
             if keyed is not None:
-                if await find_replay(
-                    ledger,
-                    keyed.actor,
-                    keyed.route,
-                    keyed.idempotency_key,
-                    keyed.request_hash,
-                    now,
-                    keyed.replay_window,
-                ):
+                if await find_keyed_replay(ledger, keyed, now):
                     return "replayed", True
                 await claim_key(
                     ledger,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from sqlalchemy.exc import IntegrityError
 
@@ -76,6 +76,34 @@ async def find_replay(
     if existing is None:
         return None
     return replay_of(existing, request_hash, now, window)
+
+
+class IdempotencyClaim(Protocol):
+    """A request's idempotency claim, as every keyed route makes one."""
+
+    @property
+    def actor(self) -> str: ...
+    @property
+    def route(self) -> str: ...
+    @property
+    def idempotency_key(self) -> str: ...
+    @property
+    def request_hash(self) -> str: ...
+    @property
+    def replay_window(self) -> timedelta: ...
+
+
+async def find_keyed_replay(ledger: Ledger, keyed: IdempotencyClaim, now: datetime) -> str | None:
+    """`find_replay` for a keyed request."""
+    return await find_replay(
+        ledger,
+        keyed.actor,
+        keyed.route,
+        keyed.idempotency_key,
+        keyed.request_hash,
+        now,
+        keyed.replay_window,
+    )
 
 
 def replay_of(existing: Record, request_hash: str, now: datetime, window: timedelta) -> str:

@@ -31,7 +31,7 @@ from intentledger.domain.webhook_targets import (
 )
 from intentledger.engine.clock import Clock
 from intentledger.engine.mandates import Keyed
-from intentledger.engine.refusal import Refusal, claim_key, find_replay, retry_key_races
+from intentledger.engine.refusal import Refusal, claim_key, find_keyed_replay, retry_key_races
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 from intentledger.store.webhooks import WebhookStore
@@ -175,15 +175,7 @@ async def create_endpoint(
 async def _replay(ledger: Ledger, keyed: Keyed, now: datetime) -> Record | None:
     """The endpoint an equal earlier request made (IdempotencyKeyReused if the
     key came with another request)."""
-    found = await find_replay(
-        ledger,
-        keyed.actor,
-        keyed.route,
-        keyed.idempotency_key,
-        keyed.request_hash,
-        now,
-        keyed.replay_window,
-    )
+    found = await find_keyed_replay(ledger, keyed, now)
     if found is None:
         return None
     endpoint = await WebhookStore(ledger.conn).endpoint_by_id(found)
