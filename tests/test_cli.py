@@ -117,9 +117,8 @@ def _flags(command: str) -> set[str]:
                 "header_timeout",
                 "body_timeout",
                 "max_connections",
-                # The console's work queue and the replay window are the API's.
+                # The console's work queue is the API's.
                 "operator_queue_after",
-                "replay_window",
             },
         ),
     ],

@@ -35,7 +35,8 @@ class Planned:
     duplicate: bool
     contradicted: bool
     age: timedelta
-    refund_states: tuple[State, ...]
+    # Each refund's state, and whether it still has outbox work (an audit to come).
+    refunds: tuple[tuple[State, bool], ...]
     pending_outbox: bool
     done_outbox: int
 
@@ -46,7 +47,7 @@ planned = st.builds(
     duplicate=st.booleans(),
     contradicted=st.booleans(),
     age=st.sampled_from([RETENTION - timedelta(seconds=1), RETENTION, RETENTION * 2]),
-    refund_states=st.lists(st.sampled_from(list(State)), max_size=2).map(tuple),
+    refunds=st.lists(st.tuples(st.sampled_from(list(State)), st.booleans()), max_size=2).map(tuple),
     pending_outbox=st.booleans(),
     done_outbox=st.integers(0, 2),
 )
@@ -101,6 +102,12 @@ async def add(
                 kind="submit_result",
                 source="test",
                 detail=DETAIL,
+            )
+        )
+        # A detail-less answer, stored as JSON null: nothing to clear, nor count.
+        await conn.execute(
+            insert(tables.observations).values(
+                operation_id=operation_id, at=at, kind="lookup_result", source="test", detail=None
             )
         )
         for _ in range(done_outbox):
@@ -190,12 +197,29 @@ async def test_reap_removes_exactly_what_it_may_and_nothing_else(
             pending_outbox=plan.pending_outbox,
             done_outbox=plan.done_outbox,
         )
-        for m, refund_state in enumerate(plan.refund_states):
-            await add(engine, f"op_{n}_r{m}", refund_state, plan.age, parent=payment)
-            expected[f"op_{n}_r{m}"] = may_reap(
-                ReapFacts(refund_state, False, False, NOW - plan.age, 0, 0, False), CUTOFF
+        for m, (refund_state, verifying) in enumerate(plan.refunds):
+            await add(
+                engine,
+                f"op_{n}_r{m}",
+                refund_state,
+                plan.age,
+                parent=payment,
+                pending_outbox=verifying,
             )
-        open_refunds = sum(1 for s in plan.refund_states if s not in FINAL)
+            expected[f"op_{n}_r{m}"] = may_reap(
+                ReapFacts(
+                    refund_state,
+                    False,
+                    False,
+                    NOW - plan.age,
+                    0,
+                    int(verifying),
+                    False,
+                    parent_flagged=plan.duplicate or plan.contradicted,
+                ),
+                CUTOFF,
+            )
+        open_refunds = sum(1 for s, verifying in plan.refunds if s not in FINAL or verifying)
         expected[payment] = may_reap(
             ReapFacts(
                 plan.state,
@@ -213,13 +237,13 @@ async def test_reap_removes_exactly_what_it_may_and_nothing_else(
     # Batches of two: several transactions for one pass, as at scale.
     done = await Reaper(engine, lambda: NOW, RETENTION, batch=2).reap()
 
-    assert done.operations == sum(expected.values())
+    assert done.operations == done.observation_details == sum(expected.values())
     for op, reapable in expected.items():
         after = await state_of(engine, op)
         if reapable:
             assert after["reaped_at"] == NOW
             assert (after["body"], after["marker"]) == ({}, NOW.isoformat())
-            assert after["details"] == [None] and after["done"] == 0
+            assert after["details"] == [None, None] and after["done"] == 0
             assert (after["state"], after["version"], after["pending"]) == (
                 before[op]["state"],
                 before[op]["version"],
@@ -241,6 +265,18 @@ async def test_the_unresolved_the_flagged_and_the_refunding_survive_however_old(
     await add(engine, "op_contradicted", State.CANCELLED, old, contradicted=True)
     await add(engine, "op_refunding", State.OUTCOME_KNOWN, old)
     await add(engine, "op_refund", State.UNKNOWN, old, parent="op_refunding")
+    # A refund a person settled as failed, whose audit has not looked yet.
+    await add(engine, "op_verifying", State.OUTCOME_KNOWN, old)
+    await add(
+        engine,
+        "op_verifying_r",
+        State.OUTCOME_KNOWN,
+        old,
+        parent="op_verifying",
+        pending_outbox=True,
+    )
+    # A settled refund of a flagged payment: a person may need its answers.
+    await add(engine, "op_duplicate_r", State.OUTCOME_KNOWN, old, parent="op_duplicate")
     await add(engine, "op_audited", State.OUTCOME_KNOWN, old, pending_outbox=True)
     await add(engine, "op_recent", State.OUTCOME_KNOWN, RETENTION - timedelta(minutes=1))
     await add(engine, "op_settled", State.OUTCOME_KNOWN, old)
@@ -256,9 +292,12 @@ async def test_the_unresolved_the_flagged_and_the_refunding_survive_however_old(
         "op_refund",
         "op_audited",
         "op_recent",
+        "op_verifying",
+        "op_verifying_r",
+        "op_duplicate_r",
     ):
         kept = await state_of(engine, survivor)
-        assert kept["reaped_at"] is None and kept["details"] == [DETAIL], survivor
+        assert kept["reaped_at"] is None and kept["details"] == [DETAIL, None], survivor
         assert kept["body"] == {"amount": 990}, survivor
 
 
@@ -291,7 +330,7 @@ def test_reap_on_the_command_line_reports_what_it_removed(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == (
-        "reaped 3 operation(s) older than 400 days: 3 observation detail(s) cleared, "
+        "reaped 3 operation(s) settled over 400d ago: 3 observation detail(s) cleared, "
         "3 done outbox row(s) deleted"
     )
     refused = subprocess.run(
@@ -333,3 +372,19 @@ async def test_a_running_worker_reaps_on_its_schedule(engine: AsyncEngine) -> No
         stop.set()
         await running
     assert (await state_of(engine, "op_old"))["reaped_at"] == NOW
+
+
+async def test_a_refund_committed_after_selection_keeps_its_payment(engine: AsyncEngine) -> None:
+    """The PostgreSQL re-check (store/reaping.reap_batch): a payment chosen on one
+    snapshot, whose refund committed before the reaper locked it, is judged again
+    on a fresh one and kept."""
+    from intentledger.store.reaping import lock_candidates, still_reapable
+
+    await add(engine, "op_paid", State.OUTCOME_KNOWN, RETENTION * 2)
+    async with engine.connect() as conn:
+        chosen = await lock_candidates(conn, CUTOFF, 10)
+        await conn.rollback()
+    assert [row.operation_id for row in chosen] == ["op_paid"]
+    await add(engine, "op_paid_r", State.ACCEPTED, timedelta(0), parent="op_paid")
+    async with engine.connect() as conn:
+        assert await still_reapable(conn, ["op_paid"], CUTOFF) == set()

@@ -375,6 +375,7 @@ def worker(
     log_format: LogFormat = None,
     record_retention: RecordRetention = None,
     reap_interval: ReapInterval = None,
+    replay_window: ReplayWindow = None,
     metrics_port: MetricsPort = None,
 ) -> None:
     """Run the dispatcher alone (point --provider-url at a running provider)."""
@@ -409,6 +410,7 @@ def worker(
         log_format=log_format,
         record_retention=record_retention,
         reap_interval=reap_interval,
+        replay_window=replay_window,
         metrics_port=metrics_port,
     )
     _configure_logging(settings)
@@ -446,6 +448,7 @@ def worker(
 def reap(
     database_url: DatabaseUrl = None,
     record_retention: RecordRetention = None,
+    replay_window: ReplayWindow = None,
     batch: Annotated[
         int, typer.Option("--batch", min=1, max=10_000, help="operations per transaction")
     ] = 500,
@@ -455,13 +458,17 @@ def reap(
     (provider answers, request bodies, done outbox rows), in bounded batches;
     never an unresolved, flagged or still-refunding operation's. Workers also
     do it every --reap-interval."""
+    from intentledger.domain.durations import format_duration
     from intentledger.engine.clock import system_clock
     from intentledger.engine.reaper import Reaper
     from intentledger.store.database import create_ledger_engine
     from intentledger.store.reaping import Reaped
 
     settings = load_settings(
-        database_url=database_url, record_retention=record_retention, log_format=log_format
+        database_url=database_url,
+        record_retention=record_retention,
+        replay_window=replay_window,
+        log_format=log_format,
     )
     _configure_logging(settings)
     _require_schema(settings)
@@ -482,8 +489,9 @@ def reap(
 
     done = asyncio.run(main())
     typer.echo(
-        f"reaped {done.operations} operation(s) older than {settings.record_retention.days} "
-        f"days: {done.observation_details} observation detail(s) cleared, "
+        f"reaped {done.operations} operation(s) settled over "
+        f"{format_duration(settings.record_retention)} ago: "
+        f"{done.observation_details} observation detail(s) cleared, "
         f"{done.outbox_rows} done outbox row(s) deleted"
     )
 

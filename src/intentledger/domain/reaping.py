@@ -4,10 +4,11 @@ Past the record retention, an operation's provider answers (observation
 details), request body and done outbox rows are cost, not evidence — unless a
 person or the provider may still need them. So an operation is reaped only when
 it is settled (OUTCOME_KNOWN or CANCELLED), carries no flag a person must clear,
-has no refund whose outcome is not final, has no outbox work still to do (an
-audit look after a person's resolution), was last changed before the cutoff,
-and was not reaped already. store/reaping.py asks the same in SQL; a test holds
-the two to the same answer.
+has no open refund (not final, or with outbox work left: a person's "failed"
+the audit has not checked still holds its money), is not a refund of a flagged
+payment, has no outbox work still to do (an audit look after a person's
+resolution), was last changed before the cutoff, and was not reaped already.
+store/reaping.py asks the same in SQL; a test holds the two to the same answer.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ class ReapFacts:
     duplicate_detected: bool
     outcome_contradicted: bool
     updated_at: datetime
-    # Refunds of this operation whose state is not final.
+    # Refunds of this operation not final, or with outbox work left.
     open_refunds: int
     # Outbox rows of this operation not yet done.
     pending_outbox: int
     reaped: bool
+    # A refund whose payment carries a flag (a duplicate, a contradiction).
+    parent_flagged: bool = False
 
 
 def may_reap(facts: ReapFacts, cutoff: datetime) -> bool:
@@ -39,6 +42,7 @@ def may_reap(facts: ReapFacts, cutoff: datetime) -> bool:
         and not facts.duplicate_detected
         and not facts.outcome_contradicted
         and facts.open_refunds == 0
+        and not facts.parent_flagged
         and facts.pending_outbox == 0
         and facts.updated_at <= cutoff
         and not facts.reaped

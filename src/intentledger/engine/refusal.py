@@ -13,6 +13,7 @@ from typing import Protocol, TypeVar
 
 from sqlalchemy.exc import IntegrityError
 
+from intentledger.domain.durations import format_duration
 from intentledger.domain.replay_window import replay_window_passed
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
@@ -54,8 +55,8 @@ class KeyExpired(Refusal):
             409,
             "key-expired",
             f"this Idempotency-Key was first used at {first_used_at.isoformat()}, longer ago "
-            f"than the {window.days}-day replay window: it replays no more and is never used "
-            "again; a new request needs a new key",
+            f"than the replay window ({format_duration(window)}): it replays no more and is "
+            "never used again; a new request needs a new key",
         )
         self.resource_id = resource_id
 

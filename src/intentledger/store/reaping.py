@@ -13,8 +13,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, delete, exists, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    null,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import FINAL
@@ -37,19 +50,31 @@ class Reaped:
         )
 
 
+def _pending_outbox(operation: Any) -> ColumnElement[bool]:
+    return exists(
+        select(outbox.c.id).where(
+            outbox.c.operation_id == operation.c.operation_id, outbox.c.done_at.is_(None)
+        )
+    )
+
+
 def reapable(cutoff: datetime) -> ColumnElement[bool]:
     """domain/reaping.may_reap as SQL, over `operations`. The partial index's
-    predicate comes first, verbatim: SQLite uses the index only when it sees it."""
+    predicate comes first, verbatim, as SQLite needs to see it."""
     refund = operations.alias("refund")
+    parent = operations.alias("parent")
+    # A refund is open while it is not final, or while it still has outbox work
+    # (a person's "failed" the audit has not yet checked holds its money).
     open_refund = exists(
         select(refund.c.operation_id).where(
             refund.c.parent_operation_id == operations.c.operation_id,
-            refund.c.state.not_in(_FINAL),
+            or_(refund.c.state.not_in(_FINAL), _pending_outbox(refund)),
         )
     )
-    pending = exists(
-        select(outbox.c.id).where(
-            outbox.c.operation_id == operations.c.operation_id, outbox.c.done_at.is_(None)
+    flagged_parent = exists(
+        select(parent.c.operation_id).where(
+            parent.c.operation_id == operations.c.parent_operation_id,
+            or_(parent.c.duplicate_detected.is_(True), parent.c.outcome_contradicted.is_(True)),
         )
     )
     return and_(
@@ -60,11 +85,27 @@ def reapable(cutoff: datetime) -> ColumnElement[bool]:
         operations.c.duplicate_detected.is_(False),
         operations.c.outcome_contradicted.is_(False),
         ~open_refund,
-        ~pending,
+        ~flagged_parent,
+        ~_pending_outbox(operations),
     )
 
 
 async def reap_batch(conn: AsyncConnection, now: datetime, cutoff: datetime, limit: int) -> Reaped:
+    chosen = await lock_candidates(conn, cutoff, limit)
+    if conn.dialect.name == "postgresql" and chosen:
+        # The candidates were judged on the statement's snapshot but locked
+        # afterwards: a writer that committed in between without changing the
+        # operation's row (a refund accepted under the payment's lock, an audit
+        # look enqueued) would be missed. Judged again now, on a fresh snapshot
+        # (READ COMMITTED), while holding the locks every such writer needs.
+        still = await still_reapable(conn, [row.operation_id for row in chosen], cutoff)
+        chosen = [row for row in chosen if row.operation_id in still]
+    if not chosen:
+        return Reaped()
+    return await _reap(conn, chosen, now)
+
+
+async def lock_candidates(conn: AsyncConnection, cutoff: datetime, limit: int) -> list[Any]:
     query = (
         select(operations.c.operation_id, operations.c.request_context)
         .where(reapable(cutoff))
@@ -72,15 +113,37 @@ async def reap_batch(conn: AsyncConnection, now: datetime, cutoff: datetime, lim
         .limit(limit)
     )
     if conn.dialect.name == "postgresql":
+        # Skipping what a writer holds: reaping never waits on (or blocks) a payment.
         query = query.with_for_update(skip_locked=True, of=operations)
-    chosen = list(await conn.execute(query))
-    if not chosen:
-        return Reaped()
+    else:
+        # Without statistics SQLite picks the (state, updated_at) index and sorts
+        # every settled operation, the reaped ones too, at every batch.
+        query = query.with_hint(operations, "INDEXED BY ix_operations_reapable", "sqlite")
+    return list(await conn.execute(query))
+
+
+async def still_reapable(conn: AsyncConnection, ids: list[str], cutoff: datetime) -> set[str]:
+    rows = await conn.execute(
+        select(operations.c.operation_id).where(
+            operations.c.operation_id.in_(ids), reapable(cutoff)
+        )
+    )
+    return {row.operation_id for row in rows}
+
+
+def _has_detail(conn: AsyncConnection) -> ColumnElement[bool]:
+    # A detail-less answer is stored as JSON null, not SQL NULL: neither is a
+    # detail to clear (nor a row to rewrite).
+    json_type = func.jsonb_typeof if conn.dialect.name == "postgresql" else func.json_type
+    return and_(observations.c.detail.is_not(None), json_type(observations.c.detail) != "null")
+
+
+async def _reap(conn: AsyncConnection, chosen: list[Any], now: datetime) -> Reaped:
     ids = [row.operation_id for row in chosen]
     details = await conn.execute(
         update(observations)
-        .where(observations.c.operation_id.in_(ids), observations.c.detail.is_not(None))
-        .values(detail=None)
+        .where(observations.c.operation_id.in_(ids), _has_detail(conn))
+        .values(detail=null())
     )
     done = await conn.execute(
         delete(outbox).where(outbox.c.operation_id.in_(ids), outbox.c.done_at.is_not(None))

@@ -1,8 +1,11 @@
 """The ledger schema (SQLAlchemy Core), one definition for SQLite and PostgreSQL.
 
 `operations` is the one mutable record per business operation. `attempts`,
-`observations`, `transitions` and `decisions` are append-only: never updated,
-never deleted, so a reviewer can rebuild what was seen and why from them alone.
+`observations`, `transitions` and `decisions` are append-only: never deleted,
+and never updated but in one way — past the record retention, `reap` clears an
+observation's `detail` (the provider's raw answer) of a settled operation no
+one may still need (docs/decisions/0018) — so a reviewer can rebuild what was
+seen and why from them alone.
 """
 
 from __future__ import annotations
