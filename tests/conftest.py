@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.bench.pgbouncer import PgBouncer, running_pgbouncer
 from intentledger.store.database import create_ledger_engine
 from intentledger.store.migrate import upgrade
 from tests.support import Process, free_port
@@ -119,6 +120,16 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     eng = create_ledger_engine(database_url)
     yield eng
     await eng.dispose()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[PgBouncer]:
+    """Debian's PgBouncer in transaction mode in front of the test server, with
+    fewer server connections than the processes that go through it open."""
+    if "postgresql" not in BACKENDS:
+        pytest.skip("PgBouncer stands in front of PostgreSQL (INTENTLEDGER_TEST_BACKENDS)")
+    with running_pgbouncer(os.environ[PG_ENV], pool_size=6) as bouncer:
+        yield bouncer
 
 
 @pytest.fixture

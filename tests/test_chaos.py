@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from intentledger.bench.pgbouncer import PgBouncer
 from intentledger.chaos import VIOLATIONS, restart_database
 from tests.conftest import BACKENDS, Databases
 from tests.stripe_fake import StripeFake, stripe_fake  # noqa: F401
@@ -35,11 +36,18 @@ def chaos(database_url: str, *args: str) -> tuple[int, dict[str, object], str]:
     return done.returncode, report, done.stderr[-3000:]
 
 
-def test_short_chaos_run_is_clean(databases: Databases) -> None:
+def test_short_chaos_run_through_pgbouncer_is_clean(
+    databases: Databases, pgbouncer: PgBouncer
+) -> None:
+    """Every process of the fleet, and the harness, reach PostgreSQL through
+    PgBouncer in transaction mode, and the server behind it is restarted once.
+    (The Stripe run and the blind-retry run below connect directly.)"""
     restart = os.environ.get("INTENTLEDGER_TEST_POSTGRES_RESTART")
     assert restart, "scripts/with-postgres sets INTENTLEDGER_TEST_POSTGRES_RESTART"
     code, report, log = chaos(
-        databases.create("postgresql"),
+        pgbouncer.url_for(databases.create("postgresql")),
+        "--database-pooler",
+        "pgbouncer",
         # Enough load to last well past five kills: 300 payments drained in
         # about three seconds once intake and dispatch were batched. (1500 took
         # 160-190 s of the suite's 30 minutes, most of it intake through a fleet

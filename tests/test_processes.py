@@ -10,8 +10,11 @@ import httpx
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.bench.pgbouncer import PgBouncer
 from intentledger.engine.clock import system_clock
+from intentledger.store.database import create_ledger_engine
 from intentledger.store.tables import attempts, observations, operations
+from tests.conftest import Databases
 from tests.support import Process, wait_until
 from tests.test_dispatch import accept
 
@@ -19,7 +22,13 @@ PAYMENTS = 500
 
 
 def start_worker(
-    database_url: str, sandbox: str, log: Path, *, lease: str = "5m", timeout: str = "10s"
+    database_url: str,
+    sandbox: str,
+    log: Path,
+    *,
+    lease: str = "5m",
+    timeout: str = "10s",
+    extra: list[str] | None = None,
 ) -> Process:
     return Process(
         [
@@ -34,6 +43,7 @@ def start_worker(
             timeout,
             "--concurrency",
             "8",
+            *(extra or []),
         ],
         {},
         log,
@@ -56,6 +66,40 @@ async def wait_for_state(engine: AsyncEngine, state: str, count: int, timeout: f
 async def test_racing_workers_submit_every_payment_exactly_once(
     engine: AsyncEngine, database_url: str, backend: str, sandbox: str, tmp_path: Path
 ) -> None:
+    await race_workers(
+        engine, sandbox, tmp_path, [database_url] * (2 if backend == "sqlite" else 4)
+    )
+
+
+async def test_racing_workers_through_pgbouncer_in_transaction_mode_submit_once(
+    databases: Databases, pgbouncer: PgBouncer, sandbox: str, tmp_path: Path
+) -> None:
+    """Four workers whose every transaction may land on another of PgBouncer's
+    six server connections: without INTENTLEDGER_DATABASE_POOLER=pgbouncer
+    their prepared statements collide (errors, or another query's rows)."""
+    database_url = databases.create("postgresql")
+    engine = create_ledger_engine(database_url)
+    try:
+        through = pgbouncer.url_for(database_url)
+        logs = await race_workers(
+            engine, sandbox, tmp_path, [through] * 4, ["--database-pooler", "pgbouncer"]
+        )
+    finally:
+        await engine.dispose()
+    for log in logs:
+        assert "Traceback" not in log and "prepared statement" not in log, log[-3000:]
+
+
+async def race_workers(
+    engine: AsyncEngine,
+    sandbox: str,
+    tmp_path: Path,
+    worker_urls: list[str],
+    worker_args: list[str] | None = None,
+) -> list[str]:
+    """PAYMENTS accepted, then one worker per URL racing for them: every payment
+    must be submitted exactly once, and every worker must take part. Returns
+    the workers' logs."""
     for start in range(0, PAYMENTS, 50):
         await asyncio.gather(
             *(
@@ -63,10 +107,10 @@ async def test_racing_workers_submit_every_payment_exactly_once(
                 for i in range(start, start + 50)
             )
         )
-    worker_count = 2 if backend == "sqlite" else 4
+    worker_count = len(worker_urls)
     workers = [
-        start_worker(database_url, sandbox, tmp_path / f"worker-{n}.log")
-        for n in range(worker_count)
+        start_worker(url, sandbox, tmp_path / f"worker-{n}.log", extra=worker_args or [])
+        for n, url in enumerate(worker_urls)
     ]
     try:
         await wait_for_state(engine, "OUTCOME_KNOWN", PAYMENTS, timeout=180)
@@ -93,6 +137,7 @@ async def test_racing_workers_submit_every_payment_exactly_once(
     assert submits == Counter(dict.fromkeys(ids, 1))
     # Every worker took part: the race was real.
     assert len({row.source for row in attempt_rows}) == worker_count
+    return [worker.output() for worker in workers]
 
 
 async def test_worker_killed_after_submitting_commit_leaves_unknown_not_a_resend(

@@ -37,11 +37,11 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from sqlalchemy import create_engine, select
+from sqlalchemy import select
 
 from intentledger.api.auth import create_api_key
 from intentledger.engine.clock import system_clock
-from intentledger.store.database import create_ledger_engine, sync_url
+from intentledger.store.database import Pooler, create_ledger_engine, create_sync_engine
 from intentledger.store.migrate import upgrade
 from intentledger.store.tables import attempts, decisions, operations, outbox
 
@@ -105,6 +105,8 @@ class ChaosConfig:
     # where the checker reads Stripe's truth (default: the same base).
     stripe_api_base: str | None = None
     stripe_truth_base: str | None = None
+    # The fleet, the harness and its checker all reach PostgreSQL through it.
+    database_pooler: Pooler = "none"
 
     @property
     def on_stripe(self) -> bool:
@@ -148,6 +150,7 @@ class Fleet:
             **os.environ,
             # Short timings so that kills, retries and checks all happen within a run.
             "INTENTLEDGER_DATABASE_URL": config.database_url,
+            "INTENTLEDGER_DATABASE_POOLER": config.database_pooler,
             "INTENTLEDGER_PROVIDER_URL": self.sandbox_url,
             "INTENTLEDGER_SUBMIT_TIMEOUT": "1s",
             "INTENTLEDGER_LEASE": "5s",
@@ -436,9 +439,9 @@ def restart_database(command: str, workdir: Path) -> None:
 DRAIN_HORIZON = timedelta(seconds=15)
 
 
-def _pending_work(database_url: str) -> tuple[int, Counter[str]]:
+def _pending_work(database_url: str, pooler: Pooler) -> tuple[int, Counter[str]]:
     """Outbox rows due now or within DRAIN_HORIZON, and the operations by state."""
-    engine = create_engine(sync_url(database_url))
+    engine = create_sync_engine(database_url, pooler=pooler)
     horizon = datetime.now(UTC) + DRAIN_HORIZON
     try:
         with engine.connect() as conn:
@@ -532,10 +535,10 @@ def _every(client: httpx.Client, path: str) -> Iterator[dict[str, Any]]:
         params = {"limit": "100", "starting_after": body["data"][-1]["id"]}
 
 
-def check(database_url: str, truth: Truth, tally: Tally) -> dict[str, Any]:
+def check(database_url: str, truth: Truth, tally: Tally, pooler: Pooler = "none") -> dict[str, Any]:
     """Compare the ledger with the provider's truth."""
     executed = truth.executed
-    engine = create_engine(sync_url(database_url))
+    engine = create_sync_engine(database_url, pooler=pooler)
     try:
         with engine.connect() as conn:
             ops = {row.operation_id: row for row in conn.execute(select(operations))}
@@ -596,8 +599,8 @@ def check(database_url: str, truth: Truth, tally: Tally) -> dict[str, Any]:
     }
 
 
-async def _token(database_url: str) -> str:
-    engine = create_ledger_engine(database_url)
+async def _token(database_url: str, pooler: Pooler) -> str:
+    engine = create_ledger_engine(database_url, pooler=pooler)
     try:
         return await create_api_key(engine, system_clock, "chaos", is_operator=False)
     finally:
@@ -606,8 +609,8 @@ async def _token(database_url: str) -> str:
 
 async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
     started = time.monotonic()
-    upgrade(config.database_url)
-    token = await _token(config.database_url)
+    upgrade(config.database_url, pooler=config.database_pooler)
+    token = await _token(config.database_url, config.database_pooler)
     workdir = Path(tempfile.mkdtemp(prefix="intentledger-chaos-"))
     fleet = Fleet(config, workdir)
     tally = Tally()
@@ -630,7 +633,9 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
             while True:
                 await asyncio.sleep(0.5)
                 with contextlib.suppress(Exception):  # the database may be restarting
-                    pending, states = await asyncio.to_thread(_pending_work, config.database_url)
+                    pending, states = await asyncio.to_thread(
+                        _pending_work, config.database_url, config.database_pooler
+                    )
                 live.update(_view(tally, states, pending, started))
                 if monkey.done() and monkey.exception():
                     raise monkey.exception()  # type: ignore[misc]
@@ -662,7 +667,7 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
             )
         else:
             truth = sandbox_truth(fleet.sandbox_url)
-        report = check(config.database_url, truth, tally)
+        report = check(config.database_url, truth, tally, config.database_pooler)
         report["provider"] = config.provider
         report["provider_executed"] = sum(truth.executed.values())
         if provider_payments is not None:

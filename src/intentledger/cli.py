@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 from pydantic import ValidationError
@@ -37,6 +37,13 @@ DatabaseUrl = Annotated[
     str | None,
     typer.Option(
         "--database-url", help="INTENTLEDGER_DATABASE_URL: sqlite:///FILE or postgresql://..."
+    ),
+]
+DatabasePooler = Annotated[
+    str | None,
+    typer.Option(
+        "--database-pooler",
+        help="INTENTLEDGER_DATABASE_POOLER: none, or pgbouncer (a pooler in transaction mode)",
     ),
 ]
 Provider = Annotated[str | None, typer.Option("--provider", help="INTENTLEDGER_PROVIDER")]
@@ -219,7 +226,7 @@ def _require_schema(settings: Settings, *, wait_for_database: bool = False) -> N
     delay = 1.0
     while True:
         try:
-            require_current_schema(settings.database_url)
+            require_current_schema(settings.database_url, settings.database_pooler)
             return
         except (SchemaNotCurrent, UnsupportedDatabase) as exc:
             err.print(f"[red]{exc}[/red]")
@@ -240,6 +247,7 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     no_workers: Annotated[bool, typer.Option("--no-workers", help="Run the API alone.")] = False,
     database_url: DatabaseUrl = None,
+    database_pooler: DatabasePooler = None,
     provider: Provider = None,
     provider_url: ProviderUrl = None,
     submit_timeout: SubmitTimeout = None,
@@ -280,6 +288,7 @@ def serve(
 
     settings = load_settings(
         database_url=database_url,
+        database_pooler=database_pooler,
         provider=provider,
         provider_url=provider_url,
         submit_timeout=submit_timeout,
@@ -350,6 +359,7 @@ def serve(
 @app.command()
 def worker(
     database_url: DatabaseUrl = None,
+    database_pooler: DatabasePooler = None,
     provider: Provider = None,
     provider_url: ProviderUrl = None,
     submit_timeout: SubmitTimeout = None,
@@ -385,6 +395,7 @@ def worker(
 
     settings = load_settings(
         database_url=database_url,
+        database_pooler=database_pooler,
         provider=provider,
         provider_url=provider_url,
         submit_timeout=submit_timeout,
@@ -418,7 +429,7 @@ def worker(
     _require_schema(settings, wait_for_database=True)
 
     async def main() -> None:
-        engine = create_ledger_engine(settings.database_url)
+        engine = create_ledger_engine(settings.database_url, pooler=settings.database_pooler)
         try:
             worker = build_worker(settings, engine, system_clock, None)
         except ValueError as exc:
@@ -447,6 +458,7 @@ def worker(
 @app.command()
 def reap(
     database_url: DatabaseUrl = None,
+    database_pooler: DatabasePooler = None,
     record_retention: RecordRetention = None,
     replay_window: ReplayWindow = None,
     batch: Annotated[
@@ -466,6 +478,7 @@ def reap(
 
     settings = load_settings(
         database_url=database_url,
+        database_pooler=database_pooler,
         record_retention=record_retention,
         replay_window=replay_window,
         log_format=log_format,
@@ -474,7 +487,7 @@ def reap(
     _require_schema(settings)
 
     async def main() -> Reaped:
-        engine = create_ledger_engine(settings.database_url)
+        engine = create_ledger_engine(settings.database_url, pooler=settings.database_pooler)
         try:
             with err.status("reaping") as status:
 
@@ -522,15 +535,15 @@ def providers() -> None:
 
 
 @app.command()
-def migrate(database_url: DatabaseUrl = None) -> None:
+def migrate(database_url: DatabaseUrl = None, database_pooler: DatabasePooler = None) -> None:
     """Bring the database schema up to date."""
     from intentledger.store.database import UnsupportedDatabase
     from intentledger.store.migrate import upgrade
 
-    settings = load_settings(database_url=database_url)
+    settings = load_settings(database_url=database_url, database_pooler=database_pooler)
     _configure_logging(settings)
     try:
-        upgrade(settings.database_url)
+        upgrade(settings.database_url, pooler=settings.database_pooler)
     except UnsupportedDatabase as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
@@ -552,7 +565,7 @@ def keys_create(
     _require_schema(settings)
 
     async def main() -> str:
-        engine = create_ledger_engine(settings.database_url)
+        engine = create_ledger_engine(settings.database_url, pooler=settings.database_pooler)
         try:
             return await create_api_key(engine, system_clock, actor, operator)
         finally:
@@ -582,7 +595,7 @@ def _keys_work(database_url: str | None, work: Any) -> Any:
     _require_schema(settings)
 
     async def main() -> Any:
-        engine = create_ledger_engine(settings.database_url)
+        engine = create_ledger_engine(settings.database_url, pooler=settings.database_pooler)
         try:
             async with engine.begin() as conn:
                 return await work(Ledger(conn), system_clock())
@@ -689,14 +702,21 @@ def chaos(
         str | None,
         typer.Option(help="Where the checker lists Stripe's PaymentIntents (default: API base)."),
     ] = None,
+    database_pooler: Annotated[
+        str,
+        typer.Option(help="none, or pgbouncer: --database-url is a PgBouncer in transaction mode."),
+    ] = "none",
 ) -> None:
     """Payments under SIGKILLs, a database restart and provider faults, checked against
     the provider's truth. The last line is a JSON report; any violation exits 1."""
     from intentledger.chaos import ChaosConfig, print_report, run_chaos
-    from intentledger.store.database import dialect_of
+    from intentledger.store.database import Pooler, dialect_of
 
     if dialect_of(database_url) != "postgresql":
         err.print("[red]chaos runs on PostgreSQL: pass --database-url postgresql://...[/red]")
+        raise typer.Exit(2)
+    if database_pooler not in ("none", "pgbouncer"):
+        err.print("[red]--database-pooler is none or pgbouncer[/red]")
         raise typer.Exit(2)
     if provider not in ("sandbox", "stripe") or (provider == "stripe") != bool(stripe_api_base):
         err.print("[red]--provider is sandbox, or stripe with --stripe-api-base[/red]")
@@ -714,6 +734,7 @@ def chaos(
         provider,
         stripe_api_base,
         stripe_truth_base,
+        cast(Pooler, database_pooler),  # one of the two, checked above
     )
 
     async def main() -> dict[str, Any]:

@@ -44,13 +44,13 @@ def _settings(database_url: str | None) -> Settings:
 def _run(database_url: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
     settings = _settings(database_url)
     try:
-        require_current_schema(settings.database_url)
+        require_current_schema(settings.database_url, settings.database_pooler)
     except (SchemaNotCurrent, UnsupportedDatabase) as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
 
     async def main() -> T:
-        engine = create_ledger_engine(settings.database_url)
+        engine = create_ledger_engine(settings.database_url, pooler=settings.database_pooler)
         try:
             return await work(engine)
         finally:

@@ -127,7 +127,7 @@ def build_service_app(
     clock: Clock = system_clock,
 ) -> FastAPI:
     """The `serve` process: API, sandbox mount (when it is the provider) and workers."""
-    engine = create_ledger_engine(settings.database_url)
+    engine = create_ledger_engine(settings.database_url, pooler=settings.database_pooler)
     sandbox_url = own_url.rstrip("/") + SANDBOX_MOUNT if mounts_sandbox(settings) else None
 
     sync_dispatcher = build_dispatcher(

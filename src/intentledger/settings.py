@@ -14,6 +14,7 @@ from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW, SHORTEST_RE
 from intentledger.domain.retention import DEFAULT_SANDBOX_RETENTION
 from intentledger.domain.work_queue import DEFAULT_WAITING_THRESHOLD
 from intentledger.providers.http import call_deadline
+from intentledger.store.database import Pooler, dialect_of
 
 
 def _duration(value: Any) -> Any:
@@ -29,6 +30,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="INTENTLEDGER_", extra="ignore")
 
     database_url: str = "sqlite:///intentledger.db"
+    # "pgbouncer": PostgreSQL is reached through a pooler in transaction mode
+    # (store/database.py connect_args; docs/scaling.md).
+    database_pooler: Pooler = "none"
     provider: str = "sandbox"
     # None: the serving process's own /_sandbox mount.
     provider_url: str | None = None
@@ -135,6 +139,8 @@ class Settings(BaseSettings):
             raise ValueError("record_retention must be at least the replay_window")
         if self.reap_interval <= timedelta(0):
             raise ValueError("reap_interval must be more than 0")
+        if self.database_pooler != "none" and dialect_of(self.database_url) != "postgresql":
+            raise ValueError(f"database_pooler {self.database_pooler} needs a PostgreSQL database")
         if not timedelta(0) < self.webhook_timeout <= timedelta(minutes=1):
             raise ValueError("webhook_timeout must be more than 0 and at most 1m")
         return self

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+# What stands between us and PostgreSQL. "pgbouncer": a pooler in transaction
+# mode, which hands each transaction whichever server connection is free.
+Pooler = Literal["none", "pgbouncer"]
 
 
 class UnsupportedDatabase(ValueError):
@@ -86,18 +90,41 @@ def _configure_sqlite(sync_engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def create_ledger_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+def connect_args(url: str, pooler: Pooler) -> dict[str, Any]:
+    """psycopg's arguments for a connection behind `pooler`.
+
+    psycopg prepares a statement on the server after its fifth use on a
+    connection. Behind a pooler in transaction mode the next transaction may
+    run on another server connection, where that name is missing or names
+    another query: PgBouncer 1.18 then raised errors and, worse, returned
+    another query's rows with no error at all. With a pooler nothing is
+    prepared; nothing else the ledger does keeps session state (no LISTEN,
+    no session settings, no advisory locks, no temporary tables).
+    """
+    if pooler == "none":
+        return {}
+    if dialect_of(url) != "postgresql":
+        raise UnsupportedDatabase(f"a {pooler} pooler needs a postgresql:// database URL")
+    return {"prepare_threshold": None}
+
+
+def create_ledger_engine(url: str, *, pool_size: int = 10, pooler: Pooler = "none") -> AsyncEngine:
+    arguments = connect_args(url, pooler)
     if dialect_of(url) == "sqlite":
         engine = create_async_engine(async_url(url))
         _configure_sqlite(engine.sync_engine)
         return engine
     return create_async_engine(
-        async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+        async_url(url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        connect_args=arguments,
     )
 
 
-def create_sync_engine(url: str) -> Engine:
-    engine = create_engine(sync_url(url))
+def create_sync_engine(url: str, *, pooler: Pooler = "none") -> Engine:
+    engine = create_engine(sync_url(url), connect_args=connect_args(url, pooler))
     if dialect_of(url) == "sqlite":
         _configure_sqlite(engine)
     return engine

@@ -8,7 +8,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 
-from intentledger.store.database import create_sync_engine, dialect_of, require_utf8
+from intentledger.store.database import Pooler, create_sync_engine, dialect_of, require_utf8
 from intentledger.store.migrate import alembic_config
 
 
@@ -16,7 +16,7 @@ class SchemaNotCurrent(RuntimeError):
     pass
 
 
-def require_current_schema(database_url: str) -> None:
+def require_current_schema(database_url: str, pooler: Pooler = "none") -> None:
     """Refuse a database that is missing, not UTF-8, or not at the migrations' head.
     A missing SQLite file is not created by asking (connecting would create it)."""
     path = make_url(database_url).database
@@ -25,7 +25,7 @@ def require_current_schema(database_url: str) -> None:
         raise SchemaNotCurrent(f"there is no database at {path}: run `intentledger migrate` first")
     require_utf8(database_url)
     head = ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
-    engine = create_sync_engine(database_url)
+    engine = create_sync_engine(database_url, pooler=pooler)
     try:
         with engine.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()

@@ -11,7 +11,7 @@ config = context.config
 url = config.get_main_option("sqlalchemy.url")
 assert url, "intentledger.store.migrate sets sqlalchemy.url"
 
-engine = create_sync_engine(url)
+engine = create_sync_engine(url, pooler=config.attributes.get("pooler", "none"))
 with engine.connect() as connection:
     context.configure(
         connection=connection,

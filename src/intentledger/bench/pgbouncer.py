@@ -1,0 +1,136 @@
+"""A throwaway PgBouncer in transaction mode in front of a PostgreSQL server,
+for the tests and the bench's pooler phase (docs/scaling.md).
+
+It runs Debian's `pgbouncer` (1.18 on this machine kind) with a configuration
+written to a temporary directory: every database of the server under its own
+name, `pool_mode = transaction`, and fewer server connections than clients,
+so that consecutive transactions of one client really do land on different
+server connections — the case that breaks automatic prepared statements.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+from intentledger.bench.tools import ToolMissing
+
+
+def find_pgbouncer() -> str:
+    # Debian installs it in /usr/sbin, which is not on every user's PATH.
+    found = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+    if not found:
+        raise ToolMissing(
+            "pgbouncer is not installed: `apt-get install -y pgbouncer` "
+            "(scripts/ensure-test-tools does it for `make test`)"
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class PgBouncer:
+    port: int
+    workdir: Path
+
+    def url_for(self, database_url: str) -> str:
+        """The same database, user and password, reached through the pooler."""
+        url = make_url(database_url).set(host="127.0.0.1", port=self.port)
+        return url.render_as_string(hide_password=False)
+
+    def log(self) -> str:
+        path = self.workdir / "pgbouncer.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _config(server_url: str, port: int, workdir: Path, pool_size: int) -> str:
+    server = make_url(server_url)
+    user = server.username or "postgres"
+    return f"""\
+[databases]
+* = host={server.host or "127.0.0.1"} port={server.port or 5432}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {workdir}/userlist.txt
+pool_mode = transaction
+default_pool_size = {pool_size}
+max_client_conn = 2000
+logfile = {workdir}/pgbouncer.log
+pidfile = {workdir}/pgbouncer.pid
+admin_users = {user}
+; After a server restart, log in again within a second (default 15 s).
+server_login_retry = 1
+"""
+
+
+@contextmanager
+def running_pgbouncer(server_url: str, *, pool_size: int = 8) -> Iterator[PgBouncer]:
+    """PgBouncer in front of the server `server_url` points at, stopped on exit.
+
+    PgBouncer refuses to run as root: as root it runs as `postgres` (the user
+    the test and bench clusters run as)."""
+    binary = find_pgbouncer()
+    user = make_url(server_url).username or "postgres"
+    workdir = Path(tempfile.mkdtemp(prefix="intentledger-pgbouncer-"))
+    port = _free_port()
+    (workdir / "pgbouncer.ini").write_text(_config(server_url, port, workdir, pool_size))
+    # auth_type=trust still looks the user up in the auth file.
+    (workdir / "userlist.txt").write_text(f'"{user}" ""\n')
+    command = [binary, str(workdir / "pgbouncer.ini")]
+    if os.geteuid() == 0:
+        shutil.chown(workdir, "postgres")
+        for name in ("pgbouncer.ini", "userlist.txt"):
+            shutil.chown(workdir / name, "postgres")
+        command = ["runuser", "-u", "postgres", "--", *command]
+    bouncer = PgBouncer(port, workdir)
+    # PgBouncer logs every connection to stderr as well as to its log file: a
+    # pipe nobody reads fills up and then PgBouncer blocks, and every client
+    # with it. So -q, and what it says before its log is open goes to a file.
+    with (workdir / "stderr.log").open("wb") as stderr:
+        process = subprocess.Popen(
+            [*command, "-q"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr
+        )
+    try:
+        _wait_listening(process, bouncer)
+        yield bouncer
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _wait_listening(process: subprocess.Popen[bytes], bouncer: PgBouncer) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            stderr = (bouncer.workdir / "stderr.log").read_text(errors="replace")
+            raise RuntimeError(f"pgbouncer exited ({process.returncode}):\n{stderr}{bouncer.log()}")
+        try:
+            socket.create_connection(("127.0.0.1", bouncer.port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"pgbouncer did not listen on {bouncer.port} within 15 s:\n{bouncer.log()}")
