@@ -105,11 +105,21 @@ def _flags(command: str) -> set[str]:
     [
         # A secret key is read from the environment only (`ps` shows a command line).
         # serve answers GET /metrics on its own port: no metrics server of its own.
-        ("serve", {"break_for_tests", "stripe_api_key", "stripe_webhook_secret", "metrics_port"}),
+        (
+            "serve",
+            {
+                "break_for_tests",
+                "short_retention_for_tests",
+                "stripe_api_key",
+                "stripe_webhook_secret",
+                "metrics_port",
+            },
+        ),
         (
             "worker",
             {
                 "break_for_tests",
+                "short_retention_for_tests",
                 "stripe_api_key",
                 "stripe_webhook_secret",
                 "sandbox_webhook_secret",
@@ -124,7 +134,7 @@ def _flags(command: str) -> set[str]:
     ],
 )
 def test_every_setting_is_a_flag_of_the_same_name(command: str, not_applicable: set[str]) -> None:
-    """README: INTENTLEDGER_X is also --x (break_for_tests is a test-only variable)."""
+    """README: INTENTLEDGER_X is also --x (the *_for_tests ones are test-only variables)."""
     wanted = {f"--{name.replace('_', '-')}" for name in Settings.model_fields} - {
         f"--{name.replace('_', '-')}" for name in not_applicable
     }

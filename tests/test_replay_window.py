@@ -190,6 +190,11 @@ def test_the_window_is_a_setting_with_a_floor() -> None:
     with pytest.raises(ValueError, match="replay_window must be at least"):
         Settings(replay_window="59m")
     assert timedelta(hours=1) == SHORTEST_REPLAY_WINDOW
+    # Only the soak's test-only switch lifts the floor (chaos --retention).
+    short = Settings(replay_window="5m", record_retention="5m", short_retention_for_tests=True)
+    assert short.replay_window == short.record_retention == timedelta(minutes=5)
+    with pytest.raises(ValueError, match="record_retention must be at least"):
+        Settings(replay_window="5m", record_retention="4m", short_retention_for_tests=True)
 
 
 def test_the_window_is_closed_at_its_end() -> None:

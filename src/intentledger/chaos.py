@@ -37,13 +37,14 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from sqlalchemy import select
+from sqlalchemy import func, select, text
 
 from intentledger.api.auth import create_api_key
+from intentledger.domain.durations import format_duration
 from intentledger.engine.clock import system_clock
 from intentledger.store.database import Pooler, create_ledger_engine, create_sync_engine
 from intentledger.store.migrate import upgrade
-from intentledger.store.tables import attempts, decisions, operations, outbox
+from intentledger.store.tables import attempts, decisions, metadata, operations, outbox
 
 # Every DESIGN.md scenario, weighted towards the ordinary case.
 SCENARIOS = {
@@ -107,6 +108,11 @@ class ChaosConfig:
     stripe_truth_base: str | None = None
     # The fleet, the harness and its checker all reach PostgreSQL through it.
     database_pooler: Pooler = "none"
+    # A steady rate (payments a second) instead of random bursts: a soak.
+    rate: float | None = None
+    # Set: the fleet reaps what settled longer ago than this (replay window
+    # too), every tenth of it, and the run samples the tables' sizes.
+    retention: timedelta | None = None
 
     @property
     def on_stripe(self) -> bool:
@@ -162,6 +168,17 @@ class Fleet:
         }
         if config.break_for_tests:
             self.env["INTENTLEDGER_BREAK_FOR_TESTS"] = config.break_for_tests
+        if config.retention is not None:
+            self.env.update(
+                {
+                    "INTENTLEDGER_SHORT_RETENTION_FOR_TESTS": "true",
+                    "INTENTLEDGER_REPLAY_WINDOW": format_duration(config.retention),
+                    "INTENTLEDGER_RECORD_RETENTION": format_duration(config.retention),
+                    "INTENTLEDGER_REAP_INTERVAL": format_duration(
+                        max(config.retention / 10, timedelta(seconds=1))
+                    ),
+                }
+            )
         if config.on_stripe:
             assert config.stripe_api_base, "a Stripe fleet needs --stripe-api-base"
             del self.env["INTENTLEDGER_PROVIDER_URL"]
@@ -375,6 +392,9 @@ class Load:
         limits = httpx.Limits(max_connections=64)
         async with httpx.AsyncClient(timeout=10, limits=limits) as client:
             await self.create_mandates(client, 4)
+            if self.config.rate:
+                await self.run_steadily(client, self.config.rate)
+                return
             pending = list(range(self.config.operations))
             half = len(pending) // 2
             while pending:
@@ -390,6 +410,70 @@ class Load:
                 if half and self.config.operations - len(pending) >= half:
                     half = 0
                     await self.suspend_some(client)
+
+    async def run_steadily(self, client: httpx.AsyncClient, rate: float) -> None:
+        """One payment every 1/rate seconds, whatever the answers take; about
+        one in ten brings refunds of an earlier payment along."""
+        started = time.monotonic()
+        running: set[asyncio.Task[None]] = set()
+        for n in range(self.config.operations):
+            await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
+            work = [self.one_payment(client, n)]
+            if self.rng.random() < 0.1:
+                work.append(self.refunds_of_one_payment(client, n))
+            for coroutine in work:
+                task = asyncio.create_task(coroutine)
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if n == self.config.operations // 2:
+                await self.suspend_some(client)
+        await asyncio.gather(*running)
+
+
+def _table_sizes(database_url: str, pooler: Pooler) -> dict[str, int]:
+    """Every ledger table's bytes on disk, indexes and TOAST included, and its
+    partitions' if it has any."""
+    engine = create_sync_engine(database_url, pooler=pooler)
+    try:
+        with engine.connect() as conn:
+            return {
+                table.name: int(
+                    conn.execute(
+                        # pg_partition_tree lists nothing for a plain table.
+                        text(
+                            "SELECT COALESCE((SELECT SUM(pg_total_relation_size(relid)) "
+                            "FROM pg_partition_tree(CAST(:name AS regclass))), "
+                            "pg_total_relation_size(CAST(:name AS regclass)))"
+                        ),
+                        {"name": table.name},
+                    ).scalar_one()
+                )
+                for table in metadata.sorted_tables
+            }
+    finally:
+        engine.dispose()
+
+
+def _reaped_operations(database_url: str, pooler: Pooler) -> int:
+    engine = create_sync_engine(database_url, pooler=pooler)
+    try:
+        with engine.connect() as conn:
+            query = select(func.count()).where(operations.c.reaped_at.is_not(None))
+            return int(conn.execute(query).scalar_one())
+    finally:
+        engine.dispose()
+
+
+async def _sample_table_sizes(
+    config: ChaosConfig, samples: list[dict[str, Any]], started: float, every: float
+) -> None:
+    while True:
+        with contextlib.suppress(Exception):  # the database may be restarting
+            sizes = await asyncio.to_thread(
+                _table_sizes, config.database_url, config.database_pooler
+            )
+            samples.append({"seconds": round(time.monotonic() - started), "bytes": sizes})
+        await asyncio.sleep(every)
 
 
 async def _chaos_monkey(
@@ -437,6 +521,8 @@ def restart_database(command: str, workdir: Path) -> None:
 # backoff has put minutes away is work the run cannot wait for, and its
 # operation is reported unresolved (with what it waits for), not hidden.
 DRAIN_HORIZON = timedelta(seconds=15)
+# How often a run with --retention samples the tables' sizes.
+TABLE_SIZES_EVERY_SECONDS = 60.0
 
 
 def _pending_work(database_url: str, pooler: Pooler) -> tuple[int, Counter[str]]:
@@ -620,6 +706,14 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
         await _wait_healthy(fleet.health_urls)
         stop = asyncio.Event()
         monkey = asyncio.create_task(_chaos_monkey(config, fleet, tally, stop, rng))
+        samples: list[dict[str, Any]] = []
+        sampler = (
+            asyncio.create_task(
+                _sample_table_sizes(config, samples, started, TABLE_SIZES_EVERY_SECONDS)
+            )
+            if config.retention is not None
+            else None
+        )
         load = asyncio.create_task(Load(config, fleet, token, tally).run())
         tally.phase = "load"
         states: Counter[str] = Counter()
@@ -658,6 +752,18 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
                 if pending == 0 or out_of_time:
                     break
         tally.phase = "checking"
+        if sampler is not None:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+            samples.append(
+                {
+                    "seconds": round(time.monotonic() - started),
+                    "bytes": await asyncio.to_thread(
+                        _table_sizes, config.database_url, config.database_pooler
+                    ),
+                }
+            )
         provider_payments: int | None = None
         if config.on_stripe:
             assert config.stripe_api_base is not None
@@ -669,6 +775,12 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
             truth = sandbox_truth(fleet.sandbox_url)
         report = check(config.database_url, truth, tally, config.database_pooler)
         report["provider"] = config.provider
+        if config.retention is not None:
+            report["retention"] = format_duration(config.retention)
+            report["reaped_operations"] = await asyncio.to_thread(
+                _reaped_operations, config.database_url, config.database_pooler
+            )
+            report["table_sizes"] = samples
         report["provider_executed"] = sum(truth.executed.values())
         if provider_payments is not None:
             report["provider_payment_intents"] = provider_payments

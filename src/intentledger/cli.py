@@ -706,6 +706,17 @@ def chaos(
         str,
         typer.Option(help="none, or pgbouncer: --database-url is a PgBouncer in transaction mode."),
     ] = "none",
+    rate: Annotated[
+        float | None,
+        typer.Option(min=0.1, help="Payments a second, steadily (a soak); default: bursts."),
+    ] = None,
+    retention: Annotated[
+        str | None,
+        typer.Option(
+            help="A soak's record retention and replay window, e.g. 5m (test-only floors "
+            "lifted): the fleet reaps as it goes and the report samples the tables' sizes."
+        ),
+    ] = None,
 ) -> None:
     """Payments under SIGKILLs, a database restart and provider faults, checked against
     the provider's truth. The last line is a JSON report; any violation exits 1."""
@@ -715,6 +726,13 @@ def chaos(
     if dialect_of(database_url) != "postgresql":
         err.print("[red]chaos runs on PostgreSQL: pass --database-url postgresql://...[/red]")
         raise typer.Exit(2)
+    from intentledger.domain.durations import parse_duration
+
+    try:
+        kept_for = parse_duration(retention) if retention is not None else None
+    except ValueError as exc:
+        err.print(f"[red]--retention: {exc}[/red]")
+        raise typer.Exit(2) from exc
     if database_pooler not in ("none", "pgbouncer"):
         err.print("[red]--database-pooler is none or pgbouncer[/red]")
         raise typer.Exit(2)
@@ -735,6 +753,8 @@ def chaos(
         stripe_api_base,
         stripe_truth_base,
         cast(Pooler, database_pooler),  # one of the two, checked above
+        rate,
+        kept_for,
     )
 
     async def main() -> dict[str, Any]:

@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     # catches real bugs. "blind-retry" resends UNKNOWN operations on a timer with
     # a fresh key and no decision. Never set this outside that test.
     break_for_tests: Literal["blind-retry"] | None = None
+    # TEST ONLY: lift the replay window's floor (and so the retention's), for
+    # the soak that reaps with a retention of minutes (`chaos --retention`).
+    short_retention_for_tests: bool = False
 
     @property
     def request_path_timeout(self) -> timedelta:
@@ -129,7 +132,7 @@ class Settings(BaseSettings):
             raise ValueError(f"lease must exceed the longest call ({longest_call})")
         if not timedelta(0) < self.webhook_retry_first <= self.webhook_retry_longest:
             raise ValueError("webhook_retry_first must be more than 0 and at most the longest")
-        if self.replay_window < SHORTEST_REPLAY_WINDOW:
+        if self.replay_window < SHORTEST_REPLAY_WINDOW and not self.short_retention_for_tests:
             # Clients retry for minutes to hours (restarts, queue redeliveries):
             # a shorter window would refuse ordinary retries as expired keys.
             raise ValueError(f"replay_window must be at least {SHORTEST_REPLAY_WINDOW}")
