@@ -50,9 +50,61 @@ GOALS = (
 )
 
 
-def with_goals(figures: dict[str, Any]) -> dict[str, Any]:
-    goals = {g.key: {"goal": g.text(), "met": g.met(figures.get(g.key))} for g in GOALS}
-    return {**figures, "goals": goals}
+# synchronous_commit values that wait for the local WAL flush (on one server without
+# standbys, local, remote_write and remote_apply all do).
+_FLUSHED_COMMITS = frozenset({"on", "local", "remote_write", "remote_apply"})
+
+
+def fast_server_settings(figures: dict[str, Any]) -> list[str]:
+    """The settings that make the measured server faster than a ledger's may be: fsync
+    not on (a crash of the machine loses or corrupts committed data) or synchronous_commit
+    off (a commit is acknowledged before its WAL is flushed). Empty on a durable server;
+    a setting the bench could not read counts as not durable."""
+    fsync = figures.get("postgresql_fsync")
+    commit = figures.get("postgresql_synchronous_commit")
+    fast = []
+    if fsync != "on":
+        fast.append(f"fsync={fsync}")
+    if commit not in _FLUSHED_COMMITS:
+        fast.append(f"synchronous_commit={commit}")
+    return fast
+
+
+def with_goals(figures: dict[str, Any], *, allow_fast_server: bool = False) -> dict[str, Any]:
+    """The figures with each goal's verdict. The goals hold for a durable server: on one
+    with fsync or synchronous_commit off they are not judged (`met` is null and
+    `goals_judged` false, `goals_note` saying why) unless `allow_fast_server`, and then
+    every verdict is marked as judged on a non-durable server."""
+    fast = fast_server_settings(figures)
+    judged = not fast or allow_fast_server
+    goals: dict[str, dict[str, Any]] = {}
+    for g in GOALS:
+        verdict: dict[str, Any] = {"goal": g.text(), "met": None}
+        if judged:
+            verdict["met"] = g.met(figures.get(g.key))
+        if fast:
+            verdict["durable_server"] = False
+        goals[g.key] = verdict
+    if not fast:
+        note = "judged on a durable server (fsync=on, synchronous_commit on)"
+    elif allow_fast_server:
+        note = (
+            f"judged on a NON-DURABLE server ({', '.join(fast)}) because --allow-fast-server "
+            "was given: the goals are for a durable server, these verdicts are for comparison"
+        )
+    else:
+        note = (
+            f"not judged: the server runs with {', '.join(fast)}, which no ledger runs with "
+            "and which flatters commits; the goals are for a durable server "
+            "(scripts/with-postgres --durable; --allow-fast-server judges them anyway)"
+        )
+    return {
+        **figures,
+        "server_durable": not fast,
+        "goals_judged": judged,
+        "goals_note": note,
+        "goals": goals,
+    }
 
 
 def _num(value: Any, unit: str = "") -> str:
@@ -65,15 +117,28 @@ def _num(value: Any, unit: str = "") -> str:
 
 def _met(figures: dict[str, Any], key: str) -> str:
     goal = next(g for g in GOALS if g.key == key)
+    if not figures.get("goals_judged", True):
+        return f"{goal.text()} [yellow]not judged[/yellow]"
     met = goal.met(figures.get(key))
     mark = "—" if met is None else ("[green]met[/green]" if met else "[red]not met[/red]")
+    if figures.get("server_durable") is False:
+        mark += " [yellow](non-durable server)[/yellow]"
     return f"{goal.text()} {mark}"
 
 
 def table(figures: dict[str, Any]) -> Table:
     f = figures
     size = "quick" if f.get("quick") else "full"
-    out = Table(title=f"intentledger bench ({size} run, {f.get('nproc')} cores)")
+    server = (
+        "durable server"
+        if f.get("server_durable", True)
+        else f"fsync={f.get('postgresql_fsync')}, "
+        f"synchronous_commit={f.get('postgresql_synchronous_commit')}"
+    )
+    out = Table(
+        title=f"intentledger bench ({size} run, {f.get('nproc')} cores, {server})",
+        caption=f"goals {f['goals_note']}" if "goals_note" in f else None,
+    )
     columns: list[tuple[str, Literal["left", "right"]]] = [
         ("measure", "left"),
         ("ours", "right"),

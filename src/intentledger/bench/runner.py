@@ -56,6 +56,7 @@ from intentledger.bench.processes import (
     process_tree_cpu_seconds,
     runqueue_wait_seconds,
 )
+from intentledger.bench.report import fast_server_settings
 from intentledger.bench.sqlscript import Expr
 from intentledger.bench.tools import (
     WRK_SCRIPT,
@@ -468,6 +469,13 @@ class Bench:
         self.require_empty_ledger()
         self.postmaster = self.find_postmaster()
         self.figures.update(machine_facts(self.libpq, self.pgbench, self.config))
+        fast = fast_server_settings(self.figures)
+        if fast:
+            self.say(
+                f"[yellow]the server runs with {', '.join(fast)}: figures flatter commits, "
+                "and the goals (set for a durable server) are not judged unless "
+                "--allow-fast-server[/yellow]"
+            )
 
     def capture(self) -> None:
         self.say("recording the intake and dispatch statements of the real code paths")
