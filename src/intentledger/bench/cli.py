@@ -41,7 +41,7 @@ def bench_command(
         typer.Option(
             "--only",
             help="Run only these phases, comma-separated: "
-            "intake, dispatch, latency_bound, peer, scan.",
+            "intake, dispatch, latency_bound, peer, peer_dbos, scan.",
         ),
     ] = None,
     allow_fast_server: Annotated[
@@ -53,7 +53,7 @@ def bench_command(
         ),
     ] = False,
 ) -> None:
-    """Throughput against pgbench running our own SQL, a Procrastinate peer, recovery scan
+    """Throughput against pgbench running our own SQL, Procrastinate and DBOS peers, recovery scan
     and memory, each judged against its goal (docs/benchmarks.md). Prints a table; the last
     line is one JSON object."""
     # Imported here: every `intentledger` process (workers too) loads this module.

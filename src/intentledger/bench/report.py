@@ -22,6 +22,9 @@ REQUIRED_KEYS = (
     "peer_per_s",
     "peer_ratio",
     "api_rss_mb",
+    # issue 18
+    "peer_dbos_per_s",
+    "peer_best",
 )
 
 
@@ -179,13 +182,17 @@ def table(figures: dict[str, Any]) -> Table:
         _num(f.get("scan_ratio")),
         _met(f, "scan_ratio"),
     )
-    out.add_row(
-        f"peer: {f.get('peer')}",
-        _num(f.get("dispatch_per_s"), "/s"),
-        _num(f.get("peer_per_s"), "/s"),
-        _num(f.get("peer_ratio")),
-        _met(f, "peer_ratio"),
-    )
+    for name, label, rate in (
+        ("procrastinate", f.get("peer"), "peer_per_s"),
+        ("dbos", f.get("peer_dbos"), "peer_dbos_per_s"),
+    ):
+        out.add_row(
+            f"peer: {label}" + (" (the faster)" if f.get("peer_best") == name else ""),
+            _num(f.get("dispatch_per_s"), "/s"),
+            _num(f.get(rate), "/s"),
+            _num(f.get(f"peer_{name}_ratio")),
+            _met(f, "peer_ratio") if f.get("peer_best") == name else "",
+        )
     out.add_row(
         "peak RSS of one API process",
         _num(f.get("api_rss_mb"), " MB"),

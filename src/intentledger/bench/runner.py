@@ -6,6 +6,7 @@
               running one delivery's three transactions
     latency   the sandbox answering after 200 ms, one worker process
     peer      the same flow on Procrastinate, same database, same kind of sandbox
+    peer_dbos the same flow on DBOS Transact, same database, same kind of sandbox
     scan      1,000 due reconcile rows claimed from a small and a big ledger
 
 Every phase starts from empty ledger tables; the bench refuses a database that
@@ -166,7 +167,7 @@ class BenchConfig:
         return self.workers * math.ceil(self.worker_concurrency / self.worker_batch)
 
 
-PHASES = ("intake", "dispatch", "latency_bound", "peer", "scan")
+PHASES = ("intake", "dispatch", "latency_bound", "peer", "peer_dbos", "scan")
 
 
 def free_port() -> int:
@@ -443,11 +444,13 @@ class Bench:
                 "dispatch": self.dispatch,
                 "latency_bound": self.latency_bound,
                 "peer": self.peer,
+                "peer_dbos": self.peer_dbos,
                 "scan": self.scan,
             }
             for name, phase in phases.items():
                 if self.config.phases is None or name in self.config.phases:
                     phase()
+            self.judge_peers()
         finally:
             try:
                 self.truncate()
@@ -805,21 +808,12 @@ class Bench:
                 watch = self.watch(
                     {"workers": [w.pid for w in workers], "sandbox": [sandbox_proc.pid]}
                 )
-                started = time.monotonic()
-                timeout = max(180.0, n / 20)
-                while True:
-                    done, succeeded = peer.settled(self.libpq)
-                    if done >= n or time.monotonic() - started > timeout:
-                        break
-                    for proc in [*workers, sandbox_proc]:
-                        proc.check_alive()
-                    time.sleep(DRAIN_POLL_SECONDS)
-                elapsed = time.monotonic() - started
+                elapsed, succeeded = self.drain_peer(
+                    "peer", peer.settled, n, [*workers, sandbox_proc]
+                )
                 cpu = watch.stop()
         finally:
             peer.drop_schema(self.libpq)
-        if succeeded < n:
-            self.say(f"[yellow]peer: {succeeded} of {n} succeeded within {timeout:.0f}s[/yellow]")
         rate = succeeded / elapsed
         self.figures.update(
             peer=peer.version(),
@@ -828,7 +822,115 @@ class Bench:
             peer_succeeded=succeeded,
             peer_cpu=cpu,
             peer_cpu_ms_per_payment=per_item_ms(cpu, succeeded),
-            peer_ratio=round(self.figures["dispatch_per_s"] / rate, 2) if rate else None,
+        )
+
+    def drain_peer(
+        self, what: str, settled: Callable[[str], tuple[int, int]], n: int, watched: list[Proc]
+    ) -> tuple[float, int]:
+        """(seconds until every payment is settled or time ran out, how many succeeded)."""
+        started = time.monotonic()
+        timeout = max(180.0, n / 20)
+        while True:
+            done, succeeded = settled(self.libpq)
+            if done >= n or time.monotonic() - started > timeout:
+                break
+            for proc in watched:
+                proc.check_alive()
+            time.sleep(DRAIN_POLL_SECONDS)
+        elapsed = time.monotonic() - started
+        if succeeded < n:
+            self.say(f"[yellow]{what}: {succeeded} of {n} succeeded within {timeout:.0f}s[/yellow]")
+        return elapsed, succeeded
+
+    def peer_dbos(self) -> None:
+        """The same flow on DBOS Transact (bench/peer_dbos.py), as `peer` runs Procrastinate's."""
+        cfg = self.config
+        n = cfg.peer_payments
+        try:
+            from intentledger.bench import peer_dbos
+        except ImportError as exc:
+            self.say(
+                f"[yellow]DBOS peer skipped: {exc}; install the bench extra "
+                "(pip install -e '.[bench]')[/yellow]"
+            )
+            self.figures.update(
+                peer_dbos="dbos (not installed)", peer_dbos_per_s=None, peer_dbos_error=str(exc)
+            )
+            return
+        self.say(
+            f"peer_dbos: {n} payments on {peer_dbos.version()}, {cfg.workers} workers x "
+            f"{cfg.worker_concurrency}"
+        )
+        self.note_background("peer_dbos")
+        peer_dbos.create_schema(self.libpq)
+        try:
+            with self.fleet() as fleet:
+                sandbox_proc, sandbox = self.start_sandbox(fleet, "dbos-sandbox")
+                workers = [
+                    fleet.start(
+                        f"dbos{k}",
+                        "intentledger.bench.peer_dbos",
+                        [
+                            "--database-url",
+                            self.libpq,
+                            "--sandbox-url",
+                            sandbox,
+                            "--concurrency",
+                            str(cfg.worker_concurrency),
+                            "--executor-id",
+                            f"dbos{k}",
+                        ],
+                    )
+                    for k in range(cfg.workers)
+                ]
+                for worker in workers:
+                    worker.wait_log("dbos worker ready")
+                peer_dbos.enqueue_payments(self.libpq, n)
+                watch = self.watch(
+                    {"workers": [w.pid for w in workers], "sandbox": [sandbox_proc.pid]}
+                )
+                elapsed, succeeded = self.drain_peer(
+                    "peer_dbos", peer_dbos.settled, n, [*workers, sandbox_proc]
+                )
+                cpu = watch.stop()
+                # The step's answer is in the payments row before DBOS records the
+                # workflow's outcome; give the last few outcomes a moment.
+                deadline = time.monotonic() + 10
+                workflows = peer_dbos.workflows_succeeded(self.libpq)
+                while workflows < succeeded and time.monotonic() < deadline:
+                    time.sleep(DRAIN_POLL_SECONDS)
+                    workflows = peer_dbos.workflows_succeeded(self.libpq)
+        finally:
+            peer_dbos.drop_schema(self.libpq)
+        rate = succeeded / elapsed
+        self.figures.update(
+            peer_dbos=peer_dbos.version(),
+            peer_dbos_per_s=round(rate, 1),
+            peer_dbos_payments=n,
+            peer_dbos_succeeded=succeeded,
+            peer_dbos_workflows_succeeded=workflows,
+            peer_dbos_cpu=cpu,
+            peer_dbos_cpu_ms_per_payment=per_item_ms(cpu, succeeded),
+        )
+
+    def judge_peers(self) -> None:
+        """`peer_best`, the faster peer measured, and `peer_ratio`, our dispatch rate over
+        its rate; `peer_procrastinate_ratio` and `peer_dbos_ratio` over each."""
+        ours = self.figures.get("dispatch_per_s")
+        rates = {
+            name: rate
+            for name, rate in (
+                ("procrastinate", self.figures.get("peer_per_s")),
+                ("dbos", self.figures.get("peer_dbos_per_s")),
+            )
+            if rate
+        }
+        for name, rate in rates.items():
+            self.figures[f"peer_{name}_ratio"] = round(ours / rate, 2) if ours else None
+        best = max(rates, key=lambda name: rates[name]) if rates else None
+        self.figures["peer_best"] = best
+        self.figures["peer_ratio"] = (
+            round(ours / rates[best], 2) if ours is not None and best is not None else None
         )
 
     def scan(self) -> None:
