@@ -25,6 +25,7 @@ REQUIRED_KEYS = (
     # issue 18
     "peer_dbos_per_s",
     "peer_best",
+    "scaling_1_2_4",
 )
 
 
@@ -181,6 +182,15 @@ def table(figures: dict[str, Any]) -> Table:
         f"{_num(f.get('scan_small_s'), ' s')}",
         _num(f.get("scan_ratio")),
         _met(f, "scan_ratio"),
+    )
+    scaling = f.get("scaling_1_2_4")
+    out.add_row(
+        f"scaling: dispatch with {'/'.join(map(str, f.get('scaling_workers') or []))} "
+        f"worker processes x {f.get('scaling_concurrency')}",
+        " / ".join(_num(rate, "/s") for rate in scaling) if scaling else "—",
+        "",
+        "",
+        "",
     )
     for name, label, rate in (
         ("procrastinate", f.get("peer"), "peer_per_s"),

@@ -5,6 +5,7 @@
     dispatch  N ACCEPTED -> OUTCOME_KNOWN through workers and the sandbox; then pgbench
               running one delivery's three transactions
     latency   the sandbox answering after 200 ms, one worker process
+    scaling   dispatch again with 1, 2 and 4 worker processes
     peer      the same flow on Procrastinate, same database, same kind of sandbox
     peer_dbos the same flow on DBOS Transact, same database, same kind of sandbox
     scan      1,000 due reconcile rows claimed from a small and a big ledger
@@ -108,6 +109,8 @@ class BenchConfig:
     scan_big: int
     scan_due: int
     peer_payments: int
+    # Worker processes of the scaling phase's dispatch runs (issue 18).
+    scaling_workers: tuple[int, ...] = (1, 2, 4)
     profile_dir: Path | None = None
     keep_logs: bool = False
     # None: every phase; otherwise only these (for working on one of them).
@@ -167,7 +170,7 @@ class BenchConfig:
         return self.workers * math.ceil(self.worker_concurrency / self.worker_batch)
 
 
-PHASES = ("intake", "dispatch", "latency_bound", "peer", "peer_dbos", "scan")
+PHASES = ("intake", "dispatch", "latency_bound", "scaling", "peer", "peer_dbos", "scan")
 
 
 def free_port() -> int:
@@ -443,6 +446,7 @@ class Bench:
                 "intake": self.intake,
                 "dispatch": self.dispatch,
                 "latency_bound": self.latency_bound,
+                "scaling": self.scaling,
                 "peer": self.peer,
                 "peer_dbos": self.peer_dbos,
                 "scan": self.scan,
@@ -760,6 +764,49 @@ class Bench:
             latency_bound_cpu_ms_per_payment=per_item_ms(cpu, n),
         )
         self.truncate()
+
+    def scaling(self) -> None:
+        """Dispatch as the dispatch phase runs it, with 1, 2 and 4 worker processes: the
+        same payments, the same concurrency and batch per process, no baseline."""
+        cfg = self.config
+        n = cfg.dispatch_payments
+        self.note_background("scaling")
+        rates: list[float] = []
+        cpu_per_payment: dict[str, dict[str, float]] = {}
+        for count in cfg.scaling_workers:
+            self.say(
+                f"scaling: {n} payments, {count} worker(s) x {cfg.worker_concurrency}, "
+                "sandbox answering at once"
+            )
+            self.truncate()
+            with self.fleet() as fleet:
+                sandbox_proc, sandbox = self.start_sandbox(fleet, f"scaling{count}-sandbox")
+                workers = self.start_workers(
+                    fleet,
+                    f"scaling{count}-worker",
+                    count,
+                    cfg.worker_concurrency,
+                    cfg.worker_batch,
+                    sandbox,
+                )
+                self.seed_accepted(n, f"x{count}", "pm_ok")
+                watch = self.watch(
+                    {"workers": [w.pid for w in workers], "sandbox": [sandbox_proc.pid]}
+                )
+                elapsed = self.drain(
+                    n, f"scaling_{count} dispatch", [*workers, sandbox_proc], max(120.0, n / 20)
+                )
+                cpu = watch.stop()
+            rates.append(round(n / elapsed, 1))
+            cpu_per_payment[str(count)] = per_item_ms(cpu, n)
+            self.truncate()
+        self.figures.update(
+            scaling_1_2_4=rates,
+            scaling_workers=list(cfg.scaling_workers),
+            scaling_payments=n,
+            scaling_concurrency=cfg.worker_concurrency,
+            scaling_cpu_ms_per_payment=cpu_per_payment,
+        )
 
     def peer(self) -> None:
         cfg = self.config
