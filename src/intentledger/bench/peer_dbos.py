@@ -85,7 +85,9 @@ class Resources:
 resources = Resources()
 
 
-@DBOS.step(name="charge")
+# Retried as a team would retry an HTTP call (the idempotency key makes it safe): on a
+# busy machine a connection to the sandbox is now and then reset.
+@DBOS.step(name="charge", retries_allowed=True, max_attempts=5, interval_seconds=0.1)
 def charge(payment_id: int) -> dict[str, Any]:
     pool, http = resources.pool, resources.http
     assert pool is not None and http is not None, "the worker opens these first"
@@ -190,11 +192,13 @@ def enqueue_payments(libpq_url: str, count: int, payment_method: str = "pm_ok") 
 
 
 def settled(libpq_url: str) -> tuple[int, int]:
-    """(payments no longer pending, of which succeeded)."""
+    """(payments no longer pending or whose workflow failed, of which succeeded)."""
     with psycopg.connect(libpq_url, **_connect_kwargs()) as conn:
         row = conn.execute(
-            "SELECT count(*) FILTER (WHERE status <> 'pending'), "
-            "count(*) FILTER (WHERE status = 'succeeded') FROM payments"
+            f"SELECT count(*) FILTER (WHERE p.status <> 'pending' OR w.status = 'ERROR'), "
+            "count(*) FILTER (WHERE p.status = 'succeeded') FROM payments p "
+            f"LEFT JOIN {SYSTEM_SCHEMA}.workflow_status w "
+            "ON w.workflow_uuid = 'payment-' || p.id".encode()
         ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
