@@ -9,6 +9,7 @@
     peer      the same flow on Procrastinate, same database, same kind of sandbox
     peer_dbos the same flow on DBOS Transact, same database, same kind of sandbox
     scan      1,000 due reconcile rows claimed from a small and a big ledger
+    growth    the due-scan and intake on an empty ledger and on ledgers of 1 M and 10 M
 
 Every phase starts from empty ledger tables; the bench refuses a database that
 holds any ledger rows, and leaves it empty again.
@@ -33,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from rich.console import Console
@@ -111,6 +112,9 @@ class BenchConfig:
     peer_payments: int
     # Worker processes of the scaling phase's dispatch runs (issue 18).
     scaling_workers: tuple[int, ...] = (1, 2, 4)
+    # Ledger sizes (operations, every intake table) of the growth phase; the first is
+    # the empty ledger the others are compared with (issue 18).
+    growth_rows: tuple[int, ...] = (0, 1_000_000, 10_000_000)
     profile_dir: Path | None = None
     keep_logs: bool = False
     # None: every phase; otherwise only these (for working on one of them).
@@ -155,6 +159,7 @@ class BenchConfig:
             scan_big=100_000 if quick else 1_000_000,
             scan_due=1_000,
             peer_payments=1_000 if quick else 20_000,
+            growth_rows=(0, 10_000, 100_000) if quick else (0, 1_000_000, 10_000_000),
             profile_dir=profile_dir,
             keep_logs=keep_logs,
             phases=phases,
@@ -170,7 +175,17 @@ class BenchConfig:
         return self.workers * math.ceil(self.worker_concurrency / self.worker_batch)
 
 
-PHASES = ("intake", "dispatch", "latency_bound", "scaling", "peer", "peer_dbos", "scan")
+PHASES = ("intake", "dispatch", "latency_bound", "scaling", "peer", "peer_dbos", "scan", "growth")
+
+
+class IntakeRun(NamedTuple):
+    ok: int
+    errors: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    cpu: dict[str, float]
+    rss_mb: float
 
 
 def free_port() -> int:
@@ -450,6 +465,7 @@ class Bench:
                 "peer": self.peer,
                 "peer_dbos": self.peer_dbos,
                 "scan": self.scan,
+                "growth": self.growth,
             }
             for name, phase in phases.items():
                 if self.config.phases is None or name in self.config.phases:
@@ -533,10 +549,11 @@ class Bench:
         self.figures["dispatch_batch_statements_per_payment"] = round(statements / batch, 2)
         self.truncate()
 
-    def intake(self) -> None:
+    def wrk_intake(self, profile_name: str | None = None) -> IntakeRun:
+        """wrk against as many API processes as cores on the ledger as it stands: the
+        warm-up, then the measured run; fails if an answer was not 2xx or an answered
+        intent is not stored."""
         cfg = self.config
-        self.say(f"intake: wrk, {cfg.connections} connections -> {cfg.api_processes} API processes")
-        self.truncate()
 
         async def token() -> str:
             engine = create_ledger_engine(self.url)
@@ -588,7 +605,11 @@ class Bench:
             load(cfg.warmup_seconds, f"w{secrets.token_hex(2)}-")
             before = self.scalar("SELECT count(*) FROM operations")
             watch = self.watch({"api": [a.pid for a in apis]})
-            finish_profile = self.profile("intake-api0", apis[0].pid, cfg.intake_seconds)
+            finish_profile = (
+                self.profile(profile_name, apis[0].pid, cfg.intake_seconds)
+                if profile_name is not None
+                else lambda: None
+            )
             ok, errors, seconds, p50, p99 = load(cfg.intake_seconds, f"m{secrets.token_hex(2)}-")
             cpu = watch.stop()
             finish_profile()
@@ -600,6 +621,13 @@ class Bench:
             raise BenchError(f"intake: {errors} requests failed (logs in {self.workdir})")
         if stored < ok:
             raise BenchError(f"intake: wrk saw {ok} answers but only {stored} intents are stored")
+        return IntakeRun(ok, errors, seconds, p50, p99, cpu, rss)
+
+    def intake(self) -> None:
+        cfg = self.config
+        self.say(f"intake: wrk, {cfg.connections} connections -> {cfg.api_processes} API processes")
+        self.truncate()
+        ok, _, seconds, p50, p99, cpu, rss = self.wrk_intake("intake-api0")
         self.say(f"intake: pgbench, {cfg.connections} clients, the intake transaction")
         self.truncate()
         baseline_watch = self.watch({})
@@ -994,6 +1022,49 @@ class Bench:
             scan_ratio=round(big / small, 2),
         )
 
+    def growth(self) -> None:
+        """On an empty ledger, then on ledgers of `growth_rows` operations (every intake
+        table loaded as the intake writes it, 1 % of them UNKNOWN waiting, the rest
+        settled): the time to claim 1,000 due reconcile rows, then intake through wrk
+        as the intake phase measures it. Each ratio is the biggest ledger's figure over
+        the empty one's."""
+        cfg = self.config
+        due = cfg.scan_due
+        load_s: list[float] = []
+        scan_s: list[float] = []
+        intake: list[float] = []
+        cpu_per_intent: dict[str, dict[str, float]] = {}
+        for rows in cfg.growth_rows:
+            waiting = rows // 100
+            self.say(
+                f"growth: loading a ledger of {rows:,} operations and {due} due "
+                f"({waiting:,} waiting), every intake table"
+            )
+            self.truncate()
+            load_s.append(round(self.load_ledger(rows - waiting, waiting, due), 1))
+            scan_s.append(round(self.time_due_claims(due), 3))
+            self.say(
+                f"growth: loaded in {load_s[-1]:.1f}s; {due} claims in {scan_s[-1]:.3f}s; "
+                f"intake: wrk, {cfg.connections} connections -> {cfg.api_processes} API processes"
+            )
+            # Before each size's measurements: this phase is long, and the machine
+            # may be busy with something else in one part of it and not another.
+            self.note_background(f"growth_{rows}")
+            run = self.wrk_intake()
+            intake.append(round(run.ok / run.seconds, 1))
+            cpu_per_intent[str(rows)] = per_item_ms(run.cpu, run.ok)
+            self.say(f"growth: intake {intake[-1]:,.0f}/s on {rows:,} operations")
+        self.truncate()
+        self.figures.update(
+            growth_rows=list(cfg.growth_rows),
+            growth_load_s=load_s,
+            growth_scan_s=scan_s,
+            growth_intake_per_s=intake,
+            growth_intake_cpu_ms_per_intent=cpu_per_intent,
+            growth_intake_ratio=round(intake[-1] / intake[0], 3) if intake[0] else None,
+            growth_scan_ratio=round(scan_s[-1] / scan_s[0], 2) if scan_s[0] else None,
+        )
+
     def claim_plan(self) -> str:
         """How PostgreSQL runs the recorded claim statement now: its scan nodes."""
         assert self.dispatch_capture is not None
@@ -1011,13 +1082,29 @@ class Bench:
     def claim_due(self, rows: int) -> tuple[float, str]:
         """Seconds to claim `scan_due` due reconcile rows, one claim per transaction,
         and the claim's plan on this ledger."""
-        assert self.intake_capture is not None
         due = self.config.scan_due
         waiting = rows // 100  # UNKNOWN, next check not yet due
         settled = rows - due - waiting
         self.say(f"scan: loading a ledger of {rows:,} operations ({due} due, {waiting} waiting)")
         self.truncate()
-        tables = frozenset({"operations", "outbox"})
+        self.load_ledger(settled, waiting, due, frozenset({"operations", "outbox"}))
+        plan = self.claim_plan()
+        seconds = self.time_due_claims(due)
+        self.say(f"scan: {due} claims in {seconds:.3f}s on {rows:,} operations ({plan})")
+        self.truncate()
+        return seconds, plan
+
+    def load_ledger(
+        self, settled: int, waiting: int, due: int, tables: frozenset[str] | None = None
+    ) -> float:
+        """Load a ledger shaped as the intake writes it (`tables`: the intake's tables, or
+        some of them), by INSERT ... SELECT generate_series: `settled` succeeded
+        operations with their outbox rows done, `waiting` UNKNOWN ones whose reconcile
+        check is due in an hour, and `due` UNKNOWN ones whose check is due now; then
+        VACUUM ANALYZE. Returns the seconds it took."""
+        assert self.intake_capture is not None
+        started = time.monotonic()
+        loaded = sorted(tables if tables is not None else LEDGER_TABLES)
         ref = Expr("'ch_' || lpad(g::text, 24, '0')")
         unknown = {
             "state": "UNKNOWN",
@@ -1026,7 +1113,7 @@ class Bench:
             "first_attempt_at": Expr("now()"),
             "last_observed_at": Expr("now()"),
         }
-        with psycopg.connect(self.libpq) as conn:
+        with psycopg.connect(self.libpq) as conn, self.without_indexes(conn, loaded):
             workloads.seed(
                 conn,
                 self.intake_capture,
@@ -1074,11 +1161,48 @@ class Bench:
                     },
                 },
             )
-            conn.commit()
         with self.admin() as conn:
-            conn.execute(b"VACUUM ANALYZE operations")
-            conn.execute(b"VACUUM ANALYZE outbox")
-        plan = self.claim_plan()
+            for table in loaded:
+                conn.execute(f"VACUUM ANALYZE {table}".encode())
+        return time.monotonic() - started
+
+    @contextmanager
+    def without_indexes(self, conn: psycopg.Connection[Any], tables: list[str]) -> Iterator[None]:
+        """Load `tables` with their constraints and indexes dropped, then build them again
+        from their own definitions, and commit: a sorted build of each index and one
+        check of each constraint instead of a random index insert and a trigger per row
+        (loading 10 M operations takes minutes instead of tens of minutes). The rebuilt
+        constraints still prove the loaded rows unique and their references sound."""
+        names = list(tables)
+        # Foreign keys first (they lean on the primary keys), then primary keys and
+        # unique constraints; indexes no constraint owns separately.
+        constraints = conn.execute(
+            "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) "
+            "FROM pg_constraint WHERE contype IN ('f', 'p', 'u') "
+            "AND conrelid::regclass::text = ANY(%s) ORDER BY contype = 'f' DESC, conname",
+            (names,),
+        ).fetchall()
+        indexes = conn.execute(
+            "SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid) "
+            "FROM pg_index i WHERE i.indrelid::regclass::text = ANY(%s) "
+            "AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)",
+            (names,),
+        ).fetchall()
+        for table, name, _ in constraints:
+            conn.execute(f'ALTER TABLE {table} DROP CONSTRAINT "{name}"'.encode())
+        for name, _ in indexes:
+            conn.execute(f"DROP INDEX {name}".encode())
+        yield
+        conn.execute(b"SET LOCAL maintenance_work_mem = '512MB'")
+        for _, definition in indexes:
+            conn.execute(definition.encode())
+        for table, name, definition in reversed(constraints):
+            conn.execute(f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {definition}'.encode())
+        conn.commit()
+
+    def time_due_claims(self, due: int) -> float:
+        """Seconds to claim `due` due outbox rows with `Ledger.claim_outbox_row`, one
+        claim per transaction; fails unless exactly `due` were due."""
 
         async def claim_all() -> tuple[int, float]:
             engine = create_ledger_engine(self.url, pool_size=1)
@@ -1102,9 +1226,7 @@ class Bench:
         claimed, seconds = asyncio.run(claim_all())
         if claimed != due:
             raise BenchError(f"scan: claimed {claimed} rows of a ledger with {due} due")
-        self.say(f"scan: {due} claims in {seconds:.3f}s on {rows:,} operations ({plan})")
-        self.truncate()
-        return seconds, plan
+        return seconds
 
 
 def machine_facts(libpq: str, pgbench: str, config: BenchConfig) -> dict[str, Any]:
