@@ -60,3 +60,24 @@ def test_allow_fast_server_judges_but_marks_the_verdicts() -> None:
 
 def test_local_synchronous_commit_still_flushes_on_one_server() -> None:
     assert with_goals(figures("on", "local"))["goals_judged"] is True
+
+
+def test_issue_18_goals() -> None:
+    bounds = {g.key: (g.at_least, g.bound) for g in GOALS}
+    assert bounds["intake_ratio"] == (True, 1.0)
+    assert bounds["dispatch_ratio"] == (True, 1.0)
+    assert bounds["latency_bound_per_s"] == (True, 1000)
+    assert bounds["peer_ratio"] == (True, 3)
+    assert bounds["growth_scan_ratio"] == (False, 1.3)
+    assert bounds["pooler_ratio"] == (True, 0.9)
+    # Within 1.3x of the empty ledger: a rate at least 1/1.3 of its.
+    growth = next(g for g in GOALS if g.key == "growth_intake_ratio")
+    assert growth.met(0.8) is True
+    assert growth.met(0.75) is False
+
+
+def test_an_unmeasured_pooler_is_not_judged() -> None:
+    judged = with_goals({**figures(), "pooler_ratio": None})
+    assert judged["goals_judged"] is True
+    assert judged["goals"]["pooler_ratio"]["met"] is None
+    assert judged["goals"]["intake_ratio"]["met"] is True
