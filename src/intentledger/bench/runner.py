@@ -1177,13 +1177,16 @@ class Bench:
         (loading 10 M operations takes minutes instead of tens of minutes). The rebuilt
         constraints still prove the loaded rows unique and their references sound."""
         names = list(tables)
-        # Foreign keys first (they lean on the primary keys), then primary keys and
-        # unique constraints; indexes no constraint owns separately.
+        # Foreign keys first, those of other tables that point at the loaded ones too
+        # (they lean on the primary keys), then primary keys and unique constraints;
+        # indexes no constraint owns separately.
         constraints = conn.execute(
             "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) "
-            "FROM pg_constraint WHERE contype IN ('f', 'p', 'u') "
-            "AND conrelid::regclass::text = ANY(%s) ORDER BY contype = 'f' DESC, conname",
-            (names,),
+            "FROM pg_constraint WHERE (contype IN ('f', 'p', 'u') "
+            "AND conrelid::regclass::text = ANY(%s)) "
+            "OR (contype = 'f' AND confrelid::regclass::text = ANY(%s)) "
+            "ORDER BY contype = 'f' DESC, conname",
+            (names, names),
         ).fetchall()
         indexes = conn.execute(
             "SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid) "
