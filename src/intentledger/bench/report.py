@@ -223,7 +223,7 @@ def table(figures: dict[str, Any]) -> Table:
     rows = f.get("growth_rows") or []
     intake_rates = f.get("growth_intake_per_s") or []
     scan_times = f.get("growth_scan_s") or []
-    sizes = " / ".join(_num(float(r)) for r in rows)
+    sizes = " / ".join(f"{r:,}" for r in rows)
     out.add_row(
         f"growth: intake on {sizes} operations",
         " / ".join(_num(r, "/s") for r in intake_rates[1:]) or "—",
