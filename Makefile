@@ -38,10 +38,11 @@ test: lint typecheck
 chaos: setup
 	scripts/with-postgres sh -c '$(BIN)/intentledger chaos --database-url "$$INTENTLEDGER_TEST_POSTGRES_URL" --restart-db-cmd "$$INTENTLEDGER_TEST_POSTGRES_RESTART"'
 
-# Issue 6's benchmarks on a throwaway PostgreSQL server (docs/benchmarks.md);
-# BENCH_ARGS=--quick for a short run, BENCH_ARGS="--profile DIR" to sample with py-spy.
+# Issue 6's and 18's benchmarks on a throwaway, durable PostgreSQL server (fsync
+# and synchronous_commit on; docs/benchmarks.md); BENCH_ARGS=--quick for a short
+# run, BENCH_ARGS="--profile DIR" to sample with py-spy.
 bench: setup
-	scripts/with-postgres sh -c '$(BIN)/intentledger bench --database-url "$$INTENTLEDGER_TEST_POSTGRES_URL" $(BENCH_ARGS)'
+	scripts/with-postgres --durable sh -c '$(BIN)/intentledger bench --database-url "$$INTENTLEDGER_TEST_POSTGRES_URL" $(BENCH_ARGS)'
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -22,6 +22,13 @@ REQUIRED_KEYS = (
     "peer_per_s",
     "peer_ratio",
     "api_rss_mb",
+    # issue 18
+    "peer_dbos_per_s",
+    "peer_best",
+    "scaling_1_2_4",
+    "growth_intake_ratio",
+    "growth_scan_ratio",
+    "pooler_ratio",
 )
 
 
@@ -30,6 +37,8 @@ class Goal:
     key: str
     at_least: bool  # True: the figure must reach the bound; False: stay at or under it
     bound: float
+    # How the bound reads when `:g` would not say it well (1/1.3).
+    label: str | None = None
 
     def met(self, value: float | None) -> bool | None:
         if value is None:
@@ -37,22 +46,86 @@ class Goal:
         return value >= self.bound if self.at_least else value <= self.bound
 
     def text(self) -> str:
-        return f"{'≥' if self.at_least else '≤'} {self.bound:g}"
+        return f"{'≥' if self.at_least else '≤'} {self.label or format(self.bound, 'g')}"
 
 
+# Issue 18's goals, for a durable server, with issue 6's two that issue 18 left as
+# they were (the scan at 1 M against 10,000 operations, and an API process's memory).
 GOALS = (
-    Goal("intake_ratio", True, 0.5),
-    Goal("dispatch_ratio", True, 0.4),
-    Goal("latency_bound_per_s", True, 500),
+    # Our grouping and batching must beat the database's own rate for our SQL sent
+    # one intent, or one payment, per transaction.
+    Goal("intake_ratio", True, 1.0),
+    Goal("dispatch_ratio", True, 1.0),
+    # One worker process, the provider answering after 200 ms.
+    Goal("latency_bound_per_s", True, 1000),
     Goal("scan_ratio", False, 1.5),
-    Goal("peer_ratio", True, 2),
+    # Our dispatch over the faster of Procrastinate and DBOS.
+    Goal("peer_ratio", True, 3),
     Goal("api_rss_mb", False, 200),
+    # At 10 M operations within 1.3x of an empty ledger: the intake rate at least
+    # 1/1.3 of the empty ledger's, the due-scan time at most 1.3 times its.
+    Goal("growth_intake_ratio", True, 1 / 1.3, "1/1.3 (0.77)"),
+    Goal("growth_scan_ratio", False, 1.3),
+    # Through PgBouncer over direct; no pooler phase yet, so not judged while null.
+    Goal("pooler_ratio", True, 0.9),
 )
 
 
-def with_goals(figures: dict[str, Any]) -> dict[str, Any]:
-    goals = {g.key: {"goal": g.text(), "met": g.met(figures.get(g.key))} for g in GOALS}
-    return {**figures, "goals": goals}
+# synchronous_commit values that wait for the local WAL flush (on one server without
+# standbys, local, remote_write and remote_apply all do).
+_FLUSHED_COMMITS = frozenset({"on", "local", "remote_write", "remote_apply"})
+
+
+def fast_server_settings(figures: dict[str, Any]) -> list[str]:
+    """The settings that make the measured server faster than a ledger's may be: fsync
+    not on (a crash of the machine loses or corrupts committed data) or synchronous_commit
+    off (a commit is acknowledged before its WAL is flushed). Empty on a durable server;
+    a setting the bench could not read counts as not durable."""
+    fsync = figures.get("postgresql_fsync")
+    commit = figures.get("postgresql_synchronous_commit")
+    fast = []
+    if fsync != "on":
+        fast.append(f"fsync={fsync}")
+    if commit not in _FLUSHED_COMMITS:
+        fast.append(f"synchronous_commit={commit}")
+    return fast
+
+
+def with_goals(figures: dict[str, Any], *, allow_fast_server: bool = False) -> dict[str, Any]:
+    """The figures with each goal's verdict. The goals hold for a durable server: on one
+    with fsync or synchronous_commit off they are not judged (`met` is null and
+    `goals_judged` false, `goals_note` saying why) unless `allow_fast_server`, and then
+    every verdict is marked as judged on a non-durable server."""
+    fast = fast_server_settings(figures)
+    judged = not fast or allow_fast_server
+    goals: dict[str, dict[str, Any]] = {}
+    for g in GOALS:
+        verdict: dict[str, Any] = {"goal": g.text(), "met": None}
+        if judged:
+            verdict["met"] = g.met(figures.get(g.key))
+        if fast:
+            verdict["durable_server"] = False
+        goals[g.key] = verdict
+    if not fast:
+        note = "judged on a durable server (fsync=on, synchronous_commit on)"
+    elif allow_fast_server:
+        note = (
+            f"judged on a NON-DURABLE server ({', '.join(fast)}) because --allow-fast-server "
+            "was given: the goals are for a durable server, these verdicts are for comparison"
+        )
+    else:
+        note = (
+            f"not judged: the server runs with {', '.join(fast)}, which no ledger runs with "
+            "and which flatters commits; the goals are for a durable server "
+            "(scripts/with-postgres --durable; --allow-fast-server judges them anyway)"
+        )
+    return {
+        **figures,
+        "server_durable": not fast,
+        "goals_judged": judged,
+        "goals_note": note,
+        "goals": goals,
+    }
 
 
 def _num(value: Any, unit: str = "") -> str:
@@ -65,15 +138,28 @@ def _num(value: Any, unit: str = "") -> str:
 
 def _met(figures: dict[str, Any], key: str) -> str:
     goal = next(g for g in GOALS if g.key == key)
+    if not figures.get("goals_judged", True):
+        return f"{goal.text()} [yellow]not judged[/yellow]"
     met = goal.met(figures.get(key))
     mark = "—" if met is None else ("[green]met[/green]" if met else "[red]not met[/red]")
+    if figures.get("server_durable") is False:
+        mark += " [yellow](non-durable server)[/yellow]"
     return f"{goal.text()} {mark}"
 
 
 def table(figures: dict[str, Any]) -> Table:
     f = figures
     size = "quick" if f.get("quick") else "full"
-    out = Table(title=f"intentledger bench ({size} run, {f.get('nproc')} cores)")
+    server = (
+        "durable server"
+        if f.get("server_durable", True)
+        else f"fsync={f.get('postgresql_fsync')}, "
+        f"synchronous_commit={f.get('postgresql_synchronous_commit')}"
+    )
+    out = Table(
+        title=f"intentledger bench ({size} run, {f.get('nproc')} cores, {server})",
+        caption=f"goals {f['goals_note']}" if "goals_note" in f else None,
+    )
     columns: list[tuple[str, Literal["left", "right"]]] = [
         ("measure", "left"),
         ("ours", "right"),
@@ -114,12 +200,50 @@ def table(figures: dict[str, Any]) -> Table:
         _num(f.get("scan_ratio")),
         _met(f, "scan_ratio"),
     )
+    scaling = f.get("scaling_1_2_4")
     out.add_row(
-        f"peer: {f.get('peer')}",
-        _num(f.get("dispatch_per_s"), "/s"),
-        _num(f.get("peer_per_s"), "/s"),
-        _num(f.get("peer_ratio")),
-        _met(f, "peer_ratio"),
+        f"scaling: dispatch with {'/'.join(map(str, f.get('scaling_workers') or []))} "
+        f"worker processes x {f.get('scaling_concurrency')}",
+        " / ".join(_num(rate, "/s") for rate in scaling) if scaling else "—",
+        "",
+        "",
+        "",
+    )
+    for name, label, rate in (
+        ("procrastinate", f.get("peer"), "peer_per_s"),
+        ("dbos", f.get("peer_dbos"), "peer_dbos_per_s"),
+    ):
+        out.add_row(
+            f"peer: {label}" + (" (the faster)" if f.get("peer_best") == name else ""),
+            _num(f.get("dispatch_per_s"), "/s"),
+            _num(f.get(rate), "/s"),
+            _num(f.get(f"peer_{name}_ratio")),
+            _met(f, "peer_ratio") if f.get("peer_best") == name else "",
+        )
+    rows = f.get("growth_rows") or []
+    intake_rates = f.get("growth_intake_per_s") or []
+    scan_times = f.get("growth_scan_s") or []
+    sizes = " / ".join(f"{r:,}" for r in rows)
+    out.add_row(
+        f"growth: intake on {sizes} operations",
+        " / ".join(_num(r, "/s") for r in intake_rates[1:]) or "—",
+        f"empty {_num(intake_rates[0], '/s')}" if intake_rates else "—",
+        _num(f.get("growth_intake_ratio")),
+        _met(f, "growth_intake_ratio"),
+    )
+    out.add_row(
+        f"growth: claim {f.get('scan_due') or 1000} due on {sizes} operations",
+        " / ".join(_num(t, " s") for t in scan_times[1:]) or "—",
+        f"empty {_num(scan_times[0], ' s')}" if scan_times else "—",
+        _num(f.get("growth_scan_ratio")),
+        _met(f, "growth_scan_ratio"),
+    )
+    out.add_row(
+        "pooler: through PgBouncer over direct",
+        "not measured" if f.get("pooler_ratio") is None else "",
+        "",
+        _num(f.get("pooler_ratio")),
+        _met(f, "pooler_ratio"),
     )
     out.add_row(
         "peak RSS of one API process",
