@@ -23,18 +23,17 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from intentledger.bench.tools import ToolMissing
+from intentledger.bench.tools import apt_install
 
 
 def find_pgbouncer() -> str:
-    # Debian installs it in /usr/sbin, which is not on every user's PATH.
-    found = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
-    if not found:
-        raise ToolMissing(
-            "pgbouncer is not installed: `apt-get install -y pgbouncer` "
-            "(scripts/ensure-test-tools does it for `make test`)"
-        )
-    return found
+    """PgBouncer (Debian puts it in /usr/sbin, not on every user's PATH); as root,
+    install Debian's package when it is missing."""
+
+    def found() -> str | None:
+        return shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+
+    return found() or apt_install("pgbouncer", found)
 
 
 @dataclass(frozen=True)

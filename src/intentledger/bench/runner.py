@@ -49,6 +49,7 @@ from intentledger.bench.capture import (
     capture_intake,
     payment_body,
 )
+from intentledger.bench.pgbouncer import running_pgbouncer
 from intentledger.bench.processes import (
     Fleet,
     Proc,
@@ -115,6 +116,8 @@ class BenchConfig:
     # Ledger sizes (operations, every intake table) of the growth phase; the first is
     # the empty ledger the others are compared with (issue 18).
     growth_rows: tuple[int, ...] = (0, 1_000_000, 10_000_000)
+    # Server connections PgBouncer keeps in the pooler phase (docs/pgbouncer.ini's).
+    pooler_server_connections: int = 20
     profile_dir: Path | None = None
     keep_logs: bool = False
     # None: every phase; otherwise only these (for working on one of them).
@@ -175,7 +178,17 @@ class BenchConfig:
         return self.workers * math.ceil(self.worker_concurrency / self.worker_batch)
 
 
-PHASES = ("intake", "dispatch", "latency_bound", "scaling", "peer", "peer_dbos", "scan", "growth")
+PHASES = (
+    "intake",
+    "pooler",
+    "dispatch",
+    "latency_bound",
+    "scaling",
+    "peer",
+    "peer_dbos",
+    "scan",
+    "growth",
+)
 
 
 class IntakeRun(NamedTuple):
@@ -459,6 +472,7 @@ class Bench:
             self.capture()
             phases: dict[str, Callable[[], None]] = {
                 "intake": self.intake,
+                "pooler": self.pooler,
                 "dispatch": self.dispatch,
                 "latency_bound": self.latency_bound,
                 "scaling": self.scaling,
@@ -471,9 +485,6 @@ class Bench:
                 if self.config.phases is None or name in self.config.phases:
                     phase()
             self.judge_peers()
-            # The pooler phase (through PgBouncer) is not built yet: not measured, and
-            # its goal not judged.
-            self.figures.setdefault("pooler_ratio", None)
         finally:
             try:
                 self.truncate()
@@ -552,10 +563,12 @@ class Bench:
         self.figures["dispatch_batch_statements_per_payment"] = round(statements / batch, 2)
         self.truncate()
 
-    def wrk_intake(self, profile_name: str | None = None) -> IntakeRun:
+    def wrk_intake(
+        self, profile_name: str | None = None, api_env: dict[str, str] | None = None
+    ) -> IntakeRun:
         """wrk against as many API processes as cores on the ledger as it stands: the
         warm-up, then the measured run; fails if an answer was not 2xx or an answered
-        intent is not stored."""
+        intent is not stored. `api_env`: more settings for the API processes."""
         cfg = self.config
 
         async def token() -> str:
@@ -571,7 +584,9 @@ class Bench:
         ports = [free_port() for _ in range(cfg.api_processes)]
         with self.fleet() as fleet:
             apis = [
-                fleet.intentledger(f"api{n}", ["serve", "--no-workers", "--port", str(port)])
+                fleet.intentledger(
+                    f"api{n}", ["serve", "--no-workers", "--port", str(port)], **(api_env or {})
+                )
                 for n, port in enumerate(ports)
             ]
             for api, port in zip(apis, ports, strict=True):
@@ -658,6 +673,34 @@ class Bench:
             api_rss_mb=round(rss, 1),
             api_processes=cfg.api_processes,
             intake_connections=cfg.connections,
+        )
+
+    def pooler(self) -> None:
+        """Intake straight to PostgreSQL, then through PgBouncer in transaction mode
+        (INTENTLEDGER_DATABASE_POOLER=pgbouncer), back to back on the same ledger
+        tables: what the pooler costs a keyed write."""
+        cfg = self.config
+        self.say("pooler: intake straight to PostgreSQL, then through PgBouncer")
+        self.note_background("pooler")
+        self.truncate()
+        direct = self.wrk_intake()
+        self.truncate()
+        with running_pgbouncer(self.url, pool_size=cfg.pooler_server_connections) as bouncer:
+            through = self.wrk_intake(
+                api_env={
+                    "INTENTLEDGER_DATABASE_URL": bouncer.url_for(self.url),
+                    "INTENTLEDGER_DATABASE_POOLER": "pgbouncer",
+                }
+            )
+        direct_rate = direct.ok / direct.seconds
+        through_rate = through.ok / through.seconds
+        self.figures.update(
+            pooler_direct_per_s=round(direct_rate, 1),
+            pooler_per_s=round(through_rate, 1),
+            pooler_ratio=round(through_rate / direct_rate, 3),
+            pooler_server_connections=cfg.pooler_server_connections,
+            pooler_p99_ms=round(through.p99_ms, 1),
+            pooler_direct_p99_ms=round(direct.p99_ms, 1),
         )
 
     def dispatch(self) -> None:

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,24 +37,25 @@ def find_pgbench() -> str:
 
 def find_wrk() -> str:
     """wrk on PATH; as root, install Debian's package when it is missing."""
-    found = shutil.which("wrk")
-    if found:
-        return found
+    return shutil.which("wrk") or apt_install("wrk", lambda: shutil.which("wrk"))
+
+
+def apt_install(package: str, find: Callable[[], str | None]) -> str:
+    """Install Debian's `package` (as root only) and return what `find` then finds."""
     if os.geteuid() != 0:
-        raise ToolMissing("wrk is not installed: run `apt-get install -y wrk` as root, then retry")
+        raise ToolMissing(
+            f"{package} is not installed: run `apt-get install -y {package}` as root, then retry"
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = subprocess.run(
-        ["apt-get", "install", "-y", "-q", "wrk"], env=env, capture_output=True, text=True
-    )
+    command = ["apt-get", "install", "-y", "-q", package]
+    install = subprocess.run(command, env=env, capture_output=True, text=True)
     if install.returncode != 0:
         # The package lists may be missing on a fresh machine.
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
-        install = subprocess.run(
-            ["apt-get", "install", "-y", "-q", "wrk"], env=env, capture_output=True, text=True
-        )
-    found = shutil.which("wrk")
+        install = subprocess.run(command, env=env, capture_output=True, text=True)
+    found = find()
     if install.returncode != 0 or not found:
-        raise ToolMissing(f"could not install wrk with apt-get:\n{install.stderr[-2000:]}")
+        raise ToolMissing(f"could not install {package} with apt-get:\n{install.stderr[-2000:]}")
     return found
 
 
