@@ -461,7 +461,7 @@ def reap(
     from intentledger.domain.durations import format_duration
     from intentledger.engine.clock import system_clock
     from intentledger.engine.reaper import Reaper
-    from intentledger.store.database import create_ledger_engine
+    from intentledger.store.database import create_ledger_engine, dialect_of
     from intentledger.store.reaping import Reaped
 
     settings = load_settings(
@@ -488,10 +488,17 @@ def reap(
             await engine.dispose()
 
     done = asyncio.run(main())
+    if dialect_of(settings.database_url) == "postgresql":
+        # The answers go with their month's partition (store/partitions.py).
+        details = (
+            f"{done.detail_partitions} month partition(s) of observation details dropped "
+            f"({done.details_moved_out} detail(s) still needed moved out first)"
+        )
+    else:
+        details = f"{done.observation_details} observation detail(s) cleared"
     typer.echo(
         f"reaped {done.operations} operation(s) settled over "
-        f"{format_duration(settings.record_retention)} ago: "
-        f"{done.observation_details} observation detail(s) cleared, "
+        f"{format_duration(settings.record_retention)} ago: {details}, "
         f"{done.outbox_rows} done outbox row(s) deleted"
     )
 

@@ -1,13 +1,21 @@
-"""`intentledger migrate`: bring a database's schema up to date with Alembic."""
+"""`intentledger migrate`: bring a database's schema up to date with Alembic,
+and on PostgreSQL the provider answers' month partitions with it
+(store/partitions.py)."""
 
 from __future__ import annotations
 
+import logging
+from datetime import UTC, datetime
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy.exc import DBAPIError
 
-from intentledger.store.database import require_utf8
+from intentledger.store.database import create_sync_engine, dialect_of, require_utf8
+from intentledger.store.partitions import busy, ensure_partitions
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -22,3 +30,20 @@ def alembic_config(database_url: str) -> Config:
 def upgrade(database_url: str, revision: str = "head") -> None:
     require_utf8(database_url)
     command.upgrade(alembic_config(database_url), revision)
+    if dialect_of(database_url) == "postgresql":
+        _ensure_partitions(database_url)
+
+
+def _ensure_partitions(database_url: str) -> None:
+    engine = create_sync_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            ensure_partitions(conn, datetime.now(UTC))
+    except DBAPIError as exc:
+        if not busy(exc):
+            raise
+        # The default partition takes every answer meanwhile, and each
+        # worker's reap pass tries again.
+        log.warning("partitions of observation details not made: locks busy")
+    finally:
+        engine.dispose()
