@@ -456,8 +456,9 @@ def reap(
 ) -> None:
     """Remove the bulky rows of settled operations past the record retention
     (provider answers, request bodies, done outbox rows), in bounded batches;
-    never an unresolved, flagged or still-refunding operation's. Workers also
-    do it every --reap-interval."""
+    never an unresolved, flagged or still-refunding operation's. On PostgreSQL
+    the answers go with their month's partition once it is past the retention.
+    Workers also do it every --reap-interval."""
     from intentledger.domain.durations import format_duration
     from intentledger.engine.clock import system_clock
     from intentledger.engine.reaper import Reaper

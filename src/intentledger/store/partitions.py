@@ -227,7 +227,10 @@ async def ensure_ahead(engine: AsyncEngine, now: datetime) -> list[str]:
     except DBAPIError as exc:
         if not busy(exc):
             raise
-        log.warning("partitions of observation details not made: locks busy; next pass")
+        log.warning(
+            "partitions of observation details not made: locks busy; next pass",
+            extra={"event": "partition_busy"},
+        )
         return []
 
 
