@@ -6,6 +6,8 @@ database with answers in it, on both databases."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -58,9 +60,11 @@ async def months_of(engine: AsyncEngine) -> set[datetime]:
     return {p.lower for p in await partitions(engine) if p.lower is not None}
 
 
-async def ensure(engine: AsyncEngine, now: datetime) -> list[str]:
+async def ensure(
+    engine: AsyncEngine, now: datetime, retention: timedelta | None = None
+) -> list[str]:
     async with engine.begin() as conn:
-        return await conn.run_sync(ensure_partitions, now)
+        return await conn.run_sync(ensure_partitions, now, retention)
 
 
 async def answer(engine: AsyncEngine, operation_id: str, at: datetime) -> int:
@@ -211,12 +215,12 @@ async def test_an_operation_not_yet_reaped_keeps_its_answers_whatever_comes_befo
     await add(pg, "op_paid_r", State.ACCEPTED, timedelta(0), parent="op_paid")
     await add(pg, "op_reaped_r", State.ACCEPTED, timedelta(0), parent="op_reaped")
     async with pg.begin() as conn:
-        assert await conn.run_sync(detach_and_drop, expired)
+        assert await conn.run_sync(detach_and_drop, expired, NOW) == (True, 0)
     assert (await state_of(pg, "op_paid"))["details"] == [DETAIL, None]
     assert (await state_of(pg, "op_reaped"))["details"] == [None, None]
     # And a partition already gone is not dropped twice.
     async with pg.begin() as conn:
-        assert not await conn.run_sync(detach_and_drop, expired)
+        assert await conn.run_sync(detach_and_drop, expired, NOW) == (False, 0)
 
 
 async def test_a_busy_partition_is_left_for_the_next_pass_without_stalling_payments(
@@ -328,3 +332,170 @@ def test_migration_0014_moves_the_answers_out_and_back(backend: str, databases: 
             None,
         ]
     engine.dispose()
+
+
+# -- review: races around the drop ----------------------------------------------
+
+
+async def test_an_answer_written_into_a_partition_after_its_move_out_is_not_dropped(
+    pg: AsyncEngine,
+) -> None:
+    """The batched move-out and the drop are separate transactions. An answer
+    stamped with an instant in the partition but written after the move-out
+    (a writer whose clock, or whose wait for a lock, put it a retention
+    behind) must be moved out by the drop itself, which locks the partition
+    against writes first."""
+    await add(pg, "op_open", State.UNKNOWN, RETENTION * 2)
+    await ensure(pg, NOW)
+    [expired] = [p for p in await partitions(pg) if p.lower == month(2024, 9)]
+    async with pg.begin() as conn:
+        assert len(await conn.run_sync(move_out_batch, expired, NOW, 0, 100) or []) == 1
+    assert expired.lower is not None
+    stale = await answer(pg, "op_open", expired.lower + timedelta(days=3))
+    assert await home_of(pg, stale) == expired.name
+    async with pg.begin() as conn:
+        assert await conn.run_sync(detach_and_drop, expired, NOW) == (True, 1)
+    assert await home_of(pg, stale) == "observation_details_2026_11"
+    assert (await state_of(pg, "op_open"))["details"] == [DETAIL, None, DETAIL]
+
+
+async def test_two_processes_retiring_at_once_take_turns_instead_of_failing(
+    pg: AsyncEngine,
+) -> None:
+    """Two workers' reap passes move out the same partition: the second
+    waited on the first's rows and then failed (a row it waited for was moved
+    to another partition: 40001), which a reap pass does not expect. The
+    move-out takes the same turn as the partition changes."""
+    for n in range(3):
+        await add(pg, f"op_open_{n}", State.UNKNOWN, RETENTION * 2)
+    await ensure(pg, NOW)
+    [expired] = [p for p in await partitions(pg) if p.lower == month(2024, 9)]
+    async with pg.connect() as first:
+        await first.begin()
+        assert len(await first.run_sync(move_out_batch, expired, NOW, 0, 100) or []) == 3
+
+        async def second() -> Any:
+            async with pg.begin() as conn:
+                return await conn.run_sync(move_out_batch, expired, NOW, 0, 100)
+
+        other = asyncio.ensure_future(second())
+        await asyncio.sleep(1)
+        await first.commit()
+        assert await other is None  # not its turn: it leaves the partition alone
+    retired = await retire_expired(pg, NOW, CUTOFF, batch=100)
+    assert (retired.partitions_dropped, retired.details_moved_out) == (1, 0)
+    for n in range(3):
+        assert (await state_of(pg, f"op_open_{n}"))["details"] == [DETAIL, None]
+
+
+# -- partitions as wide as the retention calls for -------------------------------
+
+SHORT = timedelta(minutes=5)
+T0 = datetime(2031, 6, 15, 12, 0, tzinfo=UTC)  # where no partition lies yet
+
+
+def _no_overlap(listed: list[Partition]) -> None:
+    spans = [p for p in listed if p.lower is not None]
+    for before, after in itertools.pairwise(spans):
+        assert before.upper is not None and after.lower is not None
+        assert before.upper <= after.lower, (before, after)
+    names = [p.name for p in spans]
+    assert names == sorted(names)  # the names sort as the bounds do
+    assert len(set(names)) == len(names)
+
+
+async def test_a_retention_of_minutes_gets_minute_partitions_made_ahead_and_dropped(
+    pg: AsyncEngine,
+) -> None:
+    made = await ensure(pg, T0 + timedelta(seconds=20), SHORT)
+    assert made == [
+        "observation_details_2031_06_15_12",
+        "observation_details_2031_06_15_1201",
+        "observation_details_2031_06_15_1202",
+        "observation_details_2031_06_15_1203",
+    ]
+    listed = await partitions(pg)
+    for p in listed:
+        if p.name in made:
+            assert p.lower is not None and p.upper is not None
+            assert p.upper - p.lower == timedelta(minutes=1)
+    _no_overlap(listed)
+
+    # A settled payment and an unresolved one, answered in the first minute.
+    await add(pg, "op_paid", State.OUTCOME_KNOWN, NOW - (T0 + timedelta(seconds=30)))
+    await add(pg, "op_open", State.UNKNOWN, NOW - (T0 + timedelta(seconds=30)))
+    later = T0 + timedelta(minutes=7)  # cutoff 12:02: the minutes 12:00 and 12:01 are past it
+    # (and the months migrate made, years before)
+    past = [p for p in await partitions(pg) if p.upper and p.upper <= later - SHORT]
+    assert [p.name for p in past][-2:] == [
+        "observation_details_2031_06_15_12",
+        "observation_details_2031_06_15_1201",
+    ]
+    done = await Reaper(pg, lambda: later, SHORT, batch=10).reap()
+    assert (done.operations, done.detail_partitions, done.details_moved_out) == (1, len(past), 1)
+    names = {p.name for p in await partitions(pg)}
+    assert not names & {"observation_details_2031_06_15_12", "observation_details_2031_06_15_1201"}
+    # Made ahead from the pass's minute on; the answer kept is moved into it.
+    assert {f"observation_details_2031_06_15_{m}" for m in (1207, 1208, 1209, 1210)} <= names
+    assert (await state_of(pg, "op_paid"))["details"] == [None, None]
+    assert (await state_of(pg, "op_open"))["details"] == [DETAIL, None]
+    async with pg.connect() as conn:
+        homes = await conn.execute(
+            text(
+                "SELECT tableoid::regclass::text FROM observation_details "
+                "WHERE retention_bucket >= :t0"
+            ),
+            {"t0": T0},
+        )
+        assert list(homes.scalars()) == ["observation_details_2031_06_15_1207"]
+
+    # An answer in a minute no partition covers waits in the default, and the
+    # next pass gives that minute a partition.
+    gap = await answer(pg, "op_open", T0 + timedelta(minutes=5, seconds=10))
+    assert await home_of(pg, gap) == "observation_details_default"
+    assert await ensure(pg, later, SHORT) == ["observation_details_2031_06_15_1205"]
+    assert await home_of(pg, gap) == "observation_details_2031_06_15_1205"
+    _no_overlap(await partitions(pg))
+
+
+async def test_a_retention_changed_between_runs_makes_partitions_around_those_there_are(
+    pg: AsyncEngine,
+) -> None:
+    # Minutes first (a short run), then the production retention: months,
+    # fitted around the minutes that are still there, overlapping none.
+    await ensure(pg, T0, SHORT)
+    months = await ensure(pg, T0 + timedelta(minutes=1), RETENTION)
+    assert months == [
+        "observation_details_2031_06",  # 06-01 up to the first minute, 12:00
+        "observation_details_2031_06_15_1204",  # the last minute's end to 07-01
+        "observation_details_2031_07",
+        "observation_details_2031_08",
+        "observation_details_2031_09",
+    ]
+    listed = await partitions(pg)
+    _no_overlap(listed)
+    bounds = {p.name: (p.lower, p.upper) for p in listed}
+    assert bounds["observation_details_2031_06"] == (datetime(2031, 6, 1, tzinfo=UTC), T0)
+    assert bounds["observation_details_2031_06_15_1204"] == (
+        T0 + timedelta(minutes=4),
+        datetime(2031, 7, 1, tzinfo=UTC),
+    )
+    # And back to minutes: the months cover the time, nothing more is made
+    # until they end; every instant still has exactly one partition.
+    assert await ensure(pg, T0 + timedelta(minutes=2), SHORT) == []
+    end = datetime(2031, 10, 1, tzinfo=UTC)
+    assert await ensure(pg, end - timedelta(seconds=30), SHORT) == [
+        "observation_details_2031_10",  # 10-01 00:00, a minute wide
+        "observation_details_2031_10_01_0001",
+        "observation_details_2031_10_01_0002",
+    ]
+    _no_overlap(await partitions(pg))
+    # Retired by bounds, whatever the width: at a cutoff past the 1st of
+    # October every partition of June to September goes.
+    past = [p for p in await partitions(pg) if p.upper and p.upper <= end]
+    assert len([p for p in past if p.lower and p.lower >= datetime(2031, 6, 1, tzinfo=UTC)]) == 9
+    retired = await retire_expired(pg, end, end, batch=100)
+    assert retired.partitions_dropped == len(past)
+    left = await partitions(pg)
+    assert all(p.upper is None or p.upper > end for p in left)
+    assert "observation_details_2031_10" in {p.name for p in left}

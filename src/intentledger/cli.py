@@ -538,7 +538,7 @@ def migrate(database_url: DatabaseUrl = None) -> None:
     settings = load_settings(database_url=database_url)
     _configure_logging(settings)
     try:
-        upgrade(settings.database_url)
+        upgrade(settings.database_url, retention=settings.record_retention)
     except UnsupportedDatabase as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 
 from intentledger.domain.months import add_months, month_start, months_from
-from intentledger.domain.reaping import outlives_its_month
+from intentledger.domain.reaping import outlives_its_partition
 
 
 def test_a_month_starts_at_midnight_utc_whatever_the_instant_s_zone() -> None:
@@ -34,7 +34,7 @@ def test_months_carry_over_the_year_both_ways() -> None:
 
 def test_an_answer_goes_with_its_month_only_if_its_operation_was_reaped_after_it() -> None:
     written = datetime(2024, 9, 21, tzinfo=UTC)
-    assert outlives_its_month(None, written)  # not reaped (yet): maybe still needed
-    assert not outlives_its_month(written + timedelta(days=400), written)
-    assert not outlives_its_month(written, written)
-    assert outlives_its_month(written - timedelta(seconds=1), written)  # late evidence
+    assert outlives_its_partition(None, written)  # not reaped (yet): maybe still needed
+    assert not outlives_its_partition(written + timedelta(days=400), written)
+    assert not outlives_its_partition(written, written)
+    assert outlives_its_partition(written - timedelta(seconds=1), written)  # late evidence

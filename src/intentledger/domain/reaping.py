@@ -11,9 +11,10 @@ resolution), was last changed before the cutoff, and was not reaped already.
 store/reaping.py asks the same in SQL; a test holds the two to the same answer.
 
 On PostgreSQL the provider answers are not removed when their operation is
-reaped but when the month partition they lie in passes the retention: reaping
-stamps the operation, and the drop takes the answers of stamped operations
-with it. Every other answer in the month is moved out first (`outlives_its_month`).
+reaped but when the partition they lie in (a month, or less for a short
+retention: domain/widths.py) passes the retention: reaping stamps the
+operation, and the drop takes the answers of stamped operations with it. Every
+other answer in the partition is moved out first (`outlives_its_partition`).
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def may_reap(facts: ReapFacts, cutoff: datetime) -> bool:
     )
 
 
-def outlives_its_month(reaped_at: datetime | None, observed_at: datetime) -> bool:
-    """Whether a provider answer must be kept when its month partition is
+def outlives_its_partition(reaped_at: datetime | None, observed_at: datetime) -> bool:
+    """Whether a provider answer must be kept when its partition is
     dropped: unless its operation was reaped after it was written, it is.
 
     Reaping decided, under the operation's lock, that no one may still need
@@ -64,6 +65,6 @@ def outlives_its_month(reaped_at: datetime | None, observed_at: datetime) -> boo
     an answer that arrived after the reap is kept, as on SQLite, where reaping
     deletes the answers there are when it runs. So the drop follows decisions
     already made and final, and a refund, a flag or late evidence that comes
-    while a month is being dropped changes nothing it relies on.
+    while a partition is being dropped changes nothing it relies on.
     """
     return reaped_at is None or observed_at > reaped_at

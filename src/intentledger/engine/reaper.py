@@ -4,9 +4,10 @@ batches (decision 0018). Each batch is its own short transaction, so reaping a
 year of backlog never holds a lock for long; what was removed is counted
 (`intentledger_reaped_total`) and logged.
 
-On PostgreSQL a pass also keeps the provider answers' month partitions ready,
-and after reaping drops the months past the retention (store/partitions.py):
-after, so that the operations reaped in this pass give up their answers in it."""
+On PostgreSQL a pass also keeps the provider answers' partitions ready (as
+wide as the retention calls for: domain/widths.py), and after reaping drops
+those past the retention (store/partitions.py): after, so that the operations
+reaped in this pass give up their answers in it."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ class Reaper:
         """Batches until none is full: everything reapable now is reaped."""
         partitioned = self.engine.dialect.name == "postgresql"
         if partitioned:
-            created = await ensure_ahead(self.engine, self.clock())
+            created = await ensure_ahead(self.engine, self.clock(), self.retention)
             if created:
                 log.info(
                     "created partition(s) of observation details: %s",
@@ -75,7 +76,7 @@ class Reaper:
             )
             if retired.partitions_dropped or retired.details_moved_out:
                 log.info(
-                    "dropped %d month partition(s) of observation details past the record "
+                    "dropped %d partition(s) of observation details past the record "
                     "retention, %d detail(s) still needed moved out of them first",
                     retired.partitions_dropped,
                     retired.details_moved_out,

@@ -1,11 +1,11 @@
 """`intentledger migrate`: bring a database's schema up to date with Alembic,
-and on PostgreSQL the provider answers' month partitions with it
-(store/partitions.py)."""
+and on PostgreSQL the provider answers' partitions with it, as wide as the
+record retention calls for (store/partitions.py, domain/widths.py)."""
 
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from alembic import command
@@ -27,18 +27,20 @@ def alembic_config(database_url: str) -> Config:
     return config
 
 
-def upgrade(database_url: str, revision: str = "head") -> None:
+def upgrade(database_url: str, revision: str = "head", retention: timedelta | None = None) -> None:
+    """Migrate to `revision`; on PostgreSQL, make the answers' partitions ahead
+    for `retention` (the record retention; months when None)."""
     require_utf8(database_url)
     command.upgrade(alembic_config(database_url), revision)
     if dialect_of(database_url) == "postgresql":
-        _ensure_partitions(database_url)
+        _ensure_partitions(database_url, retention)
 
 
-def _ensure_partitions(database_url: str) -> None:
+def _ensure_partitions(database_url: str, retention: timedelta | None) -> None:
     engine = create_sync_engine(database_url)
     try:
         with engine.begin() as conn:
-            ensure_partitions(conn, datetime.now(UTC))
+            ensure_partitions(conn, datetime.now(UTC), retention)
     except DBAPIError as exc:
         if not busy(exc):
             raise

@@ -40,34 +40,36 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection, and_, or_, select, text, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.domain.months import add_months, month_start, months_from
+from intentledger.domain.widths import SPAN_NAME_PATTERN, Width, floor, span_name, step, width_for
 from intentledger.store.tables import observation_details, observations, operations
 
 log = logging.getLogger(__name__)
 
 PARENT = observation_details.name
 DEFAULT_PARTITION = f"{PARENT}_default"
-# The current month and this many after it always have their partition.
-MONTHS_AHEAD = 3
+# The current width's cell of time and this many after it always have their
+# partition (a retention's partitions are at most a quarter of it wide,
+# domain/widths.py).
+AHEAD = 3
 # How long a partition change waits for its locks before trying next pass.
 LOCK_TIMEOUT = "500ms"
 # pg_try_advisory_xact_lock's key for partition changes: one process at a time.
 MAINTENANCE_LOCK = 0x18_0B5E_DE7A
 # lock_not_available (lock_timeout), deadlock_detected: try again next pass.
 _BUSY = {"55P03", "40P01"}
-_PARTITION_NAME = re.compile(rf"{PARENT}_(\d{{4}}_\d{{2}}|default)")
+_PARTITION_NAME = re.compile(rf"{PARENT}_({SPAN_NAME_PATTERN}|default)")
 
 
 @dataclass(frozen=True)
 class Partition:
     name: str
-    # The month's range; both None for the default partition.
+    # Its range [lower, upper); both None for the default partition.
     lower: datetime | None
     upper: datetime | None
 
@@ -83,8 +85,8 @@ def is_partition_name(name: str | None) -> bool:
     return name is not None and _PARTITION_NAME.fullmatch(name) is not None
 
 
-def month_partition_name(month: datetime) -> str:
-    return f"{PARENT}_{month:%Y_%m}"
+def partition_name(lower: datetime) -> str:
+    return f"{PARENT}_{span_name(lower)}"
 
 
 def partitioned(conn: Connection) -> bool:
@@ -124,35 +126,64 @@ def list_partitions(conn: Connection) -> list[Partition]:
     return [Partition(row.name, _utc(row.lower), _utc(row.upper)) for row in rows]
 
 
-def ensure_partitions(conn: Connection, now: datetime, ahead: int = MONTHS_AHEAD) -> list[str]:
-    """Create the partitions of the month of `now` and the `ahead` after it,
-    and of every month the default partition holds rows of (moving those rows
-    in); the names created. Nothing if another process is at it."""
+def ensure_partitions(
+    conn: Connection, now: datetime, retention: timedelta | None = None, ahead: int = AHEAD
+) -> list[str]:
+    """Create the partitions of the width `retention` calls for
+    (domain/widths.py; a month when none is given) that cover the width's cell
+    of `now` and the `ahead` after it, and every cell the default partition
+    holds rows of (moving those rows in); the names created, oldest first.
+    Where a partition of another width already covers part of that time the
+    new ones fit around it. Nothing if another process is at it."""
     if not partitioned(conn) or not _take_turn(conn):
         return []
-    have = {p.lower for p in list_partitions(conn) if p.lower is not None}
+    width = Width.MONTH if retention is None else width_for(retention)
+    spans = [(p.lower, p.upper) for p in list_partitions(conn) if p.lower and p.upper]
     caught = conn.execute(
         text(
-            f"SELECT DISTINCT date_trunc('month', retention_bucket, 'UTC') FROM {DEFAULT_PARTITION}"
-        )
+            f"SELECT DISTINCT date_trunc(:unit, retention_bucket, 'UTC') FROM {DEFAULT_PARTITION}"
+        ),
+        {"unit": width.value},
     ).scalars()
-    wanted = set(months_from(now, ahead)) | {month_start(at) for at in caught}
+    wanted = [(floor(now, width), step(floor(now, width), width, ahead + 1))]
+    wanted += [(floor(at, width), step(floor(at, width), width)) for at in caught]
+    made: list[tuple[datetime, datetime]] = []
+    for start, end in wanted:
+        made += _fill(spans, start, end, width)
     created = []
-    for month in sorted(wanted - have):
-        _create_month(conn, month)
-        created.append(month_partition_name(month))
+    for lower, upper in sorted(made):
+        _create(conn, lower, upper)
+        created.append(partition_name(lower))
     return created
 
 
-def _create_month(conn: Connection, month: datetime) -> None:
+def _fill(
+    spans: list[tuple[datetime, datetime]], start: datetime, end: datetime, width: Width
+) -> list[tuple[datetime, datetime]]:
+    """The ranges of `width`'s grid that cover [start, end) where no span in
+    `spans` does, cut short where one begins; added to `spans`."""
+    made = []
+    at = start
+    while at < end:
+        covering = [upper for lower, upper in spans if lower <= at < upper]
+        if covering:
+            at = covering[0]
+            continue
+        upper = min([step(floor(at, width), width)] + [lower for lower, _ in spans if lower > at])
+        spans.append((at, upper))
+        made.append((at, upper))
+        at = upper
+    return made
+
+
+def _create(conn: Connection, lower: datetime, upper: datetime) -> None:
     # Made apart and attached, rather than CREATE ... PARTITION OF: attaching
     # locks the parent only against other schema changes, so payments go on
-    # writing answers meanwhile; and the default partition's rows of the month
+    # writing answers meanwhile; and the default partition's rows of the range
     # must move in before it can have a partition.
-    name = month_partition_name(month)
-    lower, upper = month, add_months(month, 1)
+    name = partition_name(lower)
     conn.execute(text(f"CREATE TABLE {name} (LIKE {PARENT} INCLUDING DEFAULTS)"))
-    # First, so that no answer of the month can reach the default partition
+    # First, so that no answer of the range can reach the default partition
     # between the move and the attach (which would then refuse).
     conn.execute(text(f"LOCK TABLE {DEFAULT_PARTITION} IN ACCESS EXCLUSIVE MODE"))
     columns = ", ".join(observation_details.c.keys())
@@ -173,16 +204,27 @@ def _create_month(conn: Connection, month: datetime) -> None:
 
 
 def move_out_batch(
-    conn: Connection, partition: Partition, now: datetime, after: int, limit: int
+    conn: Connection, partition: Partition, now: datetime, after: int, limit: int | None
+) -> list[int] | None:
+    """Move up to `limit` answers (all, if None) that must outlive `partition`
+    (ids above `after`, in id order) to the partition of `now`; their
+    observation ids. None if another process has the turn: two move-outs of
+    one partition at once would make one of them fail (a row it waited for
+    moved to another partition under it)."""
+    if not _take_turn(conn):
+        return None
+    return _move_out(conn, partition, now, after, limit)
+
+
+def _move_out(
+    conn: Connection, partition: Partition, now: datetime, after: int, limit: int | None
 ) -> list[int]:
-    """Move up to `limit` answers that must outlive `partition` (ids above
-    `after`, in id order) to the month of `now`; their observation ids."""
     assert partition.lower is not None and partition.upper is not None
     details = observation_details.c
-    in_month = and_(
+    in_range = and_(
         details.retention_bucket >= partition.lower, details.retention_bucket < partition.upper
     )
-    # domain/reaping.outlives_its_month, as SQL.
+    # domain/reaping.outlives_its_partition, as SQL.
     outlives = or_(operations.c.reaped_at.is_(None), observations.c.at > operations.c.reaped_at)
     kept = list(
         conn.execute(
@@ -192,38 +234,49 @@ def move_out_batch(
                     observations, observations.c.id == details.observation_id
                 ).join(operations, operations.c.operation_id == observations.c.operation_id)
             )
-            .where(in_month, details.observation_id > after, outlives)
+            .where(in_range, details.observation_id > after, outlives)
             .order_by(details.observation_id)
             .limit(limit)
         ).scalars()
     )
     if kept:
-        # Through the parent, so PostgreSQL moves each row to its new month.
+        # Through the parent, so PostgreSQL moves each row to its new partition.
         conn.execute(
             update(observation_details)
-            .where(in_month, details.observation_id.in_(kept))
+            .where(in_range, details.observation_id.in_(kept))
             .values(retention_bucket=now)
         )
     return kept
 
 
-def detach_and_drop(conn: Connection, partition: Partition) -> bool:
+def detach_and_drop(conn: Connection, partition: Partition, now: datetime) -> tuple[bool, int]:
     """Detach and drop `partition` if it is still attached as it was listed;
-    whether it was dropped."""
+    whether it was dropped, and how many answers that must outlive it arrived
+    after the move-out (and were moved out now, before the drop).
+
+    The batched move-out ran in earlier transactions; an answer written into
+    the partition since (stamped with an instant in it by a writer whose clock
+    or whose wait put it a retention behind) would otherwise go with it. So
+    the partition is first locked against writes (SHARE: readers go on; no
+    payment writes there, and one that would waits, at most until the drop
+    commits and then lands in the default partition), and what must outlive
+    it is moved out once more, all of it, in this transaction."""
     if not _take_turn(conn):
-        return False
+        return False, 0
     if partition not in list_partitions(conn):
-        return False
+        return False, 0
+    conn.execute(text(f"LOCK TABLE {partition.name} IN SHARE MODE"))
+    late = _move_out(conn, partition, now, 0, None)
     conn.execute(text(f"ALTER TABLE {PARENT} DETACH PARTITION {partition.name}"))
     conn.execute(text(f"DROP TABLE {partition.name}"))
-    return True
+    return True, len(late)
 
 
-async def ensure_ahead(engine: AsyncEngine, now: datetime) -> list[str]:
+async def ensure_ahead(engine: AsyncEngine, now: datetime, retention: timedelta) -> list[str]:
     """ensure_partitions in its own transaction; nothing if the locks are busy."""
     try:
         async with engine.begin() as conn:
-            return await conn.run_sync(ensure_partitions, now)
+            return await conn.run_sync(ensure_partitions, now, retention)
     except DBAPIError as exc:
         if not busy(exc):
             raise
@@ -237,9 +290,10 @@ async def ensure_ahead(engine: AsyncEngine, now: datetime) -> list[str]:
 async def retire_expired(
     engine: AsyncEngine, now: datetime, cutoff: datetime, batch: int
 ) -> Retired:
-    """Drop every month partition that ended at or before `cutoff`, once what
-    must outlive it is moved out. A partition whose locks are busy stays for
-    the next pass (its moved-out rows stay moved)."""
+    """Drop every partition that ends at or before `cutoff`, whatever its
+    width, once what must outlive it is moved out. A partition whose locks are
+    busy, or that another process is working on, stays for the next pass (its
+    moved-out rows stay moved)."""
     async with engine.connect() as conn:
         expired = [
             p
@@ -252,13 +306,18 @@ async def retire_expired(
         while True:
             async with engine.begin() as conn:
                 kept = await conn.run_sync(move_out_batch, partition, now, after, batch)
+            if kept is None:
+                # Another process is retiring or making partitions: its turn.
+                return Retired(dropped, moved)
             moved += len(kept)
             if len(kept) < batch:
                 break
             after = kept[-1]
         try:
             async with engine.begin() as conn:
-                dropped += await conn.run_sync(detach_and_drop, partition)
+                gone, late = await conn.run_sync(detach_and_drop, partition, now)
+            dropped += gone
+            moved += late
         except DBAPIError as exc:
             if not busy(exc):
                 raise
