@@ -33,7 +33,7 @@ def test_migrate_builds_exactly_the_declared_schema(
         )
         assert done.returncode == 0, done.stderr
     with engine.connect() as conn:
-        # The answers' month partitions (PostgreSQL) are retention's, not the schema's.
+        # The answers' partitions (PostgreSQL) are retention's, not the schema's.
         context = MigrationContext.configure(
             conn,
             opts={

@@ -457,7 +457,7 @@ def reap(
     """Remove the bulky rows of settled operations past the record retention
     (provider answers, request bodies, done outbox rows), in bounded batches;
     never an unresolved, flagged or still-refunding operation's. On PostgreSQL
-    the answers go with their month's partition once it is past the retention.
+    the answers go with their partition once it is past the retention.
     Workers also do it every --reap-interval."""
     from intentledger.domain.durations import format_duration
     from intentledger.engine.clock import system_clock
@@ -490,9 +490,9 @@ def reap(
 
     done = asyncio.run(main())
     if dialect_of(settings.database_url) == "postgresql":
-        # The answers go with their month's partition (store/partitions.py).
+        # The answers go with their partition (store/partitions.py).
         details = (
-            f"{done.detail_partitions} month partition(s) of observation details dropped "
+            f"{done.detail_partitions} partition(s) of observation details dropped "
             f"({done.details_moved_out} detail(s) still needed moved out first)"
         )
     else:

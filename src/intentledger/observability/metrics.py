@@ -93,7 +93,7 @@ WEBHOOKS_OUT = Counter(
 REAPED = Counter(
     "intentledger_reaped_total",
     "What record retention removed (decision 0018), by what: operations reaped, "
-    "observation details deleted (SQLite), done outbox rows deleted, month partitions "
+    "observation details deleted (SQLite), done outbox rows deleted, partitions "
     "of observation details dropped and details moved out of them first (PostgreSQL).",
     ["what"],
 )

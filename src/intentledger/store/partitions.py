@@ -1,21 +1,26 @@
-"""The month partitions of the provider answers on PostgreSQL (decision 0018).
+"""The partitions of the provider answers on PostgreSQL (decision 0018).
 
-`observation_details` is range-partitioned by `retention_bucket`, one
-partition per UTC month plus a DEFAULT one, so an insert never fails for want
-of a partition. Retention then drops a month whole instead of deleting its
-rows one by one (no bloat, no vacuum debt); SQLite keeps bounded deletes
-(store/reaping.py).
+`observation_details` is range-partitioned by `retention_bucket`, in
+partitions as wide as the record retention calls for (a month, a day, an hour
+or a minute: domain/widths.py) plus a DEFAULT one, so an insert never fails
+for want of a partition. Retention then drops a partition whole instead of
+deleting its rows one by one (no bloat, no vacuum debt); SQLite keeps bounded
+deletes (store/reaping.py).
 
-- `ensure_partitions` keeps the current month and the next MONTHS_AHEAD ready,
-  and gives any month the default partition caught (an answer stamped outside
-  every partition: a clock far off, a month not made in time) a partition of
-  its own, moving its rows there, so the default stays near empty. `migrate`
-  and every reap pass call it.
-- `retire_expired` drops each month whose end is at or before the retention
-  cutoff. First it moves out, to the current month, every answer that must
-  outlive the month (domain/reaping.outlives_its_month: its operation not
-  reaped, or the answer newer than the reap), in bounded batches; then it
-  detaches and drops the partition in one short transaction.
+- `ensure_partitions` keeps the width's current cell of time and the next
+  AHEAD ready, and gives any cell the default partition caught (an answer
+  stamped outside every partition: a clock far off, a pass late) a partition
+  of its own, moving its rows there, so the default stays near empty. Where
+  partitions of another width (a retention since changed) cover part of that
+  time, the new ones fit around them. `migrate` and every reap pass call it.
+- `retire_expired` drops each partition whose upper bound is at or before the
+  retention cutoff, whatever its width. First it moves out, to the current
+  partition, every answer that must outlive it
+  (domain/reaping.outlives_its_partition: its operation not reaped, or the
+  answer newer than the reap), in bounded batches; then, in one short
+  transaction, it locks the partition against writes, moves out what must
+  outlive it that arrived since (an answer stamped a retention behind by a
+  stalled writer), and detaches and drops it.
 
 The drop relies only on `operations.reaped_at`, which reaping sets under the
 operation's lock after judging it again on a fresh snapshot
@@ -23,16 +28,18 @@ operation's lock after judging it again on a fresh snapshot
 does between the move-out and the drop — a refund accepted, a flag raised,
 late evidence — can make an answer the drop takes needed again: a reaped
 operation's answers were given up when it was reaped (as SQLite deletes them
-then), and late evidence is stamped with the current time, in the current
-month. An answer written with an instant in a month being dropped (a clock
-more than the retention behind) could be lost with it; nothing writes one.
+then), and an answer of an operation not reaped is moved out, by the batches
+or by the drop's own last look.
 
 Attaching a partition locks the parent table only against other schema
 changes, and the default partition exclusively; detaching and dropping lock
 the parent exclusively. Each such transaction is short, waits at most
-LOCK_TIMEOUT for its locks (a payment's statements queue behind a waiting
-lock, so retention must never wait long) and, if it cannot have them, gives
-up until the next pass. Processes take turns through an advisory lock.
+LOCK_TIMEOUT for its locks (`SET LOCAL`: a payment's statements queue behind
+a waiting lock, so retention must never wait long) and, if it cannot have
+them, gives up until the next pass. Processes take turns through a
+transaction-scoped advisory lock, taken by every transaction that makes,
+moves out of or drops a partition: no session state, so it holds behind a
+transaction-mode pooler.
 """
 
 from __future__ import annotations
@@ -105,7 +112,7 @@ def partitioned(conn: Connection) -> bool:
 
 
 def list_partitions(conn: Connection) -> list[Partition]:
-    """The partitions, oldest month first, the default last."""
+    """The partitions, oldest first, the default last."""
     # The bounds as PostgreSQL prints them, read back by PostgreSQL itself so
     # that the session's DateStyle and TimeZone cannot garble them.
     rows = conn.execute(

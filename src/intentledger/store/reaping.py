@@ -50,7 +50,7 @@ class Reaped:
     # Provider answers deleted row by row (SQLite).
     observation_details: int = 0
     outbox_rows: int = 0
-    # PostgreSQL: month partitions of answers dropped, and answers moved out of
+    # PostgreSQL: partitions of answers dropped, and answers moved out of
     # them first because they must outlive them (store/partitions.py).
     detail_partitions: int = 0
     details_moved_out: int = 0

@@ -6,7 +6,7 @@ never deleted, so a reviewer can rebuild what was seen and why from them alone.
 An observation's bulky part, the provider's raw answer, is kept apart in
 `observation_details`: past the record retention it goes, for settled
 operations no one may still need (docs/decisions/0018) — on PostgreSQL with
-the month partition it lies in (store/partitions.py), on SQLite row by row.
+the partition it lies in (store/partitions.py), on SQLite row by row.
 """
 
 from __future__ import annotations
@@ -258,9 +258,9 @@ observations = Table(
 
 # An observation's provider answer, when it had one: the bulky part, which
 # record retention removes (docs/decisions/0018). On PostgreSQL the table is
-# range-partitioned by month of `retention_bucket` (the observation's `at` when
-# written; store/partitions.py moves a row still needed past its month's drop
-# to the current month), so the primary key must hold it. No foreign key to
+# range-partitioned by `retention_bucket` (the observation's `at` when
+# written; store/partitions.py moves a row still needed past its partition's
+# drop to the current one), so the primary key must hold it. No foreign key to
 # `observations`: each row is written in the transaction of its observation,
 # and a partitioned table's foreign key would make every partition attached
 # or dropped lock `observations`, which every payment writes.

@@ -18,7 +18,7 @@ with engine.connect() as connection:
         connection=connection,
         target_metadata=metadata,
         render_as_batch=connection.dialect.name == "sqlite",
-        # The answers' month partitions come and go with retention, not with
+        # The answers' partitions come and go with retention, not with
         # the declared schema (store/partitions.py).
         include_name=lambda name, kind, _parents: not (kind == "table" and is_partition_name(name)),
     )
