@@ -18,7 +18,15 @@ from intentledger.engine.batch_dispatch import deliver_submits
 from intentledger.engine.worker import Worker
 from intentledger.store.batches import BatchLedger
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import attempts, decisions, observations, outbox, transitions
+from intentledger.store.tables import (
+    attempts,
+    decisions,
+    observation_details,
+    observations,
+    observations_with_detail,
+    outbox,
+    transitions,
+)
 from tests.test_dispatch import (
     MovableClock,
     accept,
@@ -62,12 +70,17 @@ def columns(row: Any, operation_id: str) -> dict[str, Any]:
     }
 
 
-async def sql_null_details(engine: AsyncEngine, operation_id: str) -> list[bool]:
-    """Per observation, whether `detail` is SQL NULL (the JSON type reads a JSON
-    null back as None too)."""
+async def detail_rows(engine: AsyncEngine, operation_id: str) -> list[bool]:
+    """Per observation, whether it has a provider answer row (the join reads a
+    missing one as None, as it reads a JSON null)."""
     async with engine.connect() as conn:
         result = await conn.execute(
-            select(observations.c.detail.is_(None))
+            select(observation_details.c.observation_id.is_not(None))
+            .select_from(
+                observations.outerjoin(
+                    observation_details, observation_details.c.observation_id == observations.c.id
+                )
+            )
             .where(observations.c.operation_id == operation_id)
             .order_by(observations.c.id)
         )
@@ -113,9 +126,9 @@ async def story(engine: AsyncEngine, sandbox: str, operation_id: str) -> dict[st
                 "has_retry_after_at": o.retry_after_at is not None,
                 "detail": sorted(o.detail) if isinstance(o.detail, dict) else o.detail,
             }
-            for o in await rows(engine, observations, operation_id)
+            for o in await rows(engine, observations_with_detail, operation_id)
         ],
-        "observation_details_sql_null": await sql_null_details(engine, operation_id),
+        "observation_detail_rows": await detail_rows(engine, operation_id),
         "transitions": [
             columns(t, operation_id)
             for t in await rows(engine, transitions, operation_id)

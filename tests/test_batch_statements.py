@@ -15,7 +15,15 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.store.batches import BatchLedger, Settlement
-from intentledger.store.tables import attempts, observations, operations, outbox, transitions
+from intentledger.store.tables import (
+    attempts,
+    observation_details,
+    observations,
+    observations_with_detail,
+    operations,
+    outbox,
+    transitions,
+)
 from tests.test_dispatch import MovableClock, accept
 
 SOURCE = "worker:test"
@@ -112,10 +120,10 @@ def comparable(value: Any, operation_id: str) -> Any:
 
 async def written(engine: AsyncEngine, operation_id: str) -> dict[str, Any]:
     """Every row of the operation, its naming columns left out, and whether each
-    observation's `detail` is SQL NULL (the JSON type reads JSON null as None too)."""
+    observation has a provider answer row (the join reads a missing one as None)."""
     found: dict[str, Any] = {}
     async with engine.connect() as conn:
-        for table in (operations, attempts, observations, transitions, outbox):
+        for table in (operations, attempts, observations_with_detail, transitions, outbox):
             result = await conn.execute(select(table).where(table.c.operation_id == operation_id))
             found[table.name] = sorted(
                 (
@@ -128,12 +136,16 @@ async def written(engine: AsyncEngine, operation_id: str) -> dict[str, Any]:
                 ),
                 key=repr,
             )
-        nulls = await conn.execute(
-            select(observations.c.detail.is_(None)).where(
-                observations.c.operation_id == operation_id
+        answered = await conn.execute(
+            select(observation_details.c.observation_id.is_not(None))
+            .select_from(
+                observations.outerjoin(
+                    observation_details, observation_details.c.observation_id == observations.c.id
+                )
             )
+            .where(observations.c.operation_id == operation_id)
         )
-        found["detail_is_sql_null"] = list(nulls.scalars())
+        found["has_detail_row"] = list(answered.scalars())
     return found
 
 
@@ -146,8 +158,11 @@ async def test_one_statement_writes_what_the_stepwise_statements_write(
     await submit_and_settle(engine, stepwise, one_statement=False)
     await submit_and_settle(engine, single, one_statement=engine.dialect.name == "postgresql")
 
-    for reference, candidate in zip(stepwise, single, strict=True):
+    for reference, candidate, detail in zip(stepwise, single, DETAILS, strict=True):
         expected = await written(engine, reference)
         assert expected["operations"][0]["state"] == "OUTCOME_KNOWN"
+        # An answer row only for an answer, and it reads back as written.
+        assert expected["has_detail_row"] == [detail is not None]
+        assert expected["observations_with_detail"][0]["detail"] == detail
         assert expected["outbox"][0]["done_at"] == NOW
         assert await written(engine, candidate) == expected

@@ -28,7 +28,7 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from intentledger.store.database import sync_url
-from intentledger.store.tables import observations, operations
+from intentledger.store.tables import observations_with_detail, operations
 from tests.conftest import Databases
 from tests.served import Served, serve
 from tests.stripe_fake import StripeFake, stripe_fake  # noqa: F401
@@ -139,12 +139,14 @@ def _stripe_run(url: str, auth: dict[str, str]) -> None:
 
 
 def _rows(database_url: str) -> tuple[list[str], list[str]]:
-    """Every observation row, all columns, as text; and every operation's request."""
+    """Every observation row, all columns and its provider answer, as text; and
+    every operation's request."""
     engine = create_engine(sync_url(database_url))
     try:
         with engine.connect() as conn:
             seen = [
-                json.dumps(list(row), default=str) for row in conn.execute(select(observations))
+                json.dumps(list(row), default=str)
+                for row in conn.execute(select(observations_with_detail))
             ]
             requests = [json.dumps(row.request_context) for row in conn.execute(select(operations))]
     finally:

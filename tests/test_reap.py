@@ -3,7 +3,12 @@ databases. A hypothesis property over ledgers of every state, flag, age, refund
 and outbox mix: an operation is reaped exactly when domain/reaping.may_reap
 says so, a reaped one loses only its bulky rows, and every other row is
 untouched — an unresolved, a flagged and a refunding operation older than the
-retention all survive."""
+retention all survive.
+
+On PostgreSQL a reaped operation's provider answers go when their month's
+partition passes the retention (store/partitions.py, tests/test_partitions.py):
+here, those of the operations two retentions old, not those of the operations
+about one retention old, whose month ends after the cutoff."""
 
 from __future__ import annotations
 
@@ -55,8 +60,23 @@ planned = st.builds(
 
 async def clear(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
-        for table in (tables.outbox, tables.observations, tables.operations):
+        for table in (
+            tables.outbox,
+            tables.observation_details,
+            tables.observations,
+            tables.operations,
+        ):
             await conn.execute(delete(table))
+
+
+def answers_dropped_by_then(engine: AsyncEngine, at: datetime) -> bool:
+    """Whether a reaped operation's answers written at `at` are gone after a
+    pass at NOW: at once on SQLite; on PostgreSQL once their UTC month ended
+    at or before the cutoff (computed here apart from the code under test)."""
+    if engine.dialect.name != "postgresql":
+        return True
+    next_month = datetime(at.year + at.month // 12, at.month % 12 + 1, 1, tzinfo=UTC)
+    return next_month <= CUTOFF
 
 
 async def add(
@@ -95,19 +115,20 @@ async def add(
                 parent_operation_id=parent,
             )
         )
-        await conn.execute(
+        answered = await conn.execute(
             insert(tables.observations).values(
-                operation_id=operation_id,
-                at=at,
-                kind="submit_result",
-                source="test",
-                detail=DETAIL,
+                operation_id=operation_id, at=at, kind="submit_result", source="test"
             )
         )
-        # A detail-less answer, stored as JSON null: nothing to clear, nor count.
+        await conn.execute(
+            insert(tables.observation_details).values(
+                observation_id=answered.inserted_primary_key[0], retention_bucket=at, detail=DETAIL
+            )
+        )
+        # A detail-less answer has no answer row: nothing to remove, nor count.
         await conn.execute(
             insert(tables.observations).values(
-                operation_id=operation_id, at=at, kind="lookup_result", source="test", detail=None
+                operation_id=operation_id, at=at, kind="lookup_result", source="test"
             )
         )
         for _ in range(done_outbox):
@@ -136,11 +157,10 @@ async def state_of(engine: AsyncEngine, operation_id: str) -> dict[str, Any]:
                 select(tables.operations).where(tables.operations.c.operation_id == operation_id)
             )
         ).one()
+        read = tables.observations_with_detail
         details = (
             await conn.execute(
-                select(tables.observations.c.detail).where(
-                    tables.observations.c.operation_id == operation_id
-                )
+                select(read.c.detail).where(read.c.operation_id == operation_id).order_by(read.c.id)
             )
         ).scalars()
         done = (
@@ -185,8 +205,10 @@ async def test_reap_removes_exactly_what_it_may_and_nothing_else(
 ) -> None:
     await clear(engine)
     expected: dict[str, bool] = {}
+    ages: dict[str, timedelta] = {}
     for n, plan in enumerate(ledger):
         payment = f"op_{n}"
+        ages[payment] = plan.age
         await add(
             engine,
             payment,
@@ -206,6 +228,7 @@ async def test_reap_removes_exactly_what_it_may_and_nothing_else(
                 parent=payment,
                 pending_outbox=verifying,
             )
+            ages[f"op_{n}_r{m}"] = plan.age
             expected[f"op_{n}_r{m}"] = may_reap(
                 ReapFacts(
                     refund_state,
@@ -233,17 +256,30 @@ async def test_reap_removes_exactly_what_it_may_and_nothing_else(
             CUTOFF,
         )
     before = {op: await state_of(engine, op) for op in expected}
+    dropped_months = {op: answers_dropped_by_then(engine, NOW - age) for op, age in ages.items()}
 
     # Batches of two: several transactions for one pass, as at scale.
     done = await Reaper(engine, lambda: NOW, RETENTION, batch=2).reap()
 
-    assert done.operations == done.observation_details == sum(expected.values())
+    assert done.operations == sum(expected.values())
+    if engine.dialect.name == "postgresql":
+        # Row by row nothing; by partition the one month past the cutoff, after
+        # every answer of an operation not reaped was moved out of it.
+        assert done.observation_details == 0
+        assert done.detail_partitions == int(any(dropped_months.values()))
+        assert done.details_moved_out == sum(
+            1 for op, gone in dropped_months.items() if gone and not expected[op]
+        )
+    else:
+        assert done.observation_details == sum(expected.values())
+        assert (done.detail_partitions, done.details_moved_out) == (0, 0)
     for op, reapable in expected.items():
         after = await state_of(engine, op)
         if reapable:
             assert after["reaped_at"] == NOW
             assert (after["body"], after["marker"]) == ({}, NOW.isoformat())
-            assert after["details"] == [None, None] and after["done"] == 0
+            kept = [None, None] if dropped_months[op] else [DETAIL, None]
+            assert after["details"] == kept and after["done"] == 0
             assert (after["state"], after["version"], after["pending"]) == (
                 before[op]["state"],
                 before[op]["version"],
@@ -251,8 +287,10 @@ async def test_reap_removes_exactly_what_it_may_and_nothing_else(
             )
         else:
             assert after == before[op], op
-    # A second pass finds nothing more: reaping is done once.
-    assert (await Reaper(engine, lambda: NOW, RETENTION, batch=2).reap()).operations == 0
+    # A second pass finds nothing more: reaping is done once, and what was moved
+    # out of a dropped month is in the current one.
+    again = await Reaper(engine, lambda: NOW, RETENTION, batch=2).reap()
+    assert (again.operations, again.detail_partitions, again.details_moved_out) == (0, 0, 0)
 
 
 async def test_the_unresolved_the_flagged_and_the_refunding_survive_however_old(
@@ -281,8 +319,15 @@ async def test_the_unresolved_the_flagged_and_the_refunding_survive_however_old(
     await add(engine, "op_recent", State.OUTCOME_KNOWN, RETENTION - timedelta(minutes=1))
     await add(engine, "op_settled", State.OUTCOME_KNOWN, old)
     done = await Reaper(engine, lambda: NOW, RETENTION).reap()
-    assert (done.operations, done.observation_details, done.outbox_rows) == (1, 1, 1)
-    assert (await state_of(engine, "op_settled"))["reaped_at"] == NOW
+    if engine.dialect.name == "postgresql":
+        # The month three retentions back dropped, the ten survivors' answers
+        # moved out of it first.
+        assert (done.operations, done.observation_details, done.outbox_rows) == (1, 0, 1)
+        assert (done.detail_partitions, done.details_moved_out) == (1, 10)
+    else:
+        assert (done.operations, done.observation_details, done.outbox_rows) == (1, 1, 1)
+    settled = await state_of(engine, "op_settled")
+    assert settled["reaped_at"] == NOW and settled["details"] == [None, None]
     for survivor in (
         "op_unknown",
         "op_review",

@@ -22,7 +22,7 @@ from intentledger.engine.operator import (
 )
 from intentledger.engine.worker import Worker
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import decisions, observations
+from intentledger.store.tables import decisions, observations, observations_with_detail
 from tests.support import INTENTLEDGER
 from tests.test_dispatch import (
     MovableClock,
@@ -237,7 +237,9 @@ async def test_two_executed_attempts_are_flagged_as_a_duplicate(
     await worker.drain()  # the audit lookup counts both charges
     op = await operation(engine, op_id)
     assert op.duplicate_detected is True
-    [audit] = [o for o in await rows(engine, observations, op_id) if o.kind == "audit_lookup"]
+    [audit] = [
+        o for o in await rows(engine, observations_with_detail, op_id) if o.kind == "audit_lookup"
+    ]
     assert len(audit.detail["charges"]) == 2
 
 

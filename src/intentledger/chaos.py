@@ -695,7 +695,8 @@ async def _token(database_url: str, pooler: Pooler) -> str:
 
 async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
     started = time.monotonic()
-    upgrade(config.database_url, pooler=config.database_pooler)
+    # A soak's partitions are made for its short retention from the start.
+    upgrade(config.database_url, retention=config.retention, pooler=config.database_pooler)
     token = await _token(config.database_url, config.database_pooler)
     workdir = Path(tempfile.mkdtemp(prefix="intentledger-chaos-"))
     fleet = Fleet(config, workdir)

@@ -468,12 +468,13 @@ def reap(
 ) -> None:
     """Remove the bulky rows of settled operations past the record retention
     (provider answers, request bodies, done outbox rows), in bounded batches;
-    never an unresolved, flagged or still-refunding operation's. Workers also
-    do it every --reap-interval."""
+    never an unresolved, flagged or still-refunding operation's. On PostgreSQL
+    the answers go with their partition once it is past the retention.
+    Workers also do it every --reap-interval."""
     from intentledger.domain.durations import format_duration
     from intentledger.engine.clock import system_clock
     from intentledger.engine.reaper import Reaper
-    from intentledger.store.database import create_ledger_engine
+    from intentledger.store.database import create_ledger_engine, dialect_of
     from intentledger.store.reaping import Reaped
 
     settings = load_settings(
@@ -501,10 +502,17 @@ def reap(
             await engine.dispose()
 
     done = asyncio.run(main())
+    if dialect_of(settings.database_url) == "postgresql":
+        # The answers go with their partition (store/partitions.py).
+        details = (
+            f"{done.detail_partitions} partition(s) of observation details dropped "
+            f"({done.details_moved_out} detail(s) still needed moved out first)"
+        )
+    else:
+        details = f"{done.observation_details} observation detail(s) cleared"
     typer.echo(
         f"reaped {done.operations} operation(s) settled over "
-        f"{format_duration(settings.record_retention)} ago: "
-        f"{done.observation_details} observation detail(s) cleared, "
+        f"{format_duration(settings.record_retention)} ago: {details}, "
         f"{done.outbox_rows} done outbox row(s) deleted"
     )
 
@@ -543,7 +551,11 @@ def migrate(database_url: DatabaseUrl = None, database_pooler: DatabasePooler = 
     settings = load_settings(database_url=database_url, database_pooler=database_pooler)
     _configure_logging(settings)
     try:
-        upgrade(settings.database_url, pooler=settings.database_pooler)
+        upgrade(
+            settings.database_url,
+            retention=settings.record_retention,
+            pooler=settings.database_pooler,
+        )
     except UnsupportedDatabase as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc

@@ -9,6 +9,12 @@ the audit has not checked still holds its money), is not a refund of a flagged
 payment, has no outbox work still to do (an audit look after a person's
 resolution), was last changed before the cutoff, and was not reaped already.
 store/reaping.py asks the same in SQL; a test holds the two to the same answer.
+
+On PostgreSQL the provider answers are not removed when their operation is
+reaped but when the partition they lie in (a month, or less for a short
+retention: domain/widths.py) passes the retention: reaping stamps the
+operation, and the drop takes the answers of stamped operations with it. Every
+other answer in the partition is moved out first (`outlives_its_partition`).
 """
 
 from __future__ import annotations
@@ -47,3 +53,18 @@ def may_reap(facts: ReapFacts, cutoff: datetime) -> bool:
         and facts.updated_at <= cutoff
         and not facts.reaped
     )
+
+
+def outlives_its_partition(reaped_at: datetime | None, observed_at: datetime) -> bool:
+    """Whether a provider answer must be kept when its partition is
+    dropped: unless its operation was reaped after it was written, it is.
+
+    Reaping decided, under the operation's lock, that no one may still need
+    the answers it had (may_reap), and that verdict is never taken back; an
+    operation not reaped yet may still be needed (or not yet be looked at), and
+    an answer that arrived after the reap is kept, as on SQLite, where reaping
+    deletes the answers there are when it runs. So the drop follows decisions
+    already made and final, and a refund, a flag or late evidence that comes
+    while a partition is being dropped changes nothing it relies on.
+    """
+    return reaped_at is None or observed_at > reaped_at

@@ -2,7 +2,12 @@
 schedule, remove settled operations' bulky rows past the retention in bounded
 batches (decision 0018). Each batch is its own short transaction, so reaping a
 year of backlog never holds a lock for long; what was removed is counted
-(`intentledger_reaped_total`) and logged."""
+(`intentledger_reaped_total`) and logged.
+
+On PostgreSQL a pass also keeps the provider answers' partitions ready (as
+wide as the retention calls for: domain/widths.py), and after reaping drops
+those past the retention (store/partitions.py): after, so that the operations
+reaped in this pass give up their answers in it."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.engine.clock import Clock
 from intentledger.observability.metrics import REAPED
+from intentledger.store.partitions import ensure_ahead, retire_expired
 from intentledger.store.reaping import Reaped, reap_batch
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,15 @@ class Reaper:
 
     async def reap(self, progress: Callable[[Reaped], None] | None = None) -> Reaped:
         """Batches until none is full: everything reapable now is reaped."""
+        partitioned = self.engine.dialect.name == "postgresql"
+        if partitioned:
+            created = await ensure_ahead(self.engine, self.clock(), self.retention)
+            if created:
+                log.info(
+                    "created partition(s) of observation details: %s",
+                    ", ".join(created),
+                    extra={"event": "partitions_created", "partitions": ", ".join(created)},
+                )
         total = Reaped()
         while True:
             async with self.engine.begin() as conn:
@@ -50,6 +65,27 @@ class Reaper:
                 progress(total)
             if done.operations < self.batch:
                 break
+        if partitioned:
+            now = self.clock()
+            retired = await retire_expired(self.engine, now, now - self.retention, self.batch)
+            REAPED.labels(what="detail_partitions").inc(retired.partitions_dropped)
+            REAPED.labels(what="details_moved_out").inc(retired.details_moved_out)
+            total += Reaped(
+                detail_partitions=retired.partitions_dropped,
+                details_moved_out=retired.details_moved_out,
+            )
+            if retired.partitions_dropped or retired.details_moved_out:
+                log.info(
+                    "dropped %d partition(s) of observation details past the record "
+                    "retention, %d detail(s) still needed moved out of them first",
+                    retired.partitions_dropped,
+                    retired.details_moved_out,
+                    extra={
+                        "event": "reap_partitions",
+                        "detail_partitions": retired.partitions_dropped,
+                        "details_moved_out": retired.details_moved_out,
+                    },
+                )
         if total.operations:
             log.info(
                 "reaped %d operation(s) past the record retention: %d observation detail(s) "

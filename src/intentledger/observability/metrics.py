@@ -93,7 +93,8 @@ WEBHOOKS_OUT = Counter(
 REAPED = Counter(
     "intentledger_reaped_total",
     "What record retention removed (decision 0018), by what: operations reaped, "
-    "observation details cleared, done outbox rows deleted.",
+    "observation details deleted (SQLite), done outbox rows deleted, partitions "
+    "of observation details dropped and details moved out of them first (PostgreSQL).",
     ["what"],
 )
 

@@ -30,6 +30,7 @@ from intentledger.store.tables import (
     attempts,
     idempotency_records,
     mandates,
+    observation_details,
     observations,
     operations,
     outbox,
@@ -273,7 +274,21 @@ class BatchLedger:
     ) -> int | None:
         """`settle` as four statements; the count of outcomes written, where the
         driver can report it for an executemany."""
-        await self.conn.execute(insert(observations), [dict(s.observation) for s in settlements])
+        observed = [dict(s.observation) for s in settlements]
+        answers = [row.pop("detail", None) for row in observed]
+        ids = (
+            await self.conn.execute(
+                insert(observations).returning(observations.c.id, sort_by_parameter_order=True),
+                observed,
+            )
+        ).scalars()
+        details = [
+            {"observation_id": observation_id, "retention_bucket": row["at"], "detail": detail}
+            for observation_id, row, detail in zip(ids, observed, answers, strict=True)
+            if detail is not None
+        ]
+        if details:
+            await self.conn.execute(insert(observation_details), details)
         stmt = (
             update(operations)
             .where(
@@ -592,18 +607,29 @@ def _settle_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextClause:
 
     An outcome is written only while the operation is SUBMITTING at the version
     settled from, as the stepwise update checks; the outbox rows are marked done
-    by key alone, as in `finish_outbox_rows`. `detail` goes in as the JSON
-    type writes a Python None: JSON null, not SQL NULL (`jsonb_to_recordset`
-    reads a JSON null as SQL NULL).
+    by key alone, as in `finish_outbox_rows`. Each observation's id is drawn
+    first, so that its provider answer (`detail`, when there is one: the
+    stepwise path writes none for a Python None, and `jsonb_to_recordset`
+    reads a JSON null as SQL NULL) can name it.
     """
-    names = ", ".join(columns)
-    values = ", ".join(
-        "COALESCE(detail, 'null'::jsonb)" if name == "detail" else name for name in columns
+    fields = [name for name in columns if name != "detail"]
+    names = ", ".join(fields)
+    record = _record(dialect, observations, fields)
+    if "detail" in columns:
+        record += f", {_record(dialect, observation_details, ['detail'])}"
+    details = (
+        """, new_details AS (
+            INSERT INTO observation_details (observation_id, retention_bucket, detail)
+            SELECT id, at, detail FROM answers WHERE detail IS NOT NULL
+        )"""
+        if "detail" in columns
+        else ""
     )
     sql = f"""
-        WITH answers AS (
-            SELECT * FROM jsonb_to_recordset(CAST(:observations AS jsonb))
-                AS r({_record(dialect, observations, columns)})
+        WITH answers AS MATERIALIZED (
+            SELECT nextval((SELECT pg_get_serial_sequence('observations', 'id')::regclass))
+                AS id, r.*
+            FROM jsonb_to_recordset(CAST(:observations AS jsonb)) AS r({record})
         ), settled AS (
             SELECT * FROM jsonb_to_recordset(CAST(:outcomes AS jsonb)) AS r(
                 {
@@ -611,8 +637,8 @@ def _settle_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextClause:
     },
                 {_REASON} text, outbox_row_id bigint)
         ), new_observations AS (
-            INSERT INTO observations ({names}) SELECT {values} FROM answers
-        ), outcomes AS (
+            INSERT INTO observations (id, {names}) SELECT id, {names} FROM answers
+        ){details}, outcomes AS (
             UPDATE operations AS o
             SET state = :to_state, next_action = :next_action, version = s.version + 1,
                 updated_at = :now, outcome = s.outcome,

@@ -32,7 +32,9 @@ from intentledger.store.tables import (
     decisions,
     idempotency_records,
     mandates,
+    observation_details,
     observations,
+    observations_with_detail,
     operations,
     outbox,
     transitions,
@@ -274,9 +276,17 @@ class Ledger:
 
     # -- append-only companions --------------------------------------------
 
-    async def add_observation(self, **values: Any) -> int:
+    async def add_observation(self, *, detail: Any = None, **values: Any) -> int:
+        """An observation, and its provider answer (`detail`) apart when it has one."""
         result = await self.conn.execute(insert(observations).values(**values))
-        return int(result.inserted_primary_key[0])  # type: ignore[index]
+        observation_id = int(result.inserted_primary_key[0])  # type: ignore[index]
+        if detail is not None:
+            await self.conn.execute(
+                insert(observation_details).values(
+                    observation_id=observation_id, retention_bucket=values["at"], detail=detail
+                )
+            )
+        return observation_id
 
     async def add_decision(self, **values: Any) -> int:
         result = await self.conn.execute(insert(decisions).values(**values))
@@ -323,10 +333,11 @@ class Ledger:
         return result.all()
 
     async def observations_of_kind(self, operation_id: str, kind: str) -> Sequence[Record]:
+        read = observations_with_detail
         result = await self.conn.execute(
-            select(observations)
-            .where(observations.c.operation_id == operation_id, observations.c.kind == kind)
-            .order_by(observations.c.id)
+            select(read)
+            .where(read.c.operation_id == operation_id, read.c.kind == kind)
+            .order_by(read.c.id)
         )
         return result.all()
 
@@ -380,7 +391,7 @@ class Ledger:
         tagged: list[tuple[str, Record]] = []
         for kind, table in (
             ("transition", transitions),
-            ("observation", observations),
+            ("observation", observations_with_detail),
             ("decision", decisions),
         ):
             rows = await self.conn.execute(

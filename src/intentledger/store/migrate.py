@@ -1,13 +1,21 @@
-"""`intentledger migrate`: bring a database's schema up to date with Alembic."""
+"""`intentledger migrate`: bring a database's schema up to date with Alembic,
+and on PostgreSQL the provider answers' partitions with it, as wide as the
+record retention calls for (store/partitions.py, domain/widths.py)."""
 
 from __future__ import annotations
 
+import logging
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy.exc import DBAPIError
 
-from intentledger.store.database import Pooler, require_utf8
+from intentledger.store.database import Pooler, create_sync_engine, dialect_of, require_utf8
+from intentledger.store.partitions import busy, ensure_partitions
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -20,6 +28,31 @@ def alembic_config(database_url: str, pooler: Pooler = "none") -> Config:
     return config
 
 
-def upgrade(database_url: str, revision: str = "head", *, pooler: Pooler = "none") -> None:
+def upgrade(
+    database_url: str,
+    revision: str = "head",
+    retention: timedelta | None = None,
+    *,
+    pooler: Pooler = "none",
+) -> None:
+    """Migrate to `revision`; on PostgreSQL, make the answers' partitions ahead
+    for `retention` (the record retention; months when None)."""
     require_utf8(database_url)
     command.upgrade(alembic_config(database_url, pooler), revision)
+    if dialect_of(database_url) == "postgresql":
+        _ensure_partitions(database_url, retention, pooler)
+
+
+def _ensure_partitions(database_url: str, retention: timedelta | None, pooler: Pooler) -> None:
+    engine = create_sync_engine(database_url, pooler=pooler)
+    try:
+        with engine.begin() as conn:
+            ensure_partitions(conn, datetime.now(UTC), retention)
+    except DBAPIError as exc:
+        if not busy(exc):
+            raise
+        # The default partition takes every answer meanwhile, and each
+        # worker's reap pass tries again.
+        log.warning("partitions of observation details not made: locks busy")
+    finally:
+        engine.dispose()

@@ -3,15 +3,19 @@ bounded batches (decision 0018; the rule is domain/reaping.py).
 
 One batch is one transaction: it picks up to `limit` reapable operations,
 oldest change first — on PostgreSQL skipping any a concurrent writer holds,
-so reaping never waits on (or blocks) a payment — clears their observations'
-details, deletes their done outbox rows, replaces their request body with a
-marker and stamps `reaped_at`. What stays is the ledger: the operation row,
-attempts, decisions, transitions and the idempotency record.
+so reaping never waits on (or blocks) a payment — deletes their done outbox
+rows, replaces their request body with a marker and stamps `reaped_at`; on
+SQLite it also deletes their observations' provider answers, which on
+PostgreSQL go later, with their month's partition (store/partitions.py). What
+stays is the ledger: the operation row, attempts, observations, decisions,
+transitions and the idempotency record. The outbox is not partitioned: its rows
+are updated (leased, done) while they live, and a row is done when its work is,
+not when its month ends.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -21,8 +25,6 @@ from sqlalchemy import (
     bindparam,
     delete,
     exists,
-    func,
-    null,
     or_,
     select,
     text,
@@ -31,7 +33,13 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import FINAL
-from intentledger.store.tables import REAPABLE_PREDICATE, observations, operations, outbox
+from intentledger.store.tables import (
+    REAPABLE_PREDICATE,
+    observation_details,
+    observations,
+    operations,
+    outbox,
+)
 
 _FINAL = [state.value for state in FINAL]
 
@@ -39,15 +47,16 @@ _FINAL = [state.value for state in FINAL]
 @dataclass(frozen=True)
 class Reaped:
     operations: int = 0
+    # Provider answers deleted row by row (SQLite).
     observation_details: int = 0
     outbox_rows: int = 0
+    # PostgreSQL: partitions of answers dropped, and answers moved out of
+    # them first because they must outlive them (store/partitions.py).
+    detail_partitions: int = 0
+    details_moved_out: int = 0
 
     def __add__(self, other: Reaped) -> Reaped:
-        return Reaped(
-            self.operations + other.operations,
-            self.observation_details + other.observation_details,
-            self.outbox_rows + other.outbox_rows,
-        )
+        return Reaped(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Reaped)))
 
 
 def _pending_outbox(operation: Any) -> ColumnElement[bool]:
@@ -131,20 +140,19 @@ async def still_reapable(conn: AsyncConnection, ids: list[str], cutoff: datetime
     return {row.operation_id for row in rows}
 
 
-def _has_detail(conn: AsyncConnection) -> ColumnElement[bool]:
-    # A detail-less answer is stored as JSON null, not SQL NULL: neither is a
-    # detail to clear (nor a row to rewrite).
-    json_type = func.jsonb_typeof if conn.dialect.name == "postgresql" else func.json_type
-    return and_(observations.c.detail.is_not(None), json_type(observations.c.detail) != "null")
-
-
 async def _reap(conn: AsyncConnection, chosen: list[Any], now: datetime) -> Reaped:
     ids = [row.operation_id for row in chosen]
-    details = await conn.execute(
-        update(observations)
-        .where(observations.c.operation_id.in_(ids), _has_detail(conn))
-        .values(detail=null())
-    )
+    details = 0
+    if conn.dialect.name != "postgresql":
+        # PostgreSQL drops them with their month (store/partitions.py).
+        deleted = await conn.execute(
+            delete(observation_details).where(
+                observation_details.c.observation_id.in_(
+                    select(observations.c.id).where(observations.c.operation_id.in_(ids))
+                )
+            )
+        )
+        details = deleted.rowcount
     done = await conn.execute(
         delete(outbox).where(outbox.c.operation_id.in_(ids), outbox.c.done_at.is_not(None))
     )
@@ -161,4 +169,4 @@ async def _reap(conn: AsyncConnection, chosen: list[Any], now: datetime) -> Reap
             for row in chosen
         ],
     )
-    return Reaped(len(chosen), details.rowcount, done.rowcount)
+    return Reaped(len(chosen), details, done.rowcount)

@@ -1,11 +1,12 @@
 """The ledger schema (SQLAlchemy Core), one definition for SQLite and PostgreSQL.
 
 `operations` is the one mutable record per business operation. `attempts`,
-`observations`, `transitions` and `decisions` are append-only: never deleted,
-and never updated but in one way — past the record retention, `reap` clears an
-observation's `detail` (the provider's raw answer) of a settled operation no
-one may still need (docs/decisions/0018) — so a reviewer can rebuild what was
-seen and why from them alone.
+`observations`, `transitions` and `decisions` are append-only: never updated,
+never deleted, so a reviewer can rebuild what was seen and why from them alone.
+An observation's bulky part, the provider's raw answer, is kept apart in
+`observation_details`: past the record retention it goes, for settled
+operations no one may still need (docs/decisions/0018) — on PostgreSQL with
+the partition it lies in (store/partitions.py), on SQLite row by row.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    select,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -251,8 +253,36 @@ observations = Table(
     Column("retry_after_raw", Text, nullable=True),
     _timestamp("retry_after_at", nullable=True),
     Column("retry_after_problem", String(32), nullable=True),
-    Column("detail", Json, nullable=True),
     Index(None, "operation_id", "id"),
+)
+
+# An observation's provider answer, when it had one: the bulky part, which
+# record retention removes (docs/decisions/0018). On PostgreSQL the table is
+# range-partitioned by `retention_bucket` (the observation's `at` when
+# written; store/partitions.py moves a row still needed past its partition's
+# drop to the current one), so the primary key must hold it. No foreign key to
+# `observations`: each row is written in the transaction of its observation,
+# and a partitioned table's foreign key would make every partition attached
+# or dropped lock `observations`, which every payment writes.
+observation_details = Table(
+    "observation_details",
+    metadata,
+    Column("observation_id", Integer, primary_key=True, autoincrement=False),
+    Column("retention_bucket", UTCDateTime(), primary_key=True),
+    Column("detail", Json, nullable=False),
+    postgresql_partition_by="RANGE (retention_bucket)",
+)
+
+# Observations as they read: every column, and `detail` (NULL where there was
+# no answer, or retention removed it).
+observations_with_detail = (
+    select(*observations.c, observation_details.c.detail)
+    .select_from(
+        observations.outerjoin(
+            observation_details, observation_details.c.observation_id == observations.c.id
+        )
+    )
+    .subquery("observations_with_detail")
 )
 
 transitions = Table(

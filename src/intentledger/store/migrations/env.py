@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic import context
 
 from intentledger.store.database import create_sync_engine
+from intentledger.store.partitions import is_partition_name
 from intentledger.store.tables import metadata
 
 config = context.config
@@ -17,6 +18,9 @@ with engine.connect() as connection:
         connection=connection,
         target_metadata=metadata,
         render_as_batch=connection.dialect.name == "sqlite",
+        # The answers' partitions come and go with retention, not with
+        # the declared schema (store/partitions.py).
+        include_name=lambda name, kind, _parents: not (kind == "table" and is_partition_name(name)),
     )
     with context.begin_transaction():
         context.run_migrations()
