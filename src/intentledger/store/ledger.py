@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
-from sqlalchemy import Insert, func, insert, select, update
+from sqlalchemy import Insert, bindparam, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -25,6 +25,7 @@ from intentledger.domain.states import FINAL, NextAction, Outcome, State, requir
 from intentledger.observability import ledger_events
 from intentledger.store import announcements
 from intentledger.store.tables import (
+    Json,
     Record,
     api_keys,
     attempts,
@@ -278,7 +279,21 @@ class Ledger:
 
     async def add_observation(self, *, detail: Any = None, **values: Any) -> int:
         """An observation, and its provider answer (`detail`) apart when it has one."""
-        result = await self.conn.execute(insert(observations).values(**values))
+        observation = insert(observations).values(**values)
+        if detail is not None and self.conn.dialect.name == "postgresql":
+            # One statement: the answer names the id the server just made (no
+            # round trip, and no literal id a recorded statement would repeat).
+            made = observation.returning(observations.c.id, observations.c.at).cte("made")
+            answer = (
+                insert(observation_details)
+                .from_select(
+                    ["observation_id", "retention_bucket", "detail"],
+                    select(made.c.id, made.c.at, bindparam("detail", detail, Json)),
+                )
+                .returning(observation_details.c.observation_id)
+            )
+            return int((await self.conn.execute(answer)).scalar_one())
+        result = await self.conn.execute(observation)
         observation_id = int(result.inserted_primary_key[0])  # type: ignore[index]
         if detail is not None:
             await self.conn.execute(
