@@ -114,6 +114,9 @@ async def race_workers(
     ]
     try:
         await wait_for_state(engine, "OUTCOME_KNOWN", PAYMENTS, timeout=180)
+    except AssertionError as exc:
+        tails = "\n".join(f"--- {w.log.name}\n{w.output()[-1500:]}" for w in workers)
+        raise AssertionError(f"{exc}; the workers' logs end:\n{tails}") from exc
     finally:
         for worker in workers:
             worker.stop()

@@ -195,6 +195,16 @@ def test_the_window_is_a_setting_with_a_floor() -> None:
     assert short.replay_window == short.record_retention == timedelta(minutes=5)
     with pytest.raises(ValueError, match="record_retention must be at least"):
         Settings(replay_window="5m", record_retention="4m", short_retention_for_tests=True)
+    # Even then, never shorter than a client's retries last, nor with a real provider.
+    with pytest.raises(ValueError, match="replay_window must be at least 3m, even in tests"):
+        Settings(replay_window="2m", record_retention="2m", short_retention_for_tests=True)
+    with pytest.raises(ValueError, match="sandbox provider only"):
+        Settings(
+            replay_window="5m",
+            record_retention="5m",
+            short_retention_for_tests=True,
+            provider="stripe",
+        )
 
 
 def test_the_window_is_closed_at_its_end() -> None:

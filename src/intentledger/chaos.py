@@ -127,6 +127,7 @@ class Tally:
     client_retries: int = 0
     key_reuse_checks: int = 0
     reused_key_accepted: int = 0
+    key_expired: int = 0
     kills: int = 0
     db_restarts: int = 0
     suspended_mandates: int = 0
@@ -335,6 +336,10 @@ class Load:
             if response.json()["id"] not in self.payments:
                 self.paid_in_order.append(response.json()["id"])
             self.payments[response.json()["id"]] = body["amount"]
+        elif _problem_type(response) == "key-expired":
+            # Only with --retention, and only for a retry that outlived the
+            # window: the payment may exist, and the client is told so.
+            self.tally.key_expired += 1
         else:
             self.tally.refused[response.status_code] += 1
         if self.rng.random() < 0.05:  # the same key again, same body: a replay
@@ -430,6 +435,12 @@ class Load:
         await asyncio.gather(*running)
 
 
+def _problem_type(response: httpx.Response) -> str:
+    if response.headers.get("content-type", "").startswith("application/problem+json"):
+        return str(response.json().get("type", "")).rsplit("/", 1)[-1]
+    return ""
+
+
 def _table_sizes(database_url: str, pooler: Pooler) -> dict[str, int]:
     """Every ledger table's bytes on disk, indexes and TOAST included, and its
     partitions' if it has any."""
@@ -439,7 +450,7 @@ def _table_sizes(database_url: str, pooler: Pooler) -> dict[str, int]:
             return {
                 table.name: int(
                     conn.execute(
-                        # pg_partition_tree lists nothing for a plain table.
+                        # Every partition's size, or the plain table's own.
                         text(
                             "SELECT COALESCE((SELECT SUM(pg_total_relation_size(relid)) "
                             "FROM pg_partition_tree(CAST(:name AS regclass))), "
@@ -796,6 +807,7 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
             "client_retries": tally.client_retries,
             "refused_by_status": dict(tally.refused),
             "key_reuse_checks": tally.key_reuse_checks,
+            "key_expired": tally.key_expired,
             "refunds_sent": tally.refunds_sent,
             "refunds_accepted": tally.refunds_accepted,
             "refunds_refused": dict(tally.refunds_refused),

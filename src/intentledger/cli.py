@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from intentledger import eventloop
+from intentledger.domain.durations import format_duration
 from intentledger.ops_cli import ops_app
 from intentledger.settings import Settings
 
@@ -199,6 +200,12 @@ def _configure_logging(settings: Settings) -> None:
     from intentledger.observability.logs import configure_logging
 
     configure_logging(settings.log_format)
+    if settings.short_retention_for_tests:
+        log.warning(
+            "INTENTLEDGER_SHORT_RETENTION_FOR_TESTS is set: keys expire and records are "
+            "reaped after %s; this is for the soak test only, never for a real ledger",
+            format_duration(settings.replay_window),
+        )
 
 
 def _require_provider(settings: Settings) -> None:
@@ -471,7 +478,6 @@ def reap(
     never an unresolved, flagged or still-refunding operation's. On PostgreSQL
     the answers go with their partition once it is past the retention.
     Workers also do it every --reap-interval."""
-    from intentledger.domain.durations import format_duration
     from intentledger.engine.clock import system_clock
     from intentledger.engine.reaper import Reaper
     from intentledger.store.database import create_ledger_engine, dialect_of
@@ -716,7 +722,11 @@ def chaos(
     ] = None,
     database_pooler: Annotated[
         str,
-        typer.Option(help="none, or pgbouncer: --database-url is a PgBouncer in transaction mode."),
+        typer.Option(
+            envvar="INTENTLEDGER_DATABASE_POOLER",
+            help="INTENTLEDGER_DATABASE_POOLER: none, or pgbouncer (--database-url is a "
+            "PgBouncer in transaction mode).",
+        ),
     ] = "none",
     rate: Annotated[
         float | None,
@@ -745,6 +755,14 @@ def chaos(
     except ValueError as exc:
         err.print(f"[red]--retention: {exc}[/red]")
         raise typer.Exit(2) from exc
+    from intentledger.settings import SHORTEST_TEST_REPLAY_WINDOW
+
+    if kept_for is not None and kept_for < SHORTEST_TEST_REPLAY_WINDOW:
+        err.print(
+            f"[red]--retention must be at least {format_duration(SHORTEST_TEST_REPLAY_WINDOW)}: "
+            "the client retries a lost answer for up to 2 minutes[/red]"
+        )
+        raise typer.Exit(2)
     if database_pooler not in ("none", "pgbouncer"):
         err.print("[red]--database-pooler is none or pgbouncer[/red]")
         raise typer.Exit(2)

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from intentledger.domain.durations import parse_duration
+from intentledger.domain.durations import format_duration, parse_duration
 from intentledger.domain.reaping import DEFAULT_RECORD_RETENTION
 from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW, SHORTEST_REPLAY_WINDOW
 from intentledger.domain.retention import DEFAULT_SANDBOX_RETENTION
@@ -24,6 +24,10 @@ def _duration(value: Any) -> Any:
 
 
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
+
+
+# The soak's floor under INTENTLEDGER_SHORT_RETENTION_FOR_TESTS (chaos --retention).
+SHORTEST_TEST_REPLAY_WINDOW = timedelta(minutes=3)
 
 
 class Settings(BaseSettings):
@@ -132,7 +136,15 @@ class Settings(BaseSettings):
             raise ValueError(f"lease must exceed the longest call ({longest_call})")
         if not timedelta(0) < self.webhook_retry_first <= self.webhook_retry_longest:
             raise ValueError("webhook_retry_first must be more than 0 and at most the longest")
-        if self.replay_window < SHORTEST_REPLAY_WINDOW and not self.short_retention_for_tests:
+        if self.short_retention_for_tests:
+            # Only ever against the sandbox, and never shorter than a client's
+            # retries after a lost answer last (the chaos client's: 2 minutes).
+            if self.provider != "sandbox":
+                raise ValueError("short_retention_for_tests is for the sandbox provider only")
+            if self.replay_window < SHORTEST_TEST_REPLAY_WINDOW:
+                shortest = format_duration(SHORTEST_TEST_REPLAY_WINDOW)
+                raise ValueError(f"replay_window must be at least {shortest}, even in tests")
+        elif self.replay_window < SHORTEST_REPLAY_WINDOW:
             # Clients retry for minutes to hours (restarts, queue redeliveries):
             # a shorter window would refuse ordinary retries as expired keys.
             raise ValueError(f"replay_window must be at least {SHORTEST_REPLAY_WINDOW}")

@@ -14,12 +14,14 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import make_url
 
@@ -84,41 +86,61 @@ server_login_retry = 1
 @contextmanager
 def running_pgbouncer(server_url: str, *, pool_size: int = 8) -> Iterator[PgBouncer]:
     """PgBouncer in front of the server `server_url` points at, stopped on exit.
+    Its work directory (configuration and log) is kept when the body fails.
 
     PgBouncer refuses to run as root: as root it runs as `postgres` (the user
     the test and bench clusters run as)."""
+    server = make_url(server_url)
+    if {"host", "hostaddr", "port"} & set(server.query):
+        # A client given url_for()'s URL would follow these to the server itself.
+        raise ValueError("give PgBouncer's server as the URL's host and port, not in its query")
     binary = find_pgbouncer()
-    user = make_url(server_url).username or "postgres"
+    user = server.username or "postgres"
+    as_postgres: dict[str, Any] = (
+        {"user": "postgres", "group": "postgres", "extra_groups": []} if os.geteuid() == 0 else {}
+    )
     workdir = Path(tempfile.mkdtemp(prefix="intentledger-pgbouncer-"))
-    port = _free_port()
-    (workdir / "pgbouncer.ini").write_text(_config(server_url, port, workdir, pool_size))
-    # auth_type=trust still looks the user up in the auth file.
-    (workdir / "userlist.txt").write_text(f'"{user}" ""\n')
-    command = [binary, str(workdir / "pgbouncer.ini")]
-    if os.geteuid() == 0:
-        shutil.chown(workdir, "postgres")
-        for name in ("pgbouncer.ini", "userlist.txt"):
-            shutil.chown(workdir / name, "postgres")
-        command = ["runuser", "-u", "postgres", "--", *command]
-    bouncer = PgBouncer(port, workdir)
-    # PgBouncer logs every connection to stderr as well as to its log file: a
-    # pipe nobody reads fills up and then PgBouncer blocks, and every client
-    # with it. So -q, and what it says before its log is open goes to a file.
-    with (workdir / "stderr.log").open("wb") as stderr:
-        process = subprocess.Popen(
-            [*command, "-q"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr
-        )
+    bouncer = PgBouncer(_free_port(), workdir)
+    process: subprocess.Popen[bytes] | None = None
+    failed = False
     try:
+        (workdir / "pgbouncer.ini").write_text(
+            _config(server_url, bouncer.port, workdir, pool_size)
+        )
+        # Looked up even with auth_type=trust, and the password is what PgBouncer
+        # logs in to the server with.
+        (workdir / "userlist.txt").write_text(f'"{user}" "{server.password or ""}"\n')
+        if as_postgres:
+            for path in (workdir, workdir / "pgbouncer.ini", workdir / "userlist.txt"):
+                shutil.chown(path, "postgres", "postgres")
+        # PgBouncer logs every connection to stderr as well as to its log file: a
+        # pipe nobody reads fills up and then PgBouncer blocks, and every client
+        # with it. So -q, and what it says before its log is open goes to a file.
+        with (workdir / "stderr.log").open("wb") as stderr:
+            process = subprocess.Popen(
+                [binary, "-q", str(workdir / "pgbouncer.ini")],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                **as_postgres,
+            )
         _wait_listening(process, bouncer)
         yield bouncer
+    except BaseException:
+        failed = True
+        raise
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-        shutil.rmtree(workdir, ignore_errors=True)
+        if process is not None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+        if failed:
+            print(f"pgbouncer: its configuration and log are kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _wait_listening(process: subprocess.Popen[bytes], bouncer: PgBouncer) -> None:
@@ -129,7 +151,9 @@ def _wait_listening(process: subprocess.Popen[bytes], bouncer: PgBouncer) -> Non
             raise RuntimeError(f"pgbouncer exited ({process.returncode}):\n{stderr}{bouncer.log()}")
         try:
             socket.create_connection(("127.0.0.1", bouncer.port), timeout=0.5).close()
-            return
         except OSError:
             time.sleep(0.05)
+            continue
+        if process.poll() is None:  # it is PgBouncer listening, not another program
+            return
     raise RuntimeError(f"pgbouncer did not listen on {bouncer.port} within 15 s:\n{bouncer.log()}")
