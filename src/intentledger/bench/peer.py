@@ -26,23 +26,10 @@ import psycopg
 import psycopg_pool  # type: ignore[import-not-found,unused-ignore]
 
 from intentledger import eventloop
+from intentledger.bench.peer_payments import PAYMENTS_TABLE
 
 SCHEMA = "bench_peer"
 TASK = "charge_payment"
-
-PAYMENTS_TABLE = """
-CREATE TABLE payments (
-    id bigserial PRIMARY KEY,
-    idempotency_key text NOT NULL UNIQUE,
-    amount bigint NOT NULL,
-    currency text NOT NULL,
-    payment_method text NOT NULL,
-    status text NOT NULL DEFAULT 'pending',
-    provider_reference text,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now()
-)
-"""
 
 
 def version() -> str:

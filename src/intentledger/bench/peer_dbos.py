@@ -34,6 +34,8 @@ import psycopg_pool  # type: ignore[import-not-found,unused-ignore]
 import sqlalchemy as sa
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions
 
+from intentledger.bench.peer_payments import PAYMENTS_TABLE
+
 SCHEMA = "bench_dbos"
 SYSTEM_SCHEMA = "bench_dbos_sys"
 APP_NAME = "intentledger-bench-peer"
@@ -44,20 +46,6 @@ QUEUE = "payments"
 WORKFLOW = "charge_payment"
 # How often a worker's queue looks for workflows to start (DBOS's default: 1 s).
 POLLING_SECONDS = 0.1
-
-PAYMENTS_TABLE = """
-CREATE TABLE payments (
-    id bigserial PRIMARY KEY,
-    idempotency_key text NOT NULL UNIQUE,
-    amount bigint NOT NULL,
-    currency text NOT NULL,
-    payment_method text NOT NULL,
-    status text NOT NULL DEFAULT 'pending',
-    provider_reference text,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now()
-)
-"""
 
 
 def version() -> str:
