@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import secrets
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -33,7 +35,7 @@ from intentledger.store.partitions import (
     move_out_batch,
     retire_expired,
 )
-from tests.conftest import BACKENDS, Databases
+from tests.conftest import BACKENDS, PG_ENV, Databases, _pg_admin, _with_database
 from tests.test_reap import CUTOFF, DETAIL, NOW, RETENTION, add, state_of
 
 
@@ -499,3 +501,25 @@ async def test_a_retention_changed_between_runs_makes_partitions_around_those_th
     left = await partitions(pg)
     assert all(p.upper is None or p.upper > end for p in left)
     assert "observation_details_2031_10" in {p.name for p in left}
+
+
+async def test_a_fresh_ledger_migrated_with_a_retention_of_minutes_gets_minute_partitions() -> None:
+    """The soak's ledger (chaos --retention 5m): nothing a month wide may cover
+    the present, or no partition would be old enough to drop within the run."""
+    if "postgresql" not in BACKENDS:
+        pytest.skip("PostgreSQL is not in INTENTLEDGER_TEST_BACKENDS")
+    name = "il_test_fresh_" + secrets.token_hex(4)
+    _pg_admin(f"CREATE DATABASE {name}")
+    try:
+        url = _with_database(os.environ[PG_ENV], name)
+        await asyncio.to_thread(upgrade, url, retention=timedelta(minutes=5))
+        engine = create_ledger_engine(url)
+        try:
+            made = [p for p in await partitions(engine) if p.lower is not None]
+        finally:
+            await engine.dispose()
+        assert made, "no partition made ahead"
+        assert {p.upper - p.lower for p in made if p.upper} == {timedelta(minutes=1)}, made
+        assert made[0].lower <= datetime.now(UTC) < made[-1].upper  # type: ignore[operator]
+    finally:
+        _pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

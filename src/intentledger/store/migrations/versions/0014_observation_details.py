@@ -15,7 +15,6 @@ to its month rather than through the default partition.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,10 +25,6 @@ revision = "0014"
 down_revision = "0013"
 branch_labels = None
 depends_on = None
-
-# Written out so this migration keeps meaning what it meant (store/partitions.py
-# keeps the months ahead from then on).
-MONTHS_AHEAD = 3
 
 
 def _json() -> sa.types.TypeEngine[Any]:
@@ -61,7 +56,10 @@ def upgrade() -> None:
         op.execute(
             "CREATE TABLE observation_details_default PARTITION OF observation_details DEFAULT"
         )
-        # The months the existing answers fall in, and the next few from now.
+        # The months the existing answers fall in. The partitions ahead are
+        # store/partitions.py's, made right after the migrations (migrate.upgrade)
+        # as wide as the record retention calls for: made here, a month would
+        # cover the present whatever the retention.
         held = op.get_bind().execute(
             sa.text(
                 "SELECT DISTINCT extract(year FROM at AT TIME ZONE 'UTC')::int, "
@@ -69,12 +67,7 @@ def upgrade() -> None:
                 "WHERE detail IS NOT NULL AND jsonb_typeof(detail) <> 'null'"
             )
         )
-        months = {(row[0], row[1]) for row in held}
-        now = datetime.now(UTC)
-        for ahead in range(MONTHS_AHEAD + 1):
-            year, month = divmod(now.year * 12 + now.month - 1 + ahead, 12)
-            months.add((year, month + 1))
-        for year, month in sorted(months):
+        for year, month in sorted({(row[0], row[1]) for row in held}):
             op.execute(_month_partition(year, month))
     # A detail-less answer was stored as JSON null, a reaped one as SQL NULL:
     # neither is an answer to keep.
