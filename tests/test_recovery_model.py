@@ -998,7 +998,7 @@ class RecoveryModel(RuleBasedStateMachine):
 
 
 MODEL_SETTINGS = settings(
-    max_examples=80,
+    max_examples=60,
     stateful_step_count=40,
     deadline=None,
     derandomize=True,
