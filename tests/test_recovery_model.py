@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -929,9 +930,21 @@ class RecoveryModel(RuleBasedStateMachine):
     def operator_approves_a_new_request(self, pick: int) -> None:
         operation_id = self._pick(frozenset({State.MANUAL_REVIEW}), pick)
         action = OperatorAction(operation_id, OPERATOR, "customer asked to try again")
-        self._act(
-            lambda ledger, now: operator.approve_resubmission(ledger, now, action, POLICY_FOR)
-        )
+        before = self.snapshot()
+
+        def approve(ledger: Ledger, now: datetime) -> Awaitable[str]:
+            return operator.approve_resubmission(ledger, now, action, POLICY_FOR)
+
+        if before.operations[operation_id].next_action != "operator":
+            # One new request is already approved and on its way: a second approval
+            # would be a third request nobody weighed, so it is refused and changes
+            # nothing.
+            with pytest.raises(operator.ActionNotAllowed, match="already approved"):
+                self.run(operator.perform(self.engine, self.clock, approve))
+            assert self.snapshot() == before
+            event("second approval refused")
+            return
+        self._act(approve)
         event("operator approved a new request")
 
     @precondition(lambda self: bool(self.snapshot().states(ESCALATABLE)))
