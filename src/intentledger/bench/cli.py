@@ -21,7 +21,7 @@ def bench_command(
         ),
     ],
     quick: Annotated[
-        bool, typer.Option("--quick", help="Smaller runs: about two minutes on two cores.")
+        bool, typer.Option("--quick", help="Shorter runs of every phase: about 2 minutes.")
     ] = False,
     output: Annotated[
         Path, typer.Option("--output", help="Where to write the figures as JSON.")

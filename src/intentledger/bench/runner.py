@@ -141,8 +141,10 @@ class BenchConfig:
             output=output,
             api_processes=cores,
             connections=32,
-            intake_seconds=5 if quick else 20,
-            warmup_seconds=2 if quick else 5,
+            # The quick run is make test's smoke test: every phase runs end to end,
+            # briefly (issue 18's phases took it from one minute to three).
+            intake_seconds=3 if quick else 20,
+            warmup_seconds=1 if quick else 5,
             dispatch_payments=1_000 if quick else 20_000,
             # As many worker processes as cores, 128 deliveries each in loops that
             # claim 32 rows at a time (four loops per process); the baselines run
@@ -160,9 +162,9 @@ class BenchConfig:
             slow_seconds=0.2,
             scan_small=10_000,
             scan_big=100_000 if quick else 1_000_000,
-            scan_due=1_000,
-            peer_payments=1_000 if quick else 20_000,
-            growth_rows=(0, 10_000, 100_000) if quick else (0, 1_000_000, 10_000_000),
+            scan_due=300 if quick else 1_000,
+            peer_payments=500 if quick else 20_000,
+            growth_rows=(0, 5_000, 30_000) if quick else (0, 1_000_000, 10_000_000),
             profile_dir=profile_dir,
             keep_logs=keep_logs,
             phases=phases,
