@@ -30,9 +30,11 @@ typecheck: setup
 # Lint, type-check, then the whole suite on SQLite and on a throwaway
 # PostgreSQL server that scripts/with-postgres starts and removes; the
 # browser and Prometheus the suite drives are installed first when missing.
+# Two test processes share the server; the tests marked `alone` (they restart
+# it, or load the machine on purpose) run after them, one at a time.
 test: lint typecheck
 	scripts/ensure-test-tools
-	scripts/with-postgres $(BIN)/python -m pytest
+	scripts/with-postgres sh -c '$(BIN)/python -m pytest -n 2 --dist worksteal -m "not alone" && $(BIN)/python -m pytest -m alone'
 
 # The full fault run of docs/reliability.md, on a throwaway PostgreSQL server.
 chaos: setup

@@ -19,6 +19,8 @@ from tests.support import INTENTLEDGER
 
 pytestmark = [
     pytest.mark.slow,
+    # Hundreds of connections (pgbench's 256 clients, DBOS's pools) and every core.
+    pytest.mark.alone,
     pytest.mark.skipif(
         "postgresql" not in BACKENDS,
         reason="the bench runs on PostgreSQL (INTENTLEDGER_TEST_BACKENDS)",

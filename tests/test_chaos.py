@@ -18,9 +18,15 @@ from tests.conftest import BACKENDS, Databases
 from tests.stripe_fake import StripeFake, stripe_fake  # noqa: F401
 from tests.support import INTENTLEDGER, wait_until
 
-pytestmark = pytest.mark.skipif(
-    "postgresql" not in BACKENDS, reason="chaos runs on PostgreSQL (INTENTLEDGER_TEST_BACKENDS)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        "postgresql" not in BACKENDS,
+        reason="chaos runs on PostgreSQL (INTENTLEDGER_TEST_BACKENDS)",
+    ),
+    # The runs restart the shared server, and their floors (kills, payments) are
+    # for a machine they have to themselves.
+    pytest.mark.alone,
+]
 
 
 def chaos(database_url: str, *args: str) -> tuple[int, dict[str, object], str]:

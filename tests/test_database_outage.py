@@ -24,9 +24,12 @@ from tests.conftest import BACKENDS, Databases
 from tests.support import Forwarder, Process, free_port, wait_until
 from tests.test_intake_http import PAYMENT, create_key
 
-pytestmark = pytest.mark.skipif(
-    "postgresql" not in BACKENDS, reason="INTENTLEDGER_TEST_BACKENDS excludes PostgreSQL"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        "postgresql" not in BACKENDS, reason="INTENTLEDGER_TEST_BACKENDS excludes PostgreSQL"
+    ),
+    pytest.mark.alone,  # restarts the shared server
+]
 RESTART = "INTENTLEDGER_TEST_POSTGRES_RESTART"
 
 
