@@ -130,7 +130,7 @@ async def test_suspension_races_dispatchers(
     engine: AsyncEngine, backend: str, sandbox: str
 ) -> None:
     rng = random.Random(20261130)
-    trials = 120 if backend == "postgresql" else 25
+    trials = 200 if backend == "postgresql" else 25
     totals: Counter[str] = Counter()
     for number in range(trials):
         totals += await trial(engine, sandbox, number, rng)

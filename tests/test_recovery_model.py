@@ -1011,7 +1011,7 @@ class RecoveryModel(RuleBasedStateMachine):
 
 
 MODEL_SETTINGS = settings(
-    max_examples=60,
+    max_examples=80,
     stateful_step_count=40,
     deadline=None,
     derandomize=True,
