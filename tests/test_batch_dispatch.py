@@ -87,7 +87,7 @@ async def detail_rows(engine: AsyncEngine, operation_id: str) -> list[bool]:
         return list(result.scalars())
 
 
-TIMERS = ("httpx.ReadTimeout", "builtins.TimeoutError")
+TIMERS = ("aiohttp.SocketTimeoutError", "builtins.TimeoutError")
 
 
 def _timer(error_class: str | None) -> str | None:

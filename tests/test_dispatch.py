@@ -167,7 +167,7 @@ async def test_lost_answer_is_unknown_never_failed_never_resent(
     [result] = [o for o in await rows(engine, observations, op_id) if o.kind == "submit_result"]
     assert (result.transport, result.error_class, result.verdict) == (
         "no_response",
-        "httpx.ReadTimeout",
+        "aiohttp.SocketTimeoutError",
         "unknown",
     )
     assert len(sandbox_charges(sandbox, op_id)) == 1
@@ -250,7 +250,7 @@ async def test_connection_refused_is_recorded_as_not_sent(engine: AsyncEngine) -
     [result] = [o for o in await rows(engine, observations, op_id) if o.kind == "submit_result"]
     assert (result.transport, result.error_class, result.verdict) == (
         "not_sent",
-        "httpx.ConnectError",
+        "aiohttp.ClientConnectorError",
         "not_executed",
     )
     assert (op.state, op.next_action, op.outcome) == ("ACCEPTED", "submit", None)

@@ -45,6 +45,7 @@ import asyncio
 import atexit
 import functools
 import itertools
+import json
 import shutil
 import sqlite3
 import tempfile
@@ -54,7 +55,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-import httpx
+import aiohttp
 import pytest
 from hypothesis import HealthCheck, event, note, settings
 from hypothesis import strategies as st
@@ -65,6 +66,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from multidict import CIMultiDict, CIMultiDictProxy
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -81,7 +83,7 @@ from intentledger.engine.operator import ESCALATABLE, OperatorAction
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.worker import Worker
-from intentledger.providers.http import observe
+from intentledger.providers.http import ProviderResponse, observe
 from intentledger.providers.sandbox_client import map_answer
 from intentledger.store.database import create_ledger_engine
 from intentledger.store.ledger import Ledger
@@ -195,8 +197,10 @@ SERVER_ERROR = _error_body("api_error", None, "Something went wrong on our end."
 
 
 async def _answer(status: int, body: dict[str, Any], retry_after: str | None = None) -> Any:
-    headers = {"Retry-After": retry_after} if retry_after is not None else {}
-    return httpx.Response(status, json=body, headers=headers)
+    headers = CIMultiDict({"Content-Type": "application/json"})
+    if retry_after is not None:
+        headers["Retry-After"] = retry_after
+    return ProviderResponse(status, CIMultiDictProxy(headers), json.dumps(body).encode())
 
 
 async def _raise(exc: Exception) -> Any:
@@ -220,7 +224,8 @@ class SimulatedProvider:
     submit behaviour is an *effect* (applied only when the provider does not hold
     the key: execute, keep a refusal, or nothing) and a *delivery* (what the wire
     shows, also for a replay). Answers are built by `intentledger.providers.http.
-    observe` from real `httpx` responses and exceptions, as the sandbox adapter's are.
+    observe` from the client's real responses and aiohttp's exceptions, as the
+    sandbox adapter's are.
     """
 
     name = "sandbox"
@@ -252,7 +257,8 @@ class SimulatedProvider:
         self.received.append((now, request.reference, request.idempotency_key, behaviour))
         if behaviour == "not_connected":
             return await observe(
-                _raise(httpx.ConnectError("[Errno 111] Connection refused")), mapping=map_answer
+                _raise(aiohttp.ConnectionTimeoutError("Connection timeout to host")),
+                mapping=map_answer,
             )
         if behaviour == "rate_limited":
             return await observe(_answer(429, RATE_LIMITED, retry_after="1"), mapping=map_answer)
@@ -264,7 +270,10 @@ class SimulatedProvider:
         if kept is None:
             kept = self._process(request, behaviour, now)
         if behaviour in LOSES_ANSWER:
-            return await observe(_raise(httpx.ReadTimeout("timed out")), mapping=map_answer)
+            return await observe(
+                _raise(aiohttp.SocketTimeoutError("Timeout on reading data from socket")),
+                mapping=map_answer,
+            )
         if behaviour == "server_error_after_execute":
             return await observe(_answer(500, SERVER_ERROR), mapping=map_answer)
         assert kept is not None, "ok and decline always keep an answer"
@@ -293,7 +302,11 @@ class SimulatedProvider:
         reference = query if isinstance(query, str) else query.reference
         behaviour = self.lookup_behaviour
         if behaviour == "timeout":
-            return LookupAnswer(await observe(_raise(httpx.ReadTimeout("timed out"))))
+            return LookupAnswer(
+                await observe(
+                    _raise(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
+                )
+            )
         if behaviour == "error":
             return LookupAnswer(await observe(_answer(500, SERVER_ERROR)))
         if behaviour == "requires_action":

@@ -88,7 +88,7 @@ def test_serve_moves_payments_through_its_own_sandbox(served: tuple[str, dict[st
         "SUBMITTING",
         "UNKNOWN",
     ]
-    assert events[2]["error_class"] == "httpx.ReadTimeout"
+    assert events[2]["error_class"] == "aiohttp.SocketTimeoutError"
     assert all(events[i]["at"] <= events[i + 1]["at"] for i in range(len(events) - 1))
 
 

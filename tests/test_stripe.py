@@ -287,7 +287,7 @@ def test_a_refused_connection_is_sent_again_with_the_same_key(fresh: Ledger) -> 
         (a["transport"], a["error_class"], a["detail"]) for a in answers
     ]
     assert answers[0]["verdict"] == "not_executed"
-    assert answers[0]["error_class"] == "httpx.ConnectError"
+    assert answers[0]["error_class"] == "aiohttp.ClientConnectorError"
 
 
 def test_a_rate_limit_is_resent_no_earlier_than_retry_after(fresh: Ledger) -> None:

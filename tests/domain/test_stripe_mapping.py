@@ -176,7 +176,7 @@ def test_what_is_stored_of_an_answer_holds_no_secret() -> None:
     intent = {"object": "payment_intent", "id": "pi_1", "client_secret": "pi_1_secret_x"}
     answer = ProviderAnswer(
         Transport.NO_RESPONSE,
-        error_class="httpx.LocalProtocolError",
+        error_class="aiohttp.ClientOSError",
         detail={
             "error": f"Illegal header value b'Bearer {key}\\n'",
             "body": {"data": [intent], "error": {"payment_intent": intent}},

@@ -4,14 +4,15 @@ adapter's mapping (its responses), and `observe` against real sockets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,7 +24,7 @@ from intentledger.domain.transport import (
     Verdict,
     classify,
 )
-from intentledger.providers.http import observe
+from intentledger.providers.http import ProviderClient, observe
 from intentledger.providers.sandbox_client import (
     FINAL_REFUSAL_STATUSES,
     map_answer,
@@ -33,13 +34,14 @@ from intentledger.providers.sandbox_client import (
 )
 
 NO_RESPONSE_ERRORS = [
-    "httpx.ReadTimeout",
-    "httpx.WriteTimeout",
-    "httpx.ReadError",
-    "httpx.WriteError",
-    "httpx.RemoteProtocolError",
+    "aiohttp.SocketTimeoutError",
+    "aiohttp.ServerDisconnectedError",
+    "aiohttp.ClientOSError",
+    "aiohttp.ClientPayloadError",
+    "aiohttp.ClientResponseError",
+    "builtins.TimeoutError",
 ]
-NOT_SENT_ERRORS = ["httpx.ConnectError", "httpx.ConnectTimeout", "httpx.PoolTimeout"]
+NOT_SENT_ERRORS = ["aiohttp.ClientConnectorError", "aiohttp.ConnectionTimeoutError"]
 
 
 def response(status: int, error_code: str | None = None) -> ProviderAnswer:
@@ -240,12 +242,15 @@ def json_answer(status_line: str, document: object, **headers: str) -> Handler:
 
 
 async def post(base_url: str, timeout: float = 2.0) -> ProviderAnswer:
-    async with httpx.AsyncClient(timeout=timeout) as client:
-        call = client.post(f"{base_url}/v1/charges", json={"amount": 100})
+    client = ProviderClient(4, base_url, timedelta(seconds=timeout))
+    try:
+        call = client.request("POST", "/v1/charges", json={"amount": 100})
         return await observe(call, mapping=map_answer)
+    finally:
+        await client.aclose()
 
 
-async def test_accepted_but_never_answered_is_no_response_read_timeout() -> None:
+async def test_accepted_but_never_answered_is_no_response_socket_timeout() -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         await reader.read()  # until the client gives up and hangs up
@@ -254,12 +259,12 @@ async def test_accepted_but_never_answered_is_no_response_read_timeout() -> None
     async with serving(silent) as url:
         answer = await post(url, timeout=0.3)
     assert answer.transport is Transport.NO_RESPONSE
-    assert answer.error_class == "httpx.ReadTimeout"
+    assert answer.error_class == "aiohttp.SocketTimeoutError"
     assert answer.status is None
     assert verdict(answer) is Verdict.UNKNOWN
 
 
-async def test_closed_without_a_response_is_no_response_remote_protocol_error() -> None:
+async def test_closed_without_a_response_is_no_response_server_disconnected() -> None:
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.close()
@@ -268,7 +273,7 @@ async def test_closed_without_a_response_is_no_response_remote_protocol_error() 
     async with serving(hang_up) as url:
         answer = await post(url)
     assert answer.transport is Transport.NO_RESPONSE
-    assert answer.error_class == "httpx.RemoteProtocolError"
+    assert answer.error_class == "aiohttp.ServerDisconnectedError"
     assert verdict(answer) is Verdict.UNKNOWN
 
 
@@ -283,19 +288,102 @@ async def test_body_cut_short_is_no_response_not_success() -> None:
     async with serving(truncated) as url:
         answer = await post(url)
     assert answer.transport is Transport.NO_RESPONSE
-    assert answer.error_class == "httpx.RemoteProtocolError"
+    assert answer.error_class == "aiohttp.ClientPayloadError"
     assert verdict(answer) is Verdict.UNKNOWN
 
 
-async def test_nothing_listening_is_not_sent_connect_error() -> None:
+async def test_nothing_listening_is_not_sent_connector_error() -> None:
     # Bound but not listening: the port is ours, and a connect is refused.
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         answer = await post(f"http://127.0.0.1:{port}")
     assert answer.transport is Transport.NOT_SENT
-    assert answer.error_class == "httpx.ConnectError"
+    assert answer.error_class == "aiohttp.ClientConnectorError"
     assert verdict(answer) is Verdict.NOT_EXECUTED
+
+
+async def test_a_malformed_answer_is_no_response() -> None:
+    async with serving(answering("2OO OK", {})) as url:
+        answer = await post(url)
+    assert (answer.transport, answer.error_class) == (
+        Transport.NO_RESPONSE,
+        "aiohttp.ClientResponseError",
+    )
+    assert verdict(answer) is Verdict.UNKNOWN
+
+
+async def test_a_post_the_provider_hung_up_on_is_not_sent_again() -> None:
+    """A kept-alive connection the provider closed as our POST arrived: aiohttp
+    resends only idempotent methods, so the provider sees the POST once and the
+    answer stays unknown (a resend here would be a blind retry)."""
+    requests: list[bytes] = []
+
+    async def first_answers_then_hangs_up(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        requests.append(await read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            requests.append(await read_request(reader))
+        # The second request on the kept connection is read, never answered.
+
+    async with serving(first_answers_then_hangs_up) as url:
+        client = ProviderClient(1, url)
+        try:
+            first = await observe(client.request("POST", "/v1/charges", json={}))
+            second = await observe(client.request("POST", "/v1/charges", json={}))
+        finally:
+            await client.aclose()
+    assert first.status == 200
+    assert (second.transport, second.error_class) == (
+        Transport.NO_RESPONSE,
+        "aiohttp.ServerDisconnectedError",
+    )
+    assert len(requests) == 2  # one per call: the POST was not resent
+
+
+async def test_a_call_that_waited_too_long_for_a_connection_was_never_sent() -> None:
+    """ConnectionTimeoutError covers the wait for a pooled connection: the one
+    connection is busy, so the second call gives up before writing anything."""
+    heads: list[bytes] = []
+    release = asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await read_request(reader))
+        # A byte every 0.1 s keeps the busy call inside its read timeout.
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+        while not release.is_set():
+            writer.write(b" ")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+
+    async with serving(slow) as url:
+        client = ProviderClient(1, url, timedelta(seconds=0.3))
+        try:
+            busy = asyncio.ensure_future(client.request("POST", "/a", json={}))
+            await asyncio.sleep(0.05)
+            waited = await observe(client.request("POST", "/b", json={}), mapping=map_answer)
+            release.set()
+            busy.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await busy
+        finally:
+            await client.aclose()
+    assert (waited.transport, waited.error_class) == (
+        Transport.NOT_SENT,
+        "aiohttp.ConnectionTimeoutError",
+    )
+    assert verdict(waited) is Verdict.NOT_EXECUTED
+    assert [h.split(b" ")[1] for h in heads] == [b"/a"]
+
+
+async def test_a_redirect_is_an_answer_not_followed() -> None:
+    async with serving(answering("302 Found", {"Location": "/elsewhere"})) as url:
+        answer = await post(url)
+    assert (answer.transport, answer.status) == (Transport.RESPONSE, 302)
+    assert verdict(answer) is Verdict.UNKNOWN
 
 
 async def test_503_with_retry_after() -> None:
@@ -361,7 +449,7 @@ async def test_non_json_body_is_kept_as_text() -> None:
 
 
 async def test_a_trickling_answer_is_cut_off_by_the_call_deadline() -> None:
-    """Each read returns within httpx's timeout, so only the total deadline ends it."""
+    """Each read returns within the client's timeout, so only the total deadline ends it."""
 
     async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -375,10 +463,13 @@ async def test_a_trickling_answer_is_cut_off_by_the_call_deadline() -> None:
     server = await asyncio.start_server(trickle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        async with httpx.AsyncClient(timeout=0.5) as client:
+        client = ProviderClient(4, f"http://127.0.0.1:{port}", timedelta(seconds=0.5))
+        try:
             started = asyncio.get_running_loop().time()
-            answer = await observe(client.get(f"http://127.0.0.1:{port}/"), deadline=1.0)
+            answer = await observe(client.request("GET", "/"), deadline=1.0)
             elapsed = asyncio.get_running_loop().time() - started
+        finally:
+            await client.aclose()
     finally:
         server.close()
     assert (answer.transport, answer.error_class) == (

@@ -24,7 +24,8 @@ class Verdict(StrEnum):
 
     Which of its statuses and error types means which is each adapter's
     documented knowledge (`Provider.map_answer`); only the transport cases
-    (no connection, no answer) are decided here, by the exact httpx class.
+    (no connection, no answer) are decided by the exact exception class
+    (providers/http.py).
     """
 
     SUCCEEDED = "succeeded"
@@ -63,7 +64,7 @@ class ProviderAnswer:
     """What one provider call produced, as seen on the wire."""
 
     transport: Transport
-    error_class: str | None = None  # e.g. "httpx.ReadTimeout" when no response
+    error_class: str | None = None  # e.g. "aiohttp.SocketTimeoutError" when no response
     status: int | None = None
     error_code: str | None = None  # the provider's error type/code, if any
     provider_reference: str | None = None

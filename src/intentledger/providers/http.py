@@ -1,31 +1,40 @@
-"""Turning an httpx call into a ProviderAnswer, by the precise exception class.
+"""Provider calls over aiohttp, and turning each into a ProviderAnswer by the
+precise exception class.
 
-httpx's base classes mix safe and unsafe cases (TimeoutException covers both
-ConnectTimeout and ReadTimeout), so only the leaf classes below count as proof
-that nothing was sent. Everything else that goes wrong is "no response".
+Only the exceptions below count as proof that nothing was sent; everything
+else that goes wrong is "no response".
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
+import json as jsonlib
 import re
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-import httpx
+import aiohttp
+import certifi
+from multidict import CIMultiDictProxy
 
 from intentledger.domain.transport import Classification, ProviderAnswer, Transport
 
-# The connection was never established, so the provider cannot have read the
-# request (research S21, S22: raised from TCP connect, TLS start, pool wait).
+# The request was never written, so the provider cannot have read it. In
+# aiohttp (3.10 and later; read in 3.14's client.py and connector.py):
+# - ClientConnectorError and its subclasses (DNS, TLS, certificate) are raised
+#   only by the connector while it opens a connection;
+# - ConnectionTimeoutError is raised only around `connector.connect`: the wait
+#   for a free connection in the pool, and the TCP and TLS connect.
+# A request is written only after `connect` returns. Everything past that point
+# (ServerDisconnectedError, ClientOSError, SocketTimeoutError on the read,
+# ClientPayloadError, a malformed answer) is "no response". ServerTimeoutError,
+# the base of both timeouts, is deliberately not here: a read timeout is one.
 NEVER_SENT: tuple[type[Exception], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
+    aiohttp.ClientConnectorError,
+    aiohttp.ConnectionTimeoutError,
 )
 
 
@@ -58,9 +67,9 @@ def _reference(body: Any) -> str | None:
     return str(body["id"]) if isinstance(body, dict) and "id" in body else None
 
 
-# httpx's own timeout fires first for a single slow phase (so the record names
-# the exact class, e.g. httpx.ReadTimeout); the deadline only cuts off calls
-# whose phases each stayed under it.
+# The client's own timeout fires first for a single slow phase (so the record
+# names the exact class, e.g. aiohttp.SocketTimeoutError); the deadline only cuts
+# off calls whose phases each stayed under it.
 # A provider echoes what it was sent (a beneficiary's IBAN) and may show card
 # data: what an answer's detail keeps of those fields is their last four
 # characters, enough to tell two apart; a card's security code not at all. The
@@ -116,7 +125,7 @@ Mapping = Callable[[ProviderAnswer], Classification]
 
 
 async def observe(
-    call: Awaitable[httpx.Response],
+    call: Awaitable[ProviderResponse],
     deadline: float | None = None,
     *,
     mapping: Mapping | None = None,
@@ -124,7 +133,7 @@ async def observe(
 ) -> ProviderAnswer:
     """Await one provider request and report what the wire showed.
 
-    httpx's timeout applies to each phase (connect, each read...), so a provider
+    The client's timeout applies to each phase (connect, each read...), so a provider
     that trickles its answer could hold a call open for ever; `deadline` bounds
     the whole call, which keeps it shorter than the sweeper's stale threshold.
     `mapping` is the adapter's reading of a response (a submit's); without it a
@@ -133,7 +142,7 @@ async def observe(
     """
     try:
         async with asyncio.timeout(deadline):
-            # `call` reads the whole body (`ShardedClient.request`); a read that
+            # `call` reads the whole body (`ProviderClient.request`); a read that
             # fails mid-stream raises here too: still no (whole) answer.
             response = await call
     except NEVER_SENT as exc:
@@ -159,85 +168,99 @@ async def observe(
         status=response.status_code,
         error_code=_error_code(body) if response.status_code >= 400 else None,
         provider_reference=_reference(body) if response.is_success else None,
-        retry_after=tuple(response.headers.get_list("retry-after")),
+        retry_after=tuple(response.headers.getall("retry-after", ())),
         detail=detail,
     )
     return replace(answer, mapped=mapping(answer)) if mapping is not None else answer
 
 
-# httpcore's pool walks every one of its connections on each request and each
-# response (encode/httpcore#1035, still open in httpcore 1.0.9): at 200
-# connections that walk cost a worker more CPU than everything else it does.
-# Several small pools keep each walk short.
-SHARD_CONNECTIONS = 8
-
 # An idle connection is dropped by the client after this long, before the
 # server would close it: a server that closes an idle connection just as the
-# client sends on it discards the request and hangs up ("Server disconnected
-# without sending a response"), and a submit sent so ends UNKNOWN although it
-# never reached the provider. httpx's default (5 s) equals uvicorn's and Node's
-# keep-alive, so the two timers raced (docs/benchmarks.md, "the tails");
-# nginx keeps 75 s, Apache 5 s.
+# client sends on it discards the request and hangs up ("Server disconnected"),
+# and a submit sent so ends UNKNOWN although it never reached the provider.
+# uvicorn's and Node's keep-alive is 5 s, nginx's 75 s, Apache's 5 s
+# (docs/benchmarks.md, "the tails").
 IDLE_CONNECTION_SECONDS = 4.0
 
-# Sent with every call in place of httpx.AsyncClient's defaults.
+# Sent with every call, in place of aiohttp's defaults.
 _HEADERS = {"Accept": "application/json", "User-Agent": "intentledger"}
 
 
-@dataclass
-class _Shard:
-    transport: httpx.AsyncHTTPTransport
-    in_flight: int = 0
+def _tls_context() -> ssl.SSLContext:
+    # The Mozilla CA bundle, as httpx used before: trust does not change with the
+    # machine's CA store. Built once: loading the store costs tens of milliseconds.
+    return ssl.create_default_context(cafile=certifi.where())
 
 
-class ShardedClient:
-    """`max_connections` connections to one provider, as several small httpx pools.
+@dataclass(frozen=True)
+class ProviderResponse:
+    """A whole answer, read before the connection went back to its pool."""
 
-    Each call takes the pool with the fewest calls in flight, so no call waits
-    for a connection while another pool has one free: a call that queued would
-    spend its deadline waiting and end as "no response".
+    status_code: int
+    headers: CIMultiDictProxy[str]
+    content: bytes
 
-    Calls go straight to each pool's `httpx.AsyncHTTPTransport`, not through an
-    `httpx.AsyncClient`: the client's layers (URL merging, auth, redirects,
-    cookies, event hooks) do nothing for a provider API and cost a worker about
-    a tenth of its CPU (docs/benchmarks.md). The transport is where httpx maps
-    httpcore's errors to its own classes, so `observe` sees the same exceptions
-    (research S21, S22). Proxy variables from the environment are not read.
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body parsed; ValueError when it is not JSON (or not text)."""
+        return jsonlib.loads(self.content)
+
+
+class ProviderClient:
+    """Up to `max_connections` connections to one provider, in one aiohttp pool.
+
+    aiohttp over httpx: its C parser and plain asyncio streams cost a call about
+    a fifth of the CPU httpx's transport did (httpcore, h11 and anyio were more
+    than half of a worker; docs/benchmarks.md). Each call reads its whole answer
+    before returning. Redirects are not followed, cookies not kept, proxy
+    variables from the environment not read; aiohttp resends a request on a
+    reused connection the server closed only for idempotent methods (GET here:
+    a lookup), never a POST.
+
+    `timeout` bounds each phase: the wait for a connection and its connect
+    (together, then a ConnectionTimeoutError: not sent), and each read of the
+    answer (SocketTimeoutError: no response). `observe`'s deadline bounds the
+    whole call. The session is opened on first use, in the running event loop.
     """
 
     def __init__(
         self,
         max_connections: int,
         base_url: str = "",
-        timeout: httpx.Timeout = httpx.Timeout(5.0),
+        timeout: timedelta = timedelta(seconds=5),
     ) -> None:
-        shards = max(1, math.ceil(max_connections / SHARD_CONNECTIONS))
-        per_shard = math.ceil(max_connections / shards)
-        # One TLS context for all the pools: each costs tens of milliseconds to
-        # build (it loads the CA store), and they would all be the same.
-        tls = httpx.create_ssl_context()
-        limits = httpx.Limits(
-            max_connections=per_shard,
-            max_keepalive_connections=per_shard,
-            keepalive_expiry=IDLE_CONNECTION_SECONDS,
-        )
-        self._shards = [
-            _Shard(httpx.AsyncHTTPTransport(verify=tls, limits=limits)) for _ in range(shards)
-        ]
+        self._max_connections = max_connections
         self._base_url = base_url.rstrip("/")
-        # Without this extension httpcore would wait for ever: the per-phase timeouts
-        # are what name a slow phase (httpx.ReadTimeout, httpx.ConnectTimeout...).
-        self._extensions = {"timeout": timeout.as_dict()}
+        seconds = timeout.total_seconds()
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=seconds, sock_connect=seconds, sock_read=seconds
+        )
+        self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
-    @contextmanager
-    def lease(self) -> Iterator[httpx.AsyncHTTPTransport]:
-        shard = min(self._shards, key=lambda s: s.in_flight)
-        shard.in_flight += 1
-        try:
-            yield shard.transport
-        finally:
-            shard.in_flight -= 1
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections,
+                limit_per_host=0,
+                keepalive_timeout=IDLE_CONNECTION_SECONDS,
+                ssl=_tls_context(),
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                headers=_HEADERS,
+                timeout=self._timeout,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,
+            )
+        return self._session
 
     async def request(
         self,
@@ -248,32 +271,24 @@ class ShardedClient:
         data: dict[str, str] | None = None,
         params: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
-    ) -> httpx.Response:
-        """Send one request and read the whole answer, as `AsyncClient.request` would."""
+    ) -> ProviderResponse:
+        """Send one request and read the whole answer."""
         if self._closed:
-            # A closed transport would quietly open a new pool that nothing closes.
+            # A closed client would quietly open a new pool that nothing closes.
             raise RuntimeError("the provider client is closed")
-        request = httpx.Request(
+        async with self._open().request(
             method,
             self._base_url + path,
             json=json,
             data=data,  # form-encoded (Stripe's wire format)
             params=params,
-            headers=_HEADERS if headers is None else {**_HEADERS, **headers},
-            extensions=self._extensions,
-        )
-        with self.lease() as transport:
-            response = await transport.handle_async_request(request)
-            response.request = request
-            try:
-                await response.aread()
-            except BaseException:
-                # Gives the connection back (or drops it) whatever cut the read short.
-                await response.aclose()
-                raise
-        return response
+            headers=headers,
+            allow_redirects=False,
+        ) as response:
+            content = await response.read()
+            return ProviderResponse(response.status, response.headers, content)
 
     async def aclose(self) -> None:
         self._closed = True
-        for shard in self._shards:
-            await shard.transport.aclose()
+        if self._session is not None:
+            await self._session.close()

@@ -5,8 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-import httpx
-
 from intentledger.domain.retention import sandbox_policy
 from intentledger.domain.transport import (
     ChargeSeen,
@@ -17,7 +15,7 @@ from intentledger.domain.transport import (
     Verdict,
 )
 from intentledger.providers.base import KINDS, LookupConsistency, ProviderLookup, ProviderRequest
-from intentledger.providers.http import ShardedClient, call_deadline, error_fields, observe
+from intentledger.providers.http import ProviderClient, call_deadline, error_fields, observe
 from intentledger.providers.registry import (
     BuildArguments,
     ProviderNotConfigured,
@@ -79,9 +77,7 @@ class SandboxProvider:
     def __init__(self, base_url: str, timeout: timedelta, max_connections: int = 200) -> None:
         # The whole call, not just each phase of it, ends within `timeout`.
         self._deadline = call_deadline(timeout).total_seconds()
-        self._clients = ShardedClient(
-            max_connections, base_url, httpx.Timeout(timeout.total_seconds())
-        )
+        self._client = ProviderClient(max_connections, base_url, timeout)
 
     async def submit(self, request: ProviderRequest) -> ProviderAnswer:
         path = self._write_path(request)
@@ -89,7 +85,7 @@ class SandboxProvider:
         if request.kind == "refund":
             body["charge"] = request.target
         headers = {"Idempotency-Key": request.idempotency_key}
-        call = self._clients.request("POST", path, json=body, headers=headers)
+        call = self._client.request("POST", path, json=body, headers=headers)
         return await observe(call, self._deadline, mapping=map_answer)
 
     @staticmethod
@@ -118,7 +114,7 @@ class SandboxProvider:
         }.get(query.kind)
         if path is None:
             raise UnknownKind(f"the sandbox has no lookup for {query.kind!r}")
-        call = self._clients.request("GET", path, params={"reference": query.reference})
+        call = self._client.request("GET", path, params={"reference": query.reference})
         answer = await observe(call, self._deadline)
         items = _listed(answer)
         if items is None:
@@ -129,7 +125,7 @@ class SandboxProvider:
 
     async def _card_action_lookup(self, query: ProviderLookup) -> LookupAnswer:
         """A card action is evidenced by the card's state: frozen after a freeze."""
-        call = self._clients.request("GET", f"/v1/cards/{query.target}")
+        call = self._client.request("GET", f"/v1/cards/{query.target}")
         answer = await observe(call, self._deadline)
         body = answer.detail.get("body")
         if answer.transport is not Transport.RESPONSE or answer.status != 200:
@@ -141,7 +137,7 @@ class SandboxProvider:
         return LookupAnswer(answer, seen)
 
     async def aclose(self) -> None:
-        await self._clients.aclose()
+        await self._client.aclose()
 
 
 def _listed(answer: ProviderAnswer) -> list[Any] | None:

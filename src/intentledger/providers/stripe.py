@@ -1,6 +1,6 @@
 """The Stripe adapter: PaymentIntents on API v1, in Stripe's own wire format.
 
-Own httpx code, not the `stripe` SDK: the SDK folds a refused connection and a
+Our own HTTP calls, not the `stripe` SDK: the SDK folds a refused connection and a
 lost answer into one `APIConnectionError`, so it cannot tell "never sent" from
 "sent, answer lost" — the distinction the whole ledger rests on. Transport is
 classified by the shared code (providers/http.py); what each Stripe answer
@@ -25,8 +25,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
-
 from intentledger.domain.retention import REGISTRY
 from intentledger.domain.signatures import verify_stripe_signature
 from intentledger.domain.transport import (
@@ -45,7 +43,7 @@ from intentledger.providers.base import (
     WebhookEvent,
     read_event_json,
 )
-from intentledger.providers.http import ShardedClient, call_deadline, error_fields, observe
+from intentledger.providers.http import ProviderClient, call_deadline, error_fields, observe
 from intentledger.providers.registry import BuildArguments, ProviderPlugin
 from intentledger.settings import Settings
 
@@ -310,9 +308,7 @@ class StripeProvider:
         max_connections: int = 200,
     ) -> None:
         self._deadline = call_deadline(timeout).total_seconds()
-        self._clients = ShardedClient(
-            max_connections, api_base, httpx.Timeout(timeout.total_seconds())
-        )
+        self._client = ProviderClient(max_connections, api_base, timeout)
         self._api_key = api_key
         self._headers = {"Authorization": f"Bearer {api_key}", "Stripe-Version": STRIPE_VERSION}
         self._search_lag = search_lag
@@ -322,7 +318,7 @@ class StripeProvider:
             return await self._refund(request)
         if request.kind != "payment":
             raise ValueError(f"provider stripe does not carry {request.kind!r}")
-        call = self._clients.request(
+        call = self._client.request(
             "POST",
             "/v1/payment_intents",
             data=payment_intent_form(request),
@@ -344,7 +340,7 @@ class StripeProvider:
             "amount": str(request.body["amount"]),
             f"metadata[{REFERENCE_KEY}]": request.reference,
         }
-        call = self._clients.request(
+        call = self._client.request(
             "POST",
             "/v1/refunds",
             data=form,
@@ -460,13 +456,13 @@ class StripeProvider:
         return replace(listed, charges=tuple(merged.values()))
 
     async def _get(self, path: str, params: dict[str, str] | None = None) -> ProviderAnswer:
-        call = self._clients.request("GET", path, params=params, headers=self._headers)
+        call = self._client.request("GET", path, params=params, headers=self._headers)
         return recordable(
             await observe(call, self._deadline, keep_headers=KEPT_HEADERS), self._api_key
         )
 
     async def aclose(self) -> None:
-        await self._clients.aclose()
+        await self._client.aclose()
 
 
 # Fields of a PaymentIntent that must not be kept: the client secret lets a
