@@ -1,13 +1,15 @@
 """Group commit: concurrent intents share a transaction, and each gets exactly
-what `accept()` alone would have given it, on both databases."""
+what `accept()` alone would have given it, on both databases; on PostgreSQL
+the group is one autocommitted statement on the statement engine."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import event, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.canonical import request_hash
@@ -15,6 +17,7 @@ from intentledger.engine.clock import system_clock
 from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.intake import IntakeResult, Intent, accept
 from intentledger.engine.refusal import IdempotencyKeyReused
+from intentledger.store.database import create_statement_engine
 from intentledger.store.tables import idempotency_records, operations, outbox, transitions
 
 ROUTE = "POST /v1/payments"
@@ -23,6 +26,20 @@ ROUTE = "POST /v1/payments"
 def intent(key: str, amount: int = 1250, actor: str = "alice") -> Intent:
     body = {"amount": amount, "currency": "EUR", "payment_method": "pm_ok", "metadata": {}}
     return Intent(actor, ROUTE, key, request_hash(actor, ROUTE, body), body, "sandbox")
+
+
+@pytest.fixture
+async def statement_engine(database_url: str) -> AsyncIterator[AsyncEngine | None]:
+    """What `serve` gives the groups: an autocommit engine on PostgreSQL, none on SQLite."""
+    eng = create_statement_engine(database_url)
+    yield eng
+    if eng is not None:
+        await eng.dispose()
+
+
+@pytest.fixture
+def groups(engine: AsyncEngine, statement_engine: AsyncEngine | None) -> IntakeGroups:
+    return IntakeGroups(engine, system_clock, statement_engine=statement_engine)
 
 
 def count_commits(engine: AsyncEngine) -> list[int]:
@@ -75,11 +92,10 @@ async def rows_of(engine: AsyncEngine, op_id: str) -> dict[str, list[tuple[Any, 
 
 
 async def test_concurrent_intents_share_commits_and_write_what_accept_writes(
-    engine: AsyncEngine,
+    engine: AsyncEngine, statement_engine: AsyncEngine | None, groups: IntakeGroups
 ) -> None:
     alone = operation_id(await accept(engine, system_clock, intent("alone")))
-    commits = count_commits(engine)
-    groups = IntakeGroups(engine, system_clock)
+    commits = count_commits(statement_engine or engine)
     results = await asyncio.gather(*(groups.accept(intent(f"k{n}")) for n in range(100)))
     assert len(commits) == 2  # 100 intents, groups of at most 64
     ids = {operation_id(r) for r in results}
@@ -90,8 +106,9 @@ async def test_concurrent_intents_share_commits_and_write_what_accept_writes(
         assert await rows_of(engine, op_id) == reference
 
 
-async def test_a_group_answers_retries_conflicts_and_repeated_keys(engine: AsyncEngine) -> None:
-    groups = IntakeGroups(engine, system_clock)
+async def test_a_group_answers_retries_conflicts_and_repeated_keys(
+    engine: AsyncEngine, groups: IntakeGroups
+) -> None:
     first = await groups.accept(intent("seen"))
     new, replay, reused, twice_a, twice_b = await asyncio.gather(
         groups.accept(intent("fresh")),
@@ -116,9 +133,8 @@ async def test_a_group_answers_retries_conflicts_and_repeated_keys(engine: Async
 
 
 async def test_a_failed_group_is_tried_one_intent_at_a_time(
-    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+    groups: IntakeGroups, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    groups = IntakeGroups(engine, system_clock)
     seen = operation_id(await groups.accept(intent("seen")))
 
     async def broken(_group: Any) -> Any:
@@ -137,9 +153,8 @@ async def test_a_failed_group_is_tried_one_intent_at_a_time(
 
 
 async def test_a_request_that_goes_away_leaves_its_intent_and_the_others_answered(
-    engine: AsyncEngine,
+    groups: IntakeGroups,
 ) -> None:
-    groups = IntakeGroups(engine, system_clock)
     gone = asyncio.create_task(groups.accept(intent("gone")))
     kept = asyncio.create_task(groups.accept(intent("kept")))
     await asyncio.sleep(0)  # both queued
@@ -149,3 +164,77 @@ async def test_a_request_that_goes_away_leaves_its_intent_and_the_others_answere
         await gone
     # The intent was made durable all the same; a retry finds it.
     assert (await groups.accept(intent("gone"))).replayed
+
+
+def record_statements(engine: AsyncEngine) -> list[tuple[str, bool]]:
+    """Each statement the engine sends, and whether its connection autocommits."""
+    sent: list[tuple[str, bool]] = []
+
+    def before(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append((statement, conn.connection.dbapi_connection.autocommit))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", before)
+    return sent
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_on_postgresql_a_group_is_one_autocommitted_statement(
+    engine: AsyncEngine, statement_engine: AsyncEngine | None, groups: IntakeGroups
+) -> None:
+    assert statement_engine is not None
+    await groups.accept(intent("warm-up"))  # the dialect's first-connect queries
+    on_ledger = record_statements(engine)
+    on_statement_engine = record_statements(statement_engine)
+    commits = count_commits(statement_engine)
+    results = await asyncio.gather(*(groups.accept(intent(f"k{n}")) for n in range(20)))
+    assert not any(r.replayed for r in results)
+    assert len(on_statement_engine) == 1 and on_statement_engine[0][1] is True
+    assert "INSERT INTO idempotency_records" in on_statement_engine[0][0]
+    assert on_ledger == []  # no BEGIN, no COMMIT, no pre-ping: the statement alone
+    assert len(commits) == 1  # the counts kept for the commit ran (a no-op commit)
+    async with engine.connect() as conn:
+        stored = await conn.scalar(select(func.count()).select_from(operations))
+    assert stored == 21
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_a_group_on_a_pooled_connection_that_died_is_tried_again_and_loses_nothing(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    """No pre-ping on the statement engine: a connection the server dropped while
+    it sat in the pool fails the group's statement, the group's intents are
+    accepted one by one on the ledger engine, and the next group gets a new
+    connection."""
+    statement_engine = create_statement_engine(database_url, pool_size=1)
+    assert statement_engine is not None
+    try:
+        groups = IntakeGroups(engine, system_clock, statement_engine=statement_engine)
+        await groups.accept(intent("before"))
+        async with statement_engine.connect() as conn:  # the one pooled connection
+            pid = await conn.scalar(text("SELECT pg_backend_pid()"))
+        async with engine.connect() as conn:
+            assert await conn.scalar(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            for _ in range(100):
+                gone = not await conn.scalar(
+                    text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+                )
+                if gone:
+                    break
+                await asyncio.sleep(0.05)
+        on_ledger = record_statements(engine)
+        during = await asyncio.gather(*(groups.accept(intent(f"d{n}")) for n in range(5)))
+        assert all(isinstance(r, IntakeResult) and not r.replayed for r in during)
+        assert any("INSERT INTO idempotency_records" in s for s, _ in on_ledger)  # one by one
+        on_statement_engine = record_statements(statement_engine)
+        after = await asyncio.gather(*(groups.accept(intent(f"a{n}")) for n in range(5)))
+        assert not any(r.replayed for r in after)
+        assert len(on_statement_engine) == 1  # a group again, on a new connection
+        async with engine.connect() as conn:
+            keys = (await conn.execute(select(idempotency_records.c.idempotency_key))).scalars()
+            stored = await conn.scalar(select(func.count()).select_from(operations))
+        assert sorted(keys) == sorted(
+            ["before", *(f"d{n}" for n in range(5)), *(f"a{n}" for n in range(5))]
+        )
+        assert stored == 11
+    finally:
+        await statement_engine.dispose()

@@ -31,7 +31,7 @@ from intentledger.providers.sandbox import create_sandbox_app
 from intentledger.providers.sandbox.webhooks import SandboxWebhooks
 from intentledger.safety_config import load_safety_rules
 from intentledger.settings import Settings
-from intentledger.store.database import create_ledger_engine
+from intentledger.store.database import create_ledger_engine, create_statement_engine
 from intentledger.store.ledger import REQUEST_PATH_OWNER
 
 SANDBOX_MOUNT = "/_sandbox"
@@ -128,6 +128,9 @@ def build_service_app(
 ) -> FastAPI:
     """The `serve` process: API, sandbox mount (when it is the provider) and workers."""
     engine = create_ledger_engine(settings.database_url, pooler=settings.database_pooler)
+    statement_engine = create_statement_engine(
+        settings.database_url, pooler=settings.database_pooler
+    )
     sandbox_url = own_url.rstrip("/") + SANDBOX_MOUNT if mounts_sandbox(settings) else None
 
     sync_dispatcher = build_dispatcher(
@@ -155,6 +158,8 @@ def build_service_app(
                 await task
             await sync_dispatcher.provider.aclose()
             await engine.dispose()
+            if statement_engine is not None:
+                await statement_engine.dispose()
 
     app = create_app(
         engine,
@@ -170,6 +175,7 @@ def build_service_app(
         webhook_allow_private=settings.webhook_allow_private,
         operator_queue_after=settings.operator_queue_after,
         replay_window=settings.replay_window,
+        statement_engine=statement_engine,
     )
     if mounts_sandbox(settings):
         webhooks = None

@@ -193,6 +193,7 @@ def create_app(
     webhook_allow_private: bool = False,
     operator_queue_after: timedelta = DEFAULT_WAITING_THRESHOLD,
     replay_window: timedelta = DEFAULT_REPLAY_WINDOW,
+    statement_engine: AsyncEngine | None = None,
 ) -> FastAPI:
     app = FastAPI(
         lifespan=lifespan,
@@ -200,6 +201,10 @@ def create_app(
         version="0.1.0",
         description="Durable idempotent payment intents that stay honest when a "
         "provider's outcome is unknown.",
+        # Metrics are Prometheus's (observability/). Left on, FastAPI asks
+        # OpenTelemetry for its providers on every request, reading the
+        # environment: 2 % of an API process's CPU (docs/benchmarks.md).
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.engine = engine
     app.state.clock = clock
@@ -212,8 +217,9 @@ def create_app(
     app.state.recheck_backoff = recheck_backoff
     # Merchant webhook targets on loopback/private addresses (development only).
     app.state.webhook_allow_private = webhook_allow_private
-    # Concurrent payment intents share a commit (engine/group_intake.py).
-    app.state.intake_groups = IntakeGroups(engine, clock)
+    # Concurrent payment intents share a commit (engine/group_intake.py), on
+    # PostgreSQL one autocommitted statement on `statement_engine`.
+    app.state.intake_groups = IntakeGroups(engine, clock, statement_engine=statement_engine)
     # How long an equal retry replays; after it a reused key is 409 key-expired.
     app.state.replay_window = replay_window
     # Beneficiary and card writes call the provider in the request path.

@@ -10,6 +10,7 @@ server connections — the case that breaks automatic prepared statements.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -42,6 +43,8 @@ def find_pgbouncer() -> str:
 class PgBouncer:
     port: int
     workdir: Path
+    # Its process, once started (the bench counts its CPU).
+    pid: int | None = None
 
     def url_for(self, database_url: str) -> str:
         """The same database, user and password, reached through the pooler."""
@@ -125,7 +128,7 @@ def running_pgbouncer(server_url: str, *, pool_size: int = 8) -> Iterator[PgBoun
                 **as_postgres,
             )
         _wait_listening(process, bouncer)
-        yield bouncer
+        yield dataclasses.replace(bouncer, pid=process.pid)
     except BaseException:
         failed = True
         raise

@@ -566,11 +566,15 @@ class Bench:
         self.truncate()
 
     def wrk_intake(
-        self, profile_name: str | None = None, api_env: dict[str, str] | None = None
+        self,
+        profile_name: str | None = None,
+        api_env: dict[str, str] | None = None,
+        roles: dict[str, list[int]] | None = None,
     ) -> IntakeRun:
         """wrk against as many API processes as cores on the ledger as it stands: the
         warm-up, then the measured run; fails if an answer was not 2xx or an answered
-        intent is not stored. `api_env`: more settings for the API processes."""
+        intent is not stored. `api_env`: more settings for the API processes;
+        `roles`: more processes whose CPU to count."""
         cfg = self.config
 
         async def token() -> str:
@@ -624,7 +628,7 @@ class Bench:
 
             load(cfg.warmup_seconds, f"w{secrets.token_hex(2)}-")
             before = self.scalar("SELECT count(*) FROM operations")
-            watch = self.watch({"api": [a.pid for a in apis]})
+            watch = self.watch({"api": [a.pid for a in apis], **(roles or {})})
             finish_profile = (
                 self.profile(profile_name, apis[0].pid, cfg.intake_seconds)
                 if profile_name is not None
@@ -692,7 +696,8 @@ class Bench:
                 api_env={
                     "INTENTLEDGER_DATABASE_URL": bouncer.url_for(self.url),
                     "INTENTLEDGER_DATABASE_POOLER": "pgbouncer",
-                }
+                },
+                roles={"pgbouncer": [bouncer.pid]} if bouncer.pid is not None else None,
             )
         direct_rate = direct.ok / direct.seconds
         through_rate = through.ok / through.seconds
@@ -703,6 +708,10 @@ class Bench:
             pooler_server_connections=cfg.pooler_server_connections,
             pooler_p99_ms=round(through.p99_ms, 1),
             pooler_direct_p99_ms=round(direct.p99_ms, 1),
+            pooler_cpu=through.cpu,
+            pooler_cpu_ms_per_intent=per_item_ms(through.cpu, through.ok),
+            pooler_direct_cpu=direct.cpu,
+            pooler_direct_cpu_ms_per_intent=per_item_ms(direct.cpu, direct.ok),
         )
 
     def dispatch(self) -> None:
