@@ -7,14 +7,59 @@ connection whose request head has not arrived within `header_timeout` of the
 connection opening or of the request's first byte. The body has its own bound
 in the edge (api/edge.py: 408), and `limit_concurrency` caps the connections
 and requests one process takes on at once (uvicorn answers 503 beyond it).
+
+uvicorn writes a response's head and its body as they come, each a system call
+and a TCP segment of its own: a seventh of an API process's CPU went to those
+writes (docs/benchmarks.md). `CoalescingTransport` sends what one turn of the
+event loop wrote as one.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+class CoalescingTransport:
+    """A transport whose writes wait for the end of the event loop's turn and go
+    out together: a response's head and body, written one after the other by
+    the same task, become one system call. Closing sends what waits first;
+    aborting drops it, as the real transport's abort drops its buffer. Anything
+    else is the real transport's."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._waiting: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._waiting:
+            self._loop.call_soon(self._flush)
+        self._waiting.append(data)
+
+    def _flush(self) -> None:
+        if not self._waiting:
+            return
+        data = b"".join(self._waiting)
+        self._waiting.clear()
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._waiting.clear()
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._waiting))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def guarded_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
@@ -22,7 +67,9 @@ def guarded_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
         _head_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            super().connection_made(
+                cast(asyncio.Transport, CoalescingTransport(transport, self.loop))
+            )
             self._arm()
 
         def on_message_begin(self) -> None:
