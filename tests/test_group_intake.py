@@ -15,8 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.domain.canonical import request_hash
 from intentledger.engine.clock import system_clock
 from intentledger.engine.group_intake import IntakeGroups
-from intentledger.engine.intake import IntakeResult, Intent, accept
+from intentledger.engine.intake import IntakeResult, Intent, accept, operation_values
 from intentledger.engine.refusal import IdempotencyKeyReused
+from intentledger.store.batches import ACCEPT_GROUP_COLUMNS
 from intentledger.store.database import create_statement_engine
 from intentledger.store.tables import idempotency_records, operations, outbox, transitions
 
@@ -189,7 +190,8 @@ async def test_on_postgresql_a_group_is_one_autocommitted_statement(
     results = await asyncio.gather(*(groups.accept(intent(f"k{n}")) for n in range(20)))
     assert not any(r.replayed for r in results)
     assert len(on_statement_engine) == 1 and on_statement_engine[0][1] is True
-    assert "INSERT INTO idempotency_records" in on_statement_engine[0][0]
+    # Migration 0015's function: its plan is kept per server connection.
+    assert "intentledger_accept_group(" in on_statement_engine[0][0]
     assert on_ledger == []  # no BEGIN, no COMMIT, no pre-ping: the statement alone
     assert len(commits) == 1  # the counts kept for the commit ran (a no-op commit)
     async with engine.connect() as conn:
@@ -238,3 +240,11 @@ async def test_a_group_on_a_pooled_connection_that_died_is_tried_again_and_loses
         assert stored == 11
     finally:
         await statement_engine.dispose()
+
+
+def test_the_group_function_takes_every_column_intake_writes() -> None:
+    """Migration 0015's function lists the operation columns it writes; a column
+    added to `operation_values` without a migration that replaces the function
+    would take the inline statement instead (correct, not kept planned): this
+    says so before it ships."""
+    assert tuple(operation_values(intent("k"), system_clock())) == ACCEPT_GROUP_COLUMNS

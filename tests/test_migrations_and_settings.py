@@ -6,12 +6,14 @@ import subprocess
 from datetime import timedelta
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import text
 
 from intentledger.settings import Settings
 from intentledger.store.database import create_sync_engine
+from intentledger.store.migrate import alembic_config, upgrade
 from intentledger.store.partitions import is_partition_name
 from intentledger.store.tables import metadata
 from tests.conftest import Databases
@@ -79,3 +81,27 @@ def test_the_sweeper_and_the_lease_must_outlast_every_provider_call() -> None:
     with pytest.raises(ValueError, match="stale_submitting must exceed"):
         Settings(submit_timeout="1s", sync_timeout="10s", stale_submitting="5s")
     assert Settings(submit_timeout="3s").request_path_timeout == timedelta(seconds=3)
+
+
+def test_migration_0015_makes_the_group_function_on_postgresql_and_takes_it_away(
+    backend: str, databases: Databases
+) -> None:
+    url = databases.create(backend)
+    engine = create_sync_engine(url)
+
+    def has_function() -> bool:
+        if backend != "postgresql":
+            return False
+        with engine.connect() as conn:
+            found = conn.execute(
+                text("SELECT to_regprocedure(:name) IS NOT NULL"),
+                {"name": "intentledger_accept_group(jsonb, timestamptz, text, text, text, text)"},
+            )
+            return bool(found.scalar_one())
+
+    assert has_function() == (backend == "postgresql")
+    command.downgrade(alembic_config(url), "0014")
+    assert not has_function()
+    upgrade(url)
+    assert has_function() == (backend == "postgresql")
+    engine.dispose()

@@ -402,7 +402,8 @@ class BatchLedger:
         does. The operation ids whose keys were claimed.
 
         On PostgreSQL all of it is one statement: the group goes over as one JSON
-        parameter that the inserts read (`_claim_and_accept_sql`). Four statements
+        parameter that the inserts read (`_claim_and_accept_sql`, or the same
+        statement in the function `intentledger_accept_group`). Four statements
         per group, three of them pipelined executemany, were a quarter of an API
         process's CPU (docs/benchmarks.md).
         """
@@ -423,8 +424,13 @@ class BatchLedger:
     ) -> set[str]:
         columns = tuple(accepted[0][0])
         rows = [{**row, _SOURCE: source} for row, source in accepted]
+        statement = (
+            _ACCEPT_GROUP_CALL
+            if columns == ACCEPT_GROUP_COLUMNS
+            else _claim_and_accept_sql(self.conn.dialect, columns)
+        )
         result = await self.conn.execute(
-            _claim_and_accept_sql(self.conn.dialect, columns),
+            statement,
             {
                 "rows": _json_rows(rows),
                 "now": now,
@@ -523,6 +529,36 @@ def _record(dialect: Dialect, table: Table, columns: Iterable[str]) -> str:
 
 def _key_of(row: Mapping[str, Any]) -> tuple[str, str, str]:
     return (row["actor"], row["route"], row["idempotency_key"])
+
+
+# The operation columns `intentledger_accept_group` (migration 0015) takes: what
+# `operation_values` writes. For these the group calls the function, whose plan
+# PostgreSQL keeps per server connection even when nothing is prepared (behind
+# a pooler); rows of other columns take the same statement inline.
+ACCEPT_GROUP_COLUMNS = (
+    "operation_id",
+    "idempotency_key",
+    "state",
+    "request_context",
+    "next_action",
+    "actor",
+    "route",
+    "kind",
+    "request_hash",
+    "provider",
+    "amount",
+    "currency",
+    "mandate_id",
+    "version",
+    "duplicate_detected",
+    "outcome_contradicted",
+    "created_at",
+    "updated_at",
+)
+_ACCEPT_GROUP_CALL = text(
+    "SELECT resource_id FROM intentledger_accept_group("
+    "CAST(:rows AS jsonb), :now, :from_state, :to_state, :next_action, :reason) AS resource_id"
+).bindparams(bindparam("now", type_=UTCDateTime()))
 
 
 @cache
