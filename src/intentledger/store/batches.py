@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
+import orjson
 from sqlalchemy import Table, TextClause, bindparam, func, insert, select, text, tuple_, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -432,7 +433,7 @@ class BatchLedger:
         result = await self.conn.execute(
             statement,
             {
-                "rows": _json_rows(rows),
+                "rows": _json_intake_rows(rows),
                 "now": now,
                 "reason": reason,
                 **_states(None, State.ACCEPTED, NextAction.SUBMIT),
@@ -501,6 +502,18 @@ _REASON = "transition_reason"
 def _json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     """Rows as one JSON parameter, for `jsonb_to_recordset` to read back."""
     return json.dumps(rows, default=_json_instant, ensure_ascii=False)
+
+
+def _json_intake_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    """`_json_rows` for intake's rows, by orjson: about a twelfth of the CPU.
+
+    Only for these: a validated request's values (integer amounts within 64
+    bits, strings, no floats). Elsewhere rows carry provider answers, where
+    orjson would refuse an integer beyond 64 bits and write NaN as null.
+    Instants still go through `_json_instant`, as in `_json_rows`."""
+    return orjson.dumps(
+        rows, default=_json_instant, option=orjson.OPT_PASSTHROUGH_DATETIME
+    ).decode()
 
 
 def _json_instant(value: object) -> str:
