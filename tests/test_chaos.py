@@ -57,10 +57,14 @@ def test_short_chaos_run_through_pgbouncer_is_clean(
         # Enough load to last well past five kills: 300 payments drained in
         # about three seconds once intake and dispatch were batched. (1500 took
         # 160-190 s of the suite's 30 minutes, most of it intake through a fleet
-        # killed every second; 1000 took 120 s through PgBouncer; 600 still
-        # outlasts the five kills many times.)
+        # killed every second; 1000 took 120 s through PgBouncer.) 600 sent as
+        # fast as the fleet took them met only 4 kills and 6 accepted refunds
+        # once the group commit took one round trip: spread over 12 s, they
+        # meet about 12 kills.
         "--operations",
         "600",
+        "--load-seconds",
+        "12",
         "--kill-every",
         "1",
         "--restart-db-cmd",
@@ -115,6 +119,9 @@ def test_a_chaos_run_against_stripe_is_clean(
         stripe_fake.truth_base,
         "--operations",
         "500",
+        # Spread so that the load meets about ten kills however fast intake is.
+        "--load-seconds",
+        "15",
         "--kill-every",
         "1.5",
         "--timeout",

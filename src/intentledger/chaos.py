@@ -113,6 +113,10 @@ class ChaosConfig:
     # Set: the fleet reaps what settled longer ago than this (replay window
     # too), every tenth of it, and the run samples the tables' sizes.
     retention: timedelta | None = None
+    # Set: the bursts are spread over at least this many seconds. Kills come
+    # only while the load runs, so a load sent as fast as the fleet takes it
+    # meets fewer of them the faster intake gets.
+    load_seconds: float | None = None
 
     @property
     def on_stripe(self) -> bool:
@@ -402,7 +406,12 @@ class Load:
                 return
             pending = list(range(self.config.operations))
             half = len(pending) // 2
+            started = time.monotonic()
             while pending:
+                if self.config.load_seconds:
+                    done = 1 - len(pending) / self.config.operations
+                    due = started + done * self.config.load_seconds
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
                 # Random concurrency: bursts of 1 to 32 requests at once.
                 size = self.rng.randint(1, 32)
                 burst, pending = pending[:size], pending[size:]

@@ -739,6 +739,14 @@ def chaos(
             "lifted): the fleet reaps as it goes and the report samples the tables' sizes."
         ),
     ] = None,
+    load_seconds: Annotated[
+        float | None,
+        typer.Option(
+            min=0.1,
+            help="Spread the bursts over at least this many seconds (kills come only "
+            "while the load runs); default: as fast as the fleet takes them.",
+        ),
+    ] = None,
 ) -> None:
     """Payments under SIGKILLs, a database restart and provider faults, checked against
     the provider's truth. The last line is a JSON report; any violation exits 1."""
@@ -785,6 +793,7 @@ def chaos(
         cast(Pooler, database_pooler),  # one of the two, checked above
         rate,
         kept_for,
+        load_seconds,
     )
 
     async def main() -> dict[str, Any]:

@@ -9,8 +9,9 @@ next group, so a busy process commits often-many intents per round trip and an
 idle one commits each intent at once.
 
 On PostgreSQL a group is one statement, which is a transaction by itself: given
-a `statement_engine` (store/database.py), it runs there in autocommit, one round
-trip instead of three, and without a pre-ping.
+a `statement_engine` (store/database.py), it runs there in autocommit and
+without the pool's pre-ping, one round trip where the pre-ping, BEGIN, the
+statement and COMMIT were four.
 
 Intents with work of their own inside the transaction (a mandate's reservation)
 take `accept()` itself. If a group's transaction fails, each of its intents is
