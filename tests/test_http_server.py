@@ -32,6 +32,9 @@ class RecordingTransport(asyncio.Transport):
     def close(self) -> None:
         self.closed = True
 
+    def write_eof(self) -> None:
+        self.writes.append(b"<EOF>")
+
     def abort(self) -> None:
         self.aborted = self.closed = True
 
@@ -56,6 +59,15 @@ async def test_writes_of_one_turn_go_out_as_one_and_close_sends_them_first() -> 
     assert real.writes[1:] == [b"HTTP/1.1 400 Bad Request\r\n\r\n"] and real.closed
     await asyncio.sleep(0)
     assert len(real.writes) == 2  # nothing after the close
+
+
+async def test_writelines_and_the_end_of_the_stream_keep_the_order() -> None:
+    real = RecordingTransport()
+    transport = CoalescingTransport(real, asyncio.get_running_loop())
+    transport.write(b"a")
+    transport.writelines([b"b", b"c"])
+    transport.write_eof()
+    assert real.writes == [b"abc", b"<EOF>"]
 
 
 async def test_an_abort_drops_what_waits_and_a_closed_socket_gets_nothing() -> None:
