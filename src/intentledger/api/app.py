@@ -15,11 +15,11 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
-from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
-from intentledger.api.edge import DEFAULT_BODY_TIMEOUT, EdgeGuard
+from intentledger.api.edge import DEFAULT_BODY_TIMEOUT, EdgeGuard, admit, refusal
 from intentledger.api.mandate_routes import router as mandate_router
 from intentledger.api.metrics_route import router as metrics_router
 from intentledger.api.openapi import install_openapi
@@ -52,7 +52,8 @@ from intentledger.engine.sync_writes import SyncWriter
 from intentledger.providers.base import KINDS, WebhookReader
 from intentledger.store.ledger import Ledger
 
-PAYMENTS_ROUTE = "POST /v1/payments"
+PAYMENTS_PATH = "/v1/payments"
+PAYMENTS_ROUTE = "POST " + PAYMENTS_PATH
 
 Authenticated = Annotated[Principal, Depends(authenticate)]
 
@@ -86,10 +87,11 @@ router = APIRouter()
     },
 )
 async def create_payment(request: Request) -> JSONResponse:
-    """The intake hot path. `create_app` also mounts it as a plain Starlette route
-    ahead of this documented one, which then only feeds OpenAPI: FastAPI's
-    dependency solving cost about a seventh of an API process's CPU per intent
-    (docs/benchmarks.md step 20), and the route reads its two headers itself."""
+    """The intake hot path. `LedgerApp` serves it ahead of the middleware
+    stack, so this documented route only feeds OpenAPI; the function reads its
+    two headers itself instead of asking FastAPI's dependency solving, which
+    cost about a seventh of an API process's CPU per intent (docs/benchmarks.md
+    step 20)."""
     principal = await authenticate(request)
     key = valid_idempotency_key(request.headers.get("Idempotency-Key"))
     raw = await read_json_object(request)
@@ -181,6 +183,55 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
+class LedgerApp(FastAPI):
+    """FastAPI, with `POST /v1/payments` served ahead of its middleware stack.
+
+    Between uvicorn and the intake route sat nine layers (FastAPI's and
+    Starlette's apps, the error, telemetry, body-limit and exception
+    middleware, the exit stack, the router and the route): about a tenth of an
+    API process's CPU per intent (docs/benchmarks.md step 23). This path runs
+    what they did for it and nothing else: the edge's checks (`admit`, the
+    same ones EdgeGuard runs for every other /v1 request), the route, and the
+    app's own exception handlers, chosen by the exception's type as
+    Starlette's ExceptionMiddleware chooses them. An unexpected exception is
+    answered by the `Exception` handler and then raised again, as Starlette's
+    ServerErrorMiddleware does, so the server logs it.
+    """
+
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == PAYMENTS_PATH and scope["method"] == "POST":
+            scope["app"] = self
+            await self._take_intent(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    async def _take_intent(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            receive = await admit(scope, receive, self.body_timeout)
+        except Problem as problem:
+            await refusal(problem, scope)(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            response = await create_payment(request)
+        except Exception as exc:
+            handler_type, handler = self._handler_for(exc)
+            await (await handler(request, exc))(scope, receive, send)
+            if handler_type is Exception:
+                raise
+            return
+        await response(scope, receive, send)
+
+    def _handler_for(self, exc: Exception) -> tuple[type, Callable[..., Any]]:
+        for cls in type(exc).__mro__:
+            handler = self.exception_handlers.get(cls)
+            if handler is not None:
+                return cls, handler
+        raise AssertionError("install_problem_handlers installs a handler for Exception")
+
+
 def create_app(
     engine: AsyncEngine,
     clock: Clock,
@@ -197,7 +248,7 @@ def create_app(
     replay_window: timedelta = DEFAULT_REPLAY_WINDOW,
     statement_engine: AsyncEngine | None = None,
 ) -> FastAPI:
-    app = FastAPI(
+    app = LedgerApp(
         lifespan=lifespan,
         title="intentledger",
         version="0.1.0",
@@ -233,8 +284,8 @@ def create_app(
     install_problem_handlers(app)
     # Headers, path ids, authentication and the body are checked before any route.
     app.add_middleware(EdgeGuard, body_timeout=body_timeout)
-    # Served without FastAPI's dependency solving; the APIRoute below documents it.
-    app.router.routes.append(Route("/v1/payments", create_payment, methods=["POST"]))
+    # LedgerApp serves POST /v1/payments itself, under the same checks.
+    app.body_timeout = body_timeout
     app.include_router(router)
     app.include_router(operator_router)
     app.include_router(mandate_router)

@@ -31,6 +31,7 @@ import re
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from intentledger.api.auth import authenticate
@@ -63,35 +64,43 @@ class EdgeGuard:
             await self.app(scope, receive, send)
             return
         try:
-            receive = await self._admit(scope, receive)
+            receive = await admit(scope, receive, self.body_timeout)
         except Problem as problem:
-            response = problem_response(
-                problem.status,
-                problem.slug,
-                problem.title,
-                problem.detail,
-                instance=scope["path"],
-                headers=problem.headers,
-            )
-            await response(scope, receive, send)
+            await refusal(problem, scope)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
-    async def _admit(self, scope: Scope, receive: Receive) -> Receive:
-        _refuse_repeated(scope["headers"])
-        headers = _headers(scope)
-        _refuse_unknown_path(scope["path"])
-        request = Request(scope, receive)
-        if not scope["path"].startswith(SIGNED_PREFIX):
-            # Stored in the request's state: routes get it from there (auth.py).
-            await authenticate(request)
-        if scope["method"] not in BODY_METHODS:
-            return receive
-        body = await _read_body(headers, receive, self.body_timeout)
-        scope.setdefault("state", {})[JSON_STATE] = (
-            parse_json(body, headers.get(b"content-type")) if body else NO_BODY
-        )
-        return _replay(body, receive)
+
+async def admit(scope: Scope, receive: Receive, body_timeout: float) -> Receive:
+    """Every check above, for one /v1 request: raises the Problem that refuses
+    it, or returns the `receive` its route reads the body from. The intake
+    route calls it directly (api/app.py: LedgerApp); the rest through EdgeGuard."""
+    _refuse_repeated(scope["headers"])
+    headers = _headers(scope)
+    _refuse_unknown_path(scope["path"])
+    request = Request(scope, receive)
+    if not scope["path"].startswith(SIGNED_PREFIX):
+        # Stored in the request's state: routes get it from there (auth.py).
+        await authenticate(request)
+    if scope["method"] not in BODY_METHODS:
+        return receive
+    body = await _read_body(headers, receive, body_timeout)
+    scope.setdefault("state", {})[JSON_STATE] = (
+        parse_json(body, headers.get(b"content-type")) if body else NO_BODY
+    )
+    return _replay(body, receive)
+
+
+def refusal(problem: Problem, scope: Scope) -> Response:
+    """The problem+json answer to a request the edge refused."""
+    return problem_response(
+        problem.status,
+        problem.slug,
+        problem.title,
+        problem.detail,
+        instance=scope["path"],
+        headers=problem.headers,
+    )
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
