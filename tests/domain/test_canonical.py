@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from intentledger.domain import canonical
 from intentledger.domain.canonical import canonical_json, request_hash
 
 # --- shape ----------------------------------------------------------------------------
@@ -314,3 +315,56 @@ def test_member_order_is_utf16_code_unit_order(value: dict[str, int]) -> None:
 @given(unicode_text, unicode_text, json_values(unicode_text))
 def test_request_hash_ignores_body_key_order(actor: str, route: str, body: Any) -> None:
     assert request_hash(actor, route, body) == request_hash(actor, route, reversed_keys(body))
+
+
+# --- the orjson path: the same bytes as the writer ---------------------------------------
+
+# Everything a JSON value may hold but floats, with keys of any characters and
+# strings with lone surrogates too, and integers on both sides of 64 bits.
+any_text = st.text(st.characters())
+orjson_candidates = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(-(2**64), 2**64) | any_text,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            any_text | st.text(st.characters(max_codepoint=0x7F)), children, max_size=4
+        )
+    ),
+    max_leaves=20,
+)
+
+
+@given(orjson_candidates)
+def test_orjson_path_writes_the_writers_bytes(value: Any) -> None:
+    try:
+        expected = canonical._written(value)
+    except ValueError:  # a lone surrogate
+        with pytest.raises(ValueError):
+            canonical_json(value)
+        return
+    assert canonical_json(value) == expected
+
+
+def test_intakes_body_takes_the_orjson_path_and_others_do_not() -> None:
+    body = {
+        "amount": 1250,
+        "currency": "EUR",
+        "payment_method": "pm_ok",
+        "description": 'a "quoted"\n\u00e9\U0001f600',
+        "metadata": {"order": "A-1", "note": "\u0000\u001f\u2028"},
+    }
+    envelope = {"actor": "petra", "route": "POST /v1/payments", "body": body}
+    assert canonical._orjson_writes_it_canonically(envelope)
+    assert canonical_json(envelope) == canonical._written(envelope)
+
+    class Code(IntEnum):
+        ONE = 1
+
+    for other in (
+        {"amount": 1.0},  # another number form
+        {"\u00e9": 1},  # a key whose order may differ from UTF-16's
+        {"n": 2**63},  # beyond 64 bits signed
+        {"n": Code.ONE},  # a subclass
+        (1, 2),  # not JSON
+    ):
+        assert not canonical._orjson_writes_it_canonically(other)

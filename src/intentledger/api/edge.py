@@ -242,6 +242,15 @@ def _constant(text: str) -> Any:
     raise _malformed(f"{text} is not JSON")
 
 
+# Built once: json.loads with these hooks builds a decoder on every call.
+_STRICT_DECODER = json.JSONDecoder(
+    object_pairs_hook=_no_duplicates,
+    parse_int=_integer,
+    parse_float=_finite,
+    parse_constant=_constant,
+)
+
+
 def parse_json(body: bytes, content_type: bytes | None) -> Any:
     """The body's one JSON value, parsed strictly (see the module docstring)."""
     require_json_media_type(content_type)
@@ -252,13 +261,7 @@ def parse_json(body: bytes, content_type: bytes | None) -> Any:
     except UnicodeDecodeError as exc:
         raise _malformed(f"the body is not UTF-8: {exc}") from exc
     try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_int=_integer,
-            parse_float=_finite,
-            parse_constant=_constant,
-        )
+        value = _STRICT_DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise _malformed(f"the body is not valid JSON: {exc}") from exc
     except RecursionError as exc:
