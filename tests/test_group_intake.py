@@ -1,6 +1,6 @@
 """Group commit: concurrent intents share a transaction, and each gets exactly
 what `accept()` alone would have given it, on both databases; on PostgreSQL
-the group is one autocommitted statement on the statement engine."""
+the group is one autocommitted statement on the group statement's connection."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import event, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -18,7 +20,7 @@ from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.intake import IntakeResult, Intent, accept, operation_values
 from intentledger.engine.refusal import IdempotencyKeyReused
 from intentledger.store.batches import ACCEPT_GROUP_COLUMNS
-from intentledger.store.database import create_statement_engine
+from intentledger.store.group_statement import GroupStatement, group_statement_for
 from intentledger.store.tables import idempotency_records, operations, outbox, transitions
 
 ROUTE = "POST /v1/payments"
@@ -30,23 +32,37 @@ def intent(key: str, amount: int = 1250, actor: str = "alice") -> Intent:
 
 
 @pytest.fixture
-async def statement_engine(database_url: str) -> AsyncIterator[AsyncEngine | None]:
-    """What `serve` gives the groups: an autocommit engine on PostgreSQL, none on SQLite."""
-    eng = create_statement_engine(database_url)
-    yield eng
-    if eng is not None:
-        await eng.dispose()
+async def group_statement(database_url: str) -> AsyncIterator[GroupStatement | None]:
+    """What `serve` gives the groups: a connection of their own on PostgreSQL, none on SQLite."""
+    statement = group_statement_for(database_url)
+    yield statement
+    if statement is not None:
+        await statement.close()
 
 
 @pytest.fixture
-def groups(engine: AsyncEngine, statement_engine: AsyncEngine | None) -> IntakeGroups:
-    return IntakeGroups(engine, system_clock, statement_engine=statement_engine)
+def groups(engine: AsyncEngine, group_statement: GroupStatement | None) -> IntakeGroups:
+    return IntakeGroups(engine, system_clock, group_statement=group_statement)
 
 
-def count_commits(engine: AsyncEngine) -> list[int]:
-    commits: list[int] = []
-    event.listen(engine.sync_engine, "commit", lambda _conn: commits.append(1))
-    return commits
+def groups_committed() -> float:
+    """How many intake groups have committed in this process (the group-size histogram's count)."""
+    value = REGISTRY.get_sample_value("intentledger_group_commit_size_count", {"stage": "intake"})
+    return value or 0.0
+
+
+def record_psycopg_statements(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """Each statement sent by a psycopg connection's own `execute` (the group
+    statement's; SQLAlchemy sends through cursors), and whether it autocommits."""
+    sent: list[tuple[str, bool]] = []
+    original = psycopg.AsyncConnection.execute
+
+    async def execute(self: psycopg.AsyncConnection[Any], query: Any, *args: Any, **kw: Any) -> Any:
+        sent.append((str(query), self.autocommit))
+        return await original(self, query, *args, **kw)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", execute)
+    return sent
 
 
 def operation_id(result: IntakeResult | BaseException) -> str:
@@ -93,12 +109,12 @@ async def rows_of(engine: AsyncEngine, op_id: str) -> dict[str, list[tuple[Any, 
 
 
 async def test_concurrent_intents_share_commits_and_write_what_accept_writes(
-    engine: AsyncEngine, statement_engine: AsyncEngine | None, groups: IntakeGroups
+    engine: AsyncEngine, groups: IntakeGroups
 ) -> None:
     alone = operation_id(await accept(engine, system_clock, intent("alone")))
-    commits = count_commits(statement_engine or engine)
+    before = groups_committed()
     results = await asyncio.gather(*(groups.accept(intent(f"k{n}")) for n in range(100)))
-    assert len(commits) == 2  # 100 intents, groups of at most 64
+    assert groups_committed() - before == 2  # 100 intents, groups of at most 64
     ids = {operation_id(r) for r in results}
     assert len(ids) == 100 and not any(r.replayed for r in results)
     reference = await rows_of(engine, alone)
@@ -180,66 +196,63 @@ def record_statements(engine: AsyncEngine) -> list[tuple[str, bool]]:
 
 @pytest.mark.parametrize("backend", ["postgresql"])
 async def test_on_postgresql_a_group_is_one_autocommitted_statement(
-    engine: AsyncEngine, statement_engine: AsyncEngine | None, groups: IntakeGroups
+    engine: AsyncEngine, groups: IntakeGroups, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert statement_engine is not None
-    await groups.accept(intent("warm-up"))  # the dialect's first-connect queries
+    await groups.accept(intent("warm-up"))
     on_ledger = record_statements(engine)
-    on_statement_engine = record_statements(statement_engine)
-    commits = count_commits(statement_engine)
+    on_group_connection = record_psycopg_statements(monkeypatch)
+    before = groups_committed()
     results = await asyncio.gather(*(groups.accept(intent(f"k{n}")) for n in range(20)))
     assert not any(r.replayed for r in results)
-    assert len(on_statement_engine) == 1 and on_statement_engine[0][1] is True
+    assert len(on_group_connection) == 1 and on_group_connection[0][1] is True
     # Migration 0015's function: its plan is kept per server connection.
-    assert "intentledger_accept_group(" in on_statement_engine[0][0]
+    assert "intentledger_accept_group(" in on_group_connection[0][0]
     assert on_ledger == []  # no BEGIN, no COMMIT, no pre-ping: the statement alone
-    assert len(commits) == 1  # the counts kept for the commit ran (a no-op commit)
+    assert groups_committed() - before == 1  # and it was counted
     async with engine.connect() as conn:
         stored = await conn.scalar(select(func.count()).select_from(operations))
     assert stored == 21
 
 
 @pytest.mark.parametrize("backend", ["postgresql"])
-async def test_a_group_on_a_pooled_connection_that_died_is_tried_again_and_loses_nothing(
-    engine: AsyncEngine, database_url: str
+async def test_a_group_on_a_connection_that_died_is_tried_again_and_loses_nothing(
+    engine: AsyncEngine, groups: IntakeGroups, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No pre-ping on the statement engine: a connection the server dropped while
-    it sat in the pool fails the group's statement, the group's intents are
+    """No pre-ping on the group statement's connection: one the server dropped
+    between groups fails the group's statement, the group's intents are
     accepted one by one on the ledger engine, and the next group gets a new
     connection."""
-    statement_engine = create_statement_engine(database_url, pool_size=1)
-    assert statement_engine is not None
-    try:
-        groups = IntakeGroups(engine, system_clock, statement_engine=statement_engine)
-        await groups.accept(intent("before"))
-        async with statement_engine.connect() as conn:  # the one pooled connection
-            pid = await conn.scalar(text("SELECT pg_backend_pid()"))
-        async with engine.connect() as conn:
-            assert await conn.scalar(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-            for _ in range(100):
-                gone = not await conn.scalar(
-                    text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
-                )
-                if gone:
-                    break
-                await asyncio.sleep(0.05)
-        on_ledger = record_statements(engine)
-        during = await asyncio.gather(*(groups.accept(intent(f"d{n}")) for n in range(5)))
-        assert all(isinstance(r, IntakeResult) and not r.replayed for r in during)
-        assert any("INSERT INTO idempotency_records" in s for s, _ in on_ledger)  # one by one
-        on_statement_engine = record_statements(statement_engine)
-        after = await asyncio.gather(*(groups.accept(intent(f"a{n}")) for n in range(5)))
-        assert not any(r.replayed for r in after)
-        assert len(on_statement_engine) == 1  # a group again, on a new connection
-        async with engine.connect() as conn:
-            keys = (await conn.execute(select(idempotency_records.c.idempotency_key))).scalars()
-            stored = await conn.scalar(select(func.count()).select_from(operations))
-        assert sorted(keys) == sorted(
-            ["before", *(f"d{n}" for n in range(5)), *(f"a{n}" for n in range(5))]
-        )
-        assert stored == 11
-    finally:
-        await statement_engine.dispose()
+    await groups.accept(intent("before"))
+    statement = groups.group_statement
+    assert statement is not None and statement._conn is not None
+    pid = statement._conn.info.backend_pid
+    async with engine.connect() as conn:
+        assert await conn.scalar(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        for _ in range(100):
+            gone = not await conn.scalar(
+                text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+            )
+            if gone:
+                break
+            await asyncio.sleep(0.05)
+    on_ledger = record_statements(engine)
+    during = await asyncio.gather(*(groups.accept(intent(f"d{n}")) for n in range(5)))
+    assert all(isinstance(r, IntakeResult) and not r.replayed for r in during)
+    assert any("INSERT INTO idempotency_records" in s for s, _ in on_ledger)  # one by one
+    on_ledger.clear()
+    on_group_connection = record_psycopg_statements(monkeypatch)
+    after = await asyncio.gather(*(groups.accept(intent(f"a{n}")) for n in range(5)))
+    assert not any(r.replayed for r in after)
+    assert len(on_group_connection) == 1  # a group again,
+    assert statement._conn is not None and statement._conn.info.backend_pid != pid  # anew
+    assert not any("INSERT" in s for s, _ in on_ledger)
+    async with engine.connect() as conn:
+        keys = (await conn.execute(select(idempotency_records.c.idempotency_key))).scalars()
+        stored = await conn.scalar(select(func.count()).select_from(operations))
+    assert sorted(keys) == sorted(
+        ["before", *(f"d{n}" for n in range(5)), *(f"a{n}" for n in range(5))]
+    )
+    assert stored == 11
 
 
 def test_the_group_function_takes_every_column_intake_writes() -> None:

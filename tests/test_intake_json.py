@@ -14,7 +14,7 @@ from intentledger.api.app import AcceptedIntent
 from intentledger.documents import operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.engine.intake import Intent, operation_values
-from intentledger.store.batches import _json_intake_rows, _json_rows
+from intentledger.store.batches import _json_rows, json_intake_rows
 
 ROUTE = "POST /v1/payments"
 # Any Unicode a validated request may carry (no lone surrogates: the canonical
@@ -41,6 +41,6 @@ def test_intake_rows_and_answer_say_what_the_stdlib_said(
     intent = Intent("ana", ROUTE, "k-é", request_hash("ana", ROUTE, body), body, "sandbox")
     now = datetime(2026, 12, 1, 20, 0, tzinfo=UTC) + timedelta(microseconds=micros)
     rows = [{**operation_values(intent, now), "transition_source": "intake"}]
-    assert json.loads(_json_intake_rows(rows)) == json.loads(_json_rows(rows))
+    assert json.loads(json_intake_rows(rows)) == json.loads(_json_rows(rows))
     document = operation_document(rows[0])
     assert AcceptedIntent(document).body == JSONResponse(document).body

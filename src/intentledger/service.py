@@ -31,7 +31,8 @@ from intentledger.providers.sandbox import create_sandbox_app
 from intentledger.providers.sandbox.webhooks import SandboxWebhooks
 from intentledger.safety_config import load_safety_rules
 from intentledger.settings import Settings
-from intentledger.store.database import create_ledger_engine, create_statement_engine
+from intentledger.store.database import create_ledger_engine
+from intentledger.store.group_statement import group_statement_for
 from intentledger.store.ledger import REQUEST_PATH_OWNER
 
 SANDBOX_MOUNT = "/_sandbox"
@@ -128,9 +129,7 @@ def build_service_app(
 ) -> FastAPI:
     """The `serve` process: API, sandbox mount (when it is the provider) and workers."""
     engine = create_ledger_engine(settings.database_url, pooler=settings.database_pooler)
-    statement_engine = create_statement_engine(
-        settings.database_url, pooler=settings.database_pooler
-    )
+    group_statement = group_statement_for(settings.database_url, pooler=settings.database_pooler)
     sandbox_url = own_url.rstrip("/") + SANDBOX_MOUNT if mounts_sandbox(settings) else None
 
     sync_dispatcher = build_dispatcher(
@@ -158,8 +157,8 @@ def build_service_app(
                 await task
             await sync_dispatcher.provider.aclose()
             await engine.dispose()
-            if statement_engine is not None:
-                await statement_engine.dispose()
+            if group_statement is not None:
+                await group_statement.close()
 
     app = create_app(
         engine,
@@ -175,7 +174,7 @@ def build_service_app(
         webhook_allow_private=settings.webhook_allow_private,
         operator_queue_after=settings.operator_queue_after,
         replay_window=settings.replay_window,
-        statement_engine=statement_engine,
+        group_statement=group_statement,
     )
     if mounts_sandbox(settings):
         webhooks = None

@@ -50,6 +50,7 @@ from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.intake import PaymentIntent
 from intentledger.engine.sync_writes import SyncWriter
 from intentledger.providers.base import KINDS, WebhookReader
+from intentledger.store.group_statement import GroupStatement
 from intentledger.store.ledger import Ledger
 
 PAYMENTS_PATH = "/v1/payments"
@@ -188,7 +189,7 @@ class LedgerApp(FastAPI):
 
     Between uvicorn and the intake route sat nine layers (FastAPI's and
     Starlette's apps, the error, telemetry, body-limit and exception
-    middleware, the exit stack, the router and the route): about a tenth of an
+    middleware, the exit stack, the router and the route): about a seventh of an
     API process's CPU per intent (docs/benchmarks.md step 23). This path runs
     what they did for it and nothing else: the edge's checks (`admit`, the
     same ones EdgeGuard runs for every other /v1 request), the route, and the
@@ -246,7 +247,7 @@ def create_app(
     webhook_allow_private: bool = False,
     operator_queue_after: timedelta = DEFAULT_WAITING_THRESHOLD,
     replay_window: timedelta = DEFAULT_REPLAY_WINDOW,
-    statement_engine: AsyncEngine | None = None,
+    group_statement: GroupStatement | None = None,
 ) -> FastAPI:
     app = LedgerApp(
         lifespan=lifespan,
@@ -271,8 +272,8 @@ def create_app(
     # Merchant webhook targets on loopback/private addresses (development only).
     app.state.webhook_allow_private = webhook_allow_private
     # Concurrent payment intents share a commit (engine/group_intake.py), on
-    # PostgreSQL one autocommitted statement on `statement_engine`.
-    app.state.intake_groups = IntakeGroups(engine, clock, statement_engine=statement_engine)
+    # PostgreSQL one autocommitted statement on `group_statement`'s connection.
+    app.state.intake_groups = IntakeGroups(engine, clock, group_statement=group_statement)
     # How long an equal retry replays; after it a reused key is 409 key-expired.
     app.state.replay_window = replay_window
     # Beneficiary and card writes call the provider in the request path.

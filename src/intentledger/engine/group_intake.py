@@ -9,9 +9,11 @@ next group, so a busy process commits often-many intents per round trip and an
 idle one commits each intent at once.
 
 On PostgreSQL a group is one statement, which is a transaction by itself: given
-a `statement_engine` (store/database.py), it runs there in autocommit and
-without the pool's pre-ping, one round trip where the pre-ping, BEGIN, the
-statement and COMMIT were four.
+a `group_statement` (store/group_statement.py), it goes over that connection of
+its own in autocommit, one round trip where the pool's pre-ping, BEGIN, the
+statement and COMMIT were four. Retries among the group's intents are then
+judged on the ledger engine, after the commit, as any retry reads what
+committed before it.
 
 Intents with work of their own inside the transaction (a mandate's reservation)
 take `accept()` itself. If a group's transaction fails, each of its intents is
@@ -24,13 +26,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.domain.states import State
 from intentledger.engine.clock import Clock
 from intentledger.engine.intake import (
     ACCEPTED_REASON,
@@ -41,7 +42,9 @@ from intentledger.engine.intake import (
     operation_values,
 )
 from intentledger.engine.refusal import Refusal, replay_of
+from intentledger.observability import ledger_events
 from intentledger.store.batches import BatchLedger
+from intentledger.store.group_statement import GroupStatement
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +79,10 @@ class IntakeGroups:
         engine: AsyncEngine,
         clock: Clock,
         max_group: int = MAX_GROUP,
-        statement_engine: AsyncEngine | None = None,
+        group_statement: GroupStatement | None = None,
     ) -> None:
         self.engine = engine
-        self.statement_engine = statement_engine
+        self.group_statement = group_statement
         self.clock = clock
         self.max_group = max_group
         self._waiting: deque[_Waiting] = deque()
@@ -128,35 +131,43 @@ class IntakeGroups:
         self._waiting.extendleft(reversed(later))
         return group
 
-    @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[AsyncConnection]:
-        if self.statement_engine is None:
-            async with self.engine.begin() as conn:
-                yield conn
-            return
-        async with self.statement_engine.connect() as conn:
-            yield conn
-            # The statement committed itself; this sends nothing and runs the
-            # counts kept for the commit (observability/metrics.py).
-            await conn.commit()
-
     async def _commit(self, group: list[_Waiting]) -> list[IntakeResult | BaseException]:
-        async with self._transaction() as conn:
-            ledger = BatchLedger(conn)
-            now = self.clock()
-            values = [operation_values(w.intent, now) for w in group]
-            claimed = await ledger.claim_and_accept(
-                [(v, accepted_by(w.intent)) for w, v in zip(group, values, strict=True)],
-                ACCEPTED_REASON,
-                now,
+        now = self.clock()
+        values = [operation_values(w.intent, now) for w in group]
+        accepted = [(v, accepted_by(w.intent)) for w, v in zip(group, values, strict=True)]
+        outcomes: dict[int, IntakeResult | BaseException] = {}
+        statement = self.group_statement
+        if statement is not None and statement.takes(list(values[0])):
+            claimed = await statement.claim_and_accept(accepted, ACCEPTED_REASON, now)
+            # Committed by the statement itself: counted now.
+            ledger_events.transitions_committed(
+                None, State.ACCEPTED, len(claimed), "intake", group_size=len(group)
             )
-            outcomes: dict[int, IntakeResult | BaseException] = {}
-            for w, v in zip(group, values, strict=True):
-                if v["operation_id"] in claimed:
-                    outcomes[id(w)] = IntakeResult(v, replayed=False)
+            self._new_intents(group, values, claimed, outcomes)
             if len(claimed) < len(group):
-                await self._judge_retries(ledger, group, claimed, values, outcomes, now)
+                async with self.engine.connect() as conn:
+                    await self._judge_retries(
+                        BatchLedger(conn), group, claimed, values, outcomes, now
+                    )
+        else:
+            async with self.engine.begin() as conn:
+                ledger = BatchLedger(conn)
+                claimed = await ledger.claim_and_accept(accepted, ACCEPTED_REASON, now)
+                self._new_intents(group, values, claimed, outcomes)
+                if len(claimed) < len(group):
+                    await self._judge_retries(ledger, group, claimed, values, outcomes, now)
         return [outcomes[id(w)] for w in group]
+
+    @staticmethod
+    def _new_intents(
+        group: list[_Waiting],
+        values: list[dict[str, object]],
+        claimed: set[str],
+        outcomes: dict[int, IntakeResult | BaseException],
+    ) -> None:
+        for w, v in zip(group, values, strict=True):
+            if v["operation_id"] in claimed:
+                outcomes[id(w)] = IntakeResult(v, replayed=False)
 
     @staticmethod
     async def _judge_retries(

@@ -83,11 +83,20 @@ def transitions(
 ) -> None:
     """A grouped transaction's transitions, all alike, and its size (`count`
     unless given; quiet: these are the happy path's intake, sends and settlements)."""
+    after_commit(
+        conn, functools.partial(transitions_committed, before, after, count, stage, group_size)
+    )
+
+
+def transitions_committed(
+    before: State | None, after: State, count: int, stage: str, group_size: int | None = None
+) -> None:
+    """`transitions`, for a statement that has already committed itself."""
     if count:
-        after_commit(conn, lambda: TRANSITIONS.labels(before or "none", after).inc(count))
+        TRANSITIONS.labels(before or "none", after).inc(count)
     size = count if group_size is None else group_size
     if size:
-        after_commit(conn, lambda: GROUP_COMMIT_SIZE.labels(stage).observe(size))
+        GROUP_COMMIT_SIZE.labels(stage).observe(size)
 
 
 def flags_raised(conn: AsyncConnection, operation: Any, fields: Mapping[str, Any]) -> None:

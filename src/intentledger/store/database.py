@@ -123,30 +123,6 @@ def create_ledger_engine(url: str, *, pool_size: int = 10, pooler: Pooler = "non
     )
 
 
-def create_statement_engine(
-    url: str, *, pool_size: int = 2, pooler: Pooler = "none"
-) -> AsyncEngine | None:
-    """An engine for work that is one statement, and so a transaction of its own
-    (intake's group commit), on PostgreSQL; None on SQLite, whose writes take
-    BEGIN IMMEDIATE on the ledger engine.
-
-    Its connections autocommit: the statement costs one round trip where BEGIN,
-    the statement and COMMIT cost three, each one more hop through a pooler. It
-    skips the pre-ping too (one more round trip per checkout): a connection that
-    died while pooled fails its statement, and the caller does the work again on
-    the ledger engine, whose pre-ping replaces dead connections before use.
-    """
-    if dialect_of(url) == "sqlite":
-        return None
-    return create_async_engine(
-        async_url(url),
-        pool_size=pool_size,
-        max_overflow=pool_size,
-        isolation_level="AUTOCOMMIT",
-        connect_args=connect_args(url, pooler),
-    )
-
-
 def create_sync_engine(url: str, *, pooler: Pooler = "none") -> Engine:
     engine = create_engine(sync_url(url), connect_args=connect_args(url, pooler))
     if dialect_of(url) == "sqlite":

@@ -1,0 +1,90 @@
+"""Intake's group statement, on a psycopg connection of its own.
+
+On PostgreSQL a group of intents is one statement, migration 0015's
+`intentledger_accept_group`, and so a transaction by itself. Sent through
+SQLAlchemy it also paid for a pool checkout, a greenlet switch, an execution
+context and the result's wrapping: about a fifth of an API process's CPU per
+intent (docs/benchmarks.md step 25). An API process's one committer sends one
+group at a time (engine/group_intake.py), so one connection, kept open and in
+autocommit, is all it needs: one round trip per group, nothing else sent.
+
+There is no pre-ping. A connection that fails its statement (the server
+restarted, a pooler dropped it) is closed and the error goes to the caller,
+which accepts the group's intents one by one on the ledger engine, whose
+pre-ping replaces dead connections; the next group opens a new connection.
+The connection is made with `connect_args`, so behind a pooler nothing is
+prepared, as on every other connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from intentledger.domain.states import NextAction, State
+from intentledger.store.batches import ACCEPT_GROUP_COLUMNS, TRANSITION_SOURCE, json_intake_rows
+from intentledger.store.database import Pooler, connect_args, dialect_of
+
+_ACCEPT_GROUP = (
+    "SELECT resource_id FROM intentledger_accept_group("
+    "%(rows)s::jsonb, %(now)s, %(from_state)s, %(to_state)s, %(next_action)s, %(reason)s)"
+    " AS resource_id"
+)
+
+
+class GroupStatement:
+    def __init__(self, url: str, pooler: Pooler = "none") -> None:
+        self._conninfo = (
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        self._connect_args = connect_args(url, pooler)
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    @staticmethod
+    def takes(columns: Sequence[str]) -> bool:
+        """Whether operation rows of these columns fit the function."""
+        return tuple(columns) == ACCEPT_GROUP_COLUMNS
+
+    async def claim_and_accept(
+        self, accepted: Sequence[tuple[Mapping[str, Any], str]], reason: str, now: datetime
+    ) -> set[str]:
+        """`BatchLedger.claim_and_accept` for rows `takes()` fits, committed by
+        the statement itself: the operation ids whose keys were claimed."""
+        rows = [{**row, TRANSITION_SOURCE: source} for row, source in accepted]
+        parameters = {
+            "rows": json_intake_rows(rows),
+            "now": now,
+            "from_state": None,
+            "to_state": State.ACCEPTED.value,
+            "next_action": NextAction.SUBMIT.value,
+            "reason": reason,
+        }
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = self._conn = await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, **self._connect_args
+            )
+        try:
+            cursor = await conn.execute(_ACCEPT_GROUP, parameters)
+            found = await cursor.fetchall()
+        except BaseException:
+            # Whatever state it is in (dead, or cancelled mid-statement), the
+            # next group starts on a new connection.
+            await self.close()
+            raise
+        return {row[0] for row in found}
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+
+def group_statement_for(url: str, pooler: Pooler = "none") -> GroupStatement | None:
+    """The group statement on PostgreSQL; None on SQLite, whose writes take
+    BEGIN IMMEDIATE on the ledger engine."""
+    return GroupStatement(url, pooler) if dialect_of(url) == "postgresql" else None
