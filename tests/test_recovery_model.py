@@ -68,7 +68,7 @@ from hypothesis.stateful import (
 )
 from multidict import CIMultiDict, CIMultiDictProxy
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.evidence import mandate_share, recorded_executions
@@ -85,7 +85,7 @@ from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.worker import Worker
 from intentledger.providers.http import ProviderResponse, observe
 from intentledger.providers.sandbox_client import map_answer
-from intentledger.store.database import create_ledger_engine
+from intentledger.store.database import _configure_sqlite, async_url
 from intentledger.store.ledger import Ledger
 from intentledger.store.migrate import upgrade
 from intentledger.store.tables import (
@@ -365,6 +365,20 @@ def truthful_outcome(provider: SimulatedProvider, operation_id: str) -> Outcome:
 
 
 @functools.cache
+def model_engine(path: Path) -> AsyncEngine:
+    """The ledger engine `serve` makes for SQLite (store/database.py), but with
+    one pooled connection. A batch's deliveries run concurrently; with several
+    connections SQLite's write lock went to whichever aiosqlite thread asked
+    first, an order that could change between two runs of one example, and
+    with it the ids of the rows they wrote and which row was due next: the
+    same choices then enabled other rules (hypothesis's FlakyStrategyDefinition).
+    With one connection they take their transactions in the order asyncio
+    starts them, every run."""
+    engine = create_async_engine(async_url(f"sqlite:///{path}"), pool_size=1, max_overflow=0)
+    _configure_sqlite(engine.sync_engine)
+    return engine
+
+
 def migrated_template() -> Path:
     """One migrated SQLite file per test session; every example copies it."""
     directory = Path(tempfile.mkdtemp(prefix="intentledger-model-"))
@@ -648,7 +662,7 @@ class RecoveryModel(RuleBasedStateMachine):
         shutil.copy(migrated_template(), self.path)
         self.loop = asyncio.new_event_loop()
         self.clock = ControlledClock()
-        self.engine = create_ledger_engine(f"sqlite:///{self.path}")
+        self.engine = model_engine(self.path)
         self.provider = SimulatedProvider(self.clock)
         self.provider.steer = self._steer
         self.worker = build_worker(self.engine, self.provider, self.clock)
