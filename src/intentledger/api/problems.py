@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import iter_route_contexts
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 from intentledger.engine.refusal import Refusal
 
@@ -181,10 +181,16 @@ def invalid_body_response(instance: str, errors: Any) -> JSONResponse:
 
 
 def allowed_methods(request: Request) -> list[str]:
-    """Every method some route serves at the request's path."""
+    """Every method some route serves at the request's path. FastAPI keeps an
+    included router's routes inside it (`app.router.routes` holds the
+    included router, whose routes carry no methods of their own there), so
+    the routes are walked as FastAPI's OpenAPI walks them."""
+    path, root = request.scope["path"], request.scope.get("root_path", "")
+    if root and path.startswith(root):  # as Starlette's routes match it
+        path = path[len(root) :]
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match != Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
+    for route in iter_route_contexts(request.app.router.routes):
+        pattern = getattr(route, "path_regex", None)  # a mount's matches its prefix only
+        if pattern is not None and route.methods and pattern.match(path):
+            methods |= route.methods
     return sorted(methods)
