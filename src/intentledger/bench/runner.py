@@ -65,6 +65,8 @@ from intentledger.bench.sqlscript import Expr
 from intentledger.bench.tools import (
     WRK_SCRIPT,
     PgbenchResult,
+    PgbenchTimedOut,
+    end_pgbench_sessions,
     find_pgbench,
     find_wrk,
     libpq_url,
@@ -118,6 +120,9 @@ class BenchConfig:
     growth_rows: tuple[int, ...] = (0, 1_000_000, 10_000_000)
     # Server connections PgBouncer keeps in the pooler phase (docs/pgbouncer.ini's).
     pooler_server_connections: int = 20
+    # A dispatch baseline run past this is stopped as stalled (normal runs
+    # take 3-30 s here).
+    baseline_timeout: float = 240.0
     profile_dir: Path | None = None
     keep_logs: bool = False
     # None: every phase; otherwise only these (for working on one of them).
@@ -743,11 +748,11 @@ class Bench:
         client_counts = sorted({cfg.dispatch_loops, cfg.dispatch_clients})
         # The issue's baseline: one payment's claim, pre-submit and record, as the
         # one-at-a-time path sends them.
-        single_runs = self.dispatch_baseline("dispatch.pgbench", 1, client_counts)
+        single_runs, single_stalled = self.dispatch_baseline("dispatch.pgbench", 1, client_counts)
         single, single_cpu = max(single_runs, key=lambda run: run[0].tps)
         # A stricter one: our batch transactions themselves.
         batch = self.batch_capture.batch
-        runs = self.dispatch_baseline("dispatch-batch.pgbench", batch, client_counts)
+        runs, batch_stalled = self.dispatch_baseline("dispatch-batch.pgbench", batch, client_counts)
         batched, batched_cpu = max(runs, key=lambda run: run[0].tps)
         self.figures.update(
             dispatch_per_s=round(rate, 1),
@@ -775,15 +780,27 @@ class Bench:
             dispatch_batch_pgbench_per_s=round(batched.tps * batch, 1),
             dispatch_batch_pgbench_clients=batched.clients,
             dispatch_batch_ratio=round(rate / (batched.tps * batch), 3),
+            # Client counts whose baseline run stalled and was stopped (see below).
+            dispatch_pgbench_stalled=single_stalled,
+            dispatch_batch_pgbench_stalled=batch_stalled,
         )
         self.truncate()
 
     def dispatch_baseline(
         self, script: str, batch: int, client_counts: list[int]
-    ) -> list[tuple[PgbenchResult, dict[str, float]]]:
-        """pgbench over seeded payments, each run `batch` payments per transaction."""
+    ) -> tuple[list[tuple[PgbenchResult, dict[str, float]]], list[int]]:
+        """pgbench over seeded payments, each run `batch` payments per transaction;
+        the runs that finished, and the client counts whose run stalled.
+
+        The faster run is the baseline, so a run that stalls cannot be it. One
+        did: 256 clients of the batch script, every server session waiting on
+        the lock manager's LWLock inside the claim for 11 minutes with no row
+        claimed (docs/benchmarks.md). A run still going after
+        `baseline_timeout` is stopped, its server sessions ended, and it is
+        reported as stalled instead of failing the whole bench."""
         n = self.config.dispatch_payments
         runs = []
+        stalled: list[int] = []
         for clients in client_counts:
             self.say(
                 f"dispatch: pgbench, {clients} clients, {script}: claim + pre-submit + record "
@@ -793,19 +810,29 @@ class Bench:
             per_client = max(1, n // (clients * batch))
             self.seed_accepted(per_client * clients * batch, "pd", "pm_ok")
             watch = self.watch({})
-            result = run_pgbench(
-                self.pgbench,
-                self.url,
-                self.workdir / script,
-                clients=clients,
-                threads=min(clients, os.cpu_count() or 1),
-                transactions_per_client=per_client,
-            )
+            try:
+                result = run_pgbench(
+                    self.pgbench,
+                    self.url,
+                    self.workdir / script,
+                    clients=clients,
+                    threads=min(clients, os.cpu_count() or 1),
+                    transactions_per_client=per_client,
+                    timeout=self.config.baseline_timeout,
+                )
+            except PgbenchTimedOut as exc:
+                watch.stop()
+                end_pgbench_sessions(self.libpq)
+                self.say(f"[yellow]{exc}: stopped; the other client count is the baseline[/yellow]")
+                stalled.append(clients)
+                continue
             runs.append((result, watch.stop()))
             left = self.scalar("SELECT count(*) FROM outbox WHERE done_at IS NULL")
             if left:
                 raise BenchError(f"dispatch baseline left {left} rows undelivered")
-        return runs
+        if not runs:
+            raise BenchError(f"every {script} baseline run stalled")
+        return runs, stalled
 
     def latency_bound(self) -> None:
         cfg = self.config

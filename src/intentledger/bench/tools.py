@@ -8,10 +8,12 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 from sqlalchemy.engine import make_url
 
 
@@ -76,6 +78,10 @@ class PgbenchResult:
     latency_ms: float | None
 
 
+class PgbenchTimedOut(RuntimeError):
+    pass
+
+
 _TPS = re.compile(r"^tps = ([\d.]+) \(without initial connection time\)", re.M)
 _PROCESSED = re.compile(r"number of transactions actually processed: (\d+)")
 _FAILED = re.compile(r"number of failed transactions: (\d+)")
@@ -92,8 +98,11 @@ def run_pgbench(
     seconds: float | None = None,
     transactions_per_client: int | None = None,
     define: dict[str, str] | None = None,
+    timeout: float = 1800,
 ) -> PgbenchResult:
-    """Run one custom script with prepared statements, as psycopg ends up using them."""
+    """Run one custom script with prepared statements, as psycopg ends up using
+    them. Past `timeout` seconds pgbench is killed and PgbenchTimedOut raised
+    (its server sessions may still be running: the caller ends them)."""
     cmd = [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(threads)]
     if seconds is not None:
         cmd += ["-T", str(max(1, round(seconds)))]
@@ -102,7 +111,10 @@ def run_pgbench(
     for name, value in (define or {}).items():
         cmd += ["-D", f"{name}={value}"]
     cmd += ["-f", str(script), libpq_url(url)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise PgbenchTimedOut(f"pgbench on {script.name} ran past {timeout:.0f} s") from exc
     tps = _TPS.search(done.stdout)
     if done.returncode != 0 or tps is None:
         raise RuntimeError(
@@ -119,6 +131,23 @@ def run_pgbench(
         clients=clients,
         latency_ms=float(latency.group(1)) if latency else None,
     )
+
+
+def end_pgbench_sessions(url: str, within: float = 60.0) -> None:
+    """End the server sessions a killed pgbench left running in this database
+    (pgbench names its sessions `pgbench`), and wait until none is left."""
+    deadline = time.monotonic() + within
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = 'pgbench' AND datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            ).fetchone()
+            if not row or not row[0]:
+                return
+            time.sleep(0.2)
+    raise RuntimeError(f"pgbench's server sessions did not end within {within:.0f} s")
 
 
 # -- wrk --------------------------------------------------------------------------------------
