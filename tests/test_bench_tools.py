@@ -14,9 +14,9 @@ from intentledger.bench.tools import (
     PgbenchTimedOut,
     end_pgbench_sessions,
     find_pgbench,
-    libpq_url,
     run_pgbench,
 )
+from intentledger.store.database import libpq_url
 from tests.conftest import BACKENDS, Databases
 
 pytestmark = pytest.mark.skipif(

@@ -69,13 +69,12 @@ from intentledger.bench.tools import (
     end_pgbench_sessions,
     find_pgbench,
     find_wrk,
-    libpq_url,
     run_pgbench,
     start_wrk,
     wrk_result,
 )
 from intentledger.engine.clock import system_clock
-from intentledger.store.database import create_ledger_engine
+from intentledger.store.database import create_ledger_engine, libpq_url
 from intentledger.store.ledger import Ledger
 from intentledger.store.migrate import upgrade
 from intentledger.store.tables import metadata

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from sqlalchemy.engine import make_url
+
+from intentledger.store.database import libpq_url
 
 
 class ToolMissing(RuntimeError):
@@ -59,11 +60,6 @@ def apt_install(package: str, find: Callable[[], str | None]) -> str:
     if install.returncode != 0 or not found:
         raise ToolMissing(f"could not install {package} with apt-get:\n{install.stderr[-2000:]}")
     return found
-
-
-def libpq_url(url: str) -> str:
-    """A SQLAlchemy URL (postgresql+psycopg://...) as a libpq connection URI."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 # -- pgbench ----------------------------------------------------------------------------------

@@ -424,21 +424,12 @@ class BatchLedger:
         self, accepted: Sequence[tuple[Mapping[str, Any], str]], reason: str, now: datetime
     ) -> set[str]:
         columns = tuple(accepted[0][0])
-        rows = [{**row, TRANSITION_SOURCE: source} for row, source in accepted]
         statement = (
             _ACCEPT_GROUP_CALL
             if columns == ACCEPT_GROUP_COLUMNS
             else _claim_and_accept_sql(self.conn.dialect, columns)
         )
-        result = await self.conn.execute(
-            statement,
-            {
-                "rows": json_intake_rows(rows),
-                "now": now,
-                "reason": reason,
-                **_states(None, State.ACCEPTED, NextAction.SUBMIT),
-            },
-        )
+        result = await self.conn.execute(statement, accept_group_parameters(accepted, reason, now))
         return {row.resource_id for row in result}
 
     async def _claim_and_accept_stepwise(
@@ -514,6 +505,21 @@ def json_intake_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     return orjson.dumps(
         rows, default=_json_instant, option=orjson.OPT_PASSTHROUGH_DATETIME
     ).decode()
+
+
+def accept_group_parameters(
+    accepted: Sequence[tuple[Mapping[str, Any], str]], reason: str, now: datetime
+) -> dict[str, Any]:
+    """The group statement's parameters, whichever connection sends it
+    (here, or store/group_statement.py): the rows with each transition's
+    source as one JSON value, the instant, the reason and the transition."""
+    rows = [{**row, TRANSITION_SOURCE: source} for row, source in accepted]
+    return {
+        "rows": json_intake_rows(rows),
+        "now": now,
+        "reason": reason,
+        **_states(None, State.ACCEPTED, NextAction.SUBMIT),
+    }
 
 
 def _json_instant(value: object) -> str:

@@ -40,8 +40,7 @@ def require_utf8(url: str) -> None:
         return
     import psycopg
 
-    plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(plain, autocommit=True) as conn:
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         row = conn.execute("SHOW server_encoding").fetchone()
     encoding = row[0] if row is not None else None
     if isinstance(encoding, bytes):
@@ -52,6 +51,11 @@ def require_utf8(url: str) -> None:
             "ENCODING 'UTF8' (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0, "
             "or a cluster made by initdb -E UTF8)"
         )
+
+
+def libpq_url(url: str) -> str:
+    """The URL as libpq reads it (`postgresql://`, no SQLAlchemy driver name)."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def async_url(url: str) -> str:

@@ -23,11 +23,9 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from sqlalchemy.engine import make_url
 
-from intentledger.domain.states import NextAction, State
-from intentledger.store.batches import ACCEPT_GROUP_COLUMNS, TRANSITION_SOURCE, json_intake_rows
-from intentledger.store.database import Pooler, connect_args, dialect_of
+from intentledger.store.batches import ACCEPT_GROUP_COLUMNS, accept_group_parameters
+from intentledger.store.database import Pooler, connect_args, dialect_of, libpq_url
 
 _ACCEPT_GROUP = (
     "SELECT resource_id FROM intentledger_accept_group("
@@ -38,9 +36,7 @@ _ACCEPT_GROUP = (
 
 class GroupStatement:
     def __init__(self, url: str, pooler: Pooler = "none") -> None:
-        self._conninfo = (
-            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-        )
+        self._conninfo = libpq_url(url)
         self._connect_args = connect_args(url, pooler)
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
@@ -54,15 +50,7 @@ class GroupStatement:
     ) -> set[str]:
         """`BatchLedger.claim_and_accept` for rows `takes()` fits, committed by
         the statement itself: the operation ids whose keys were claimed."""
-        rows = [{**row, TRANSITION_SOURCE: source} for row, source in accepted]
-        parameters = {
-            "rows": json_intake_rows(rows),
-            "now": now,
-            "from_state": None,
-            "to_state": State.ACCEPTED.value,
-            "next_action": NextAction.SUBMIT.value,
-            "reason": reason,
-        }
+        parameters = accept_group_parameters(accepted, reason, now)
         conn = self._conn
         if conn is None or conn.closed:
             conn = self._conn = await psycopg.AsyncConnection.connect(
