@@ -80,8 +80,12 @@ def test_short_chaos_run_through_pgbouncer_is_clean(
     assert report["db_restarts"] == 1
     assert report["violations"] == 0
     # Refunds rode along, some of them racing for the same payment's money.
-    # (How many depends on how far dispatch has got when they are sent: a floor, not a figure.)
-    assert report["refunds_accepted"] >= 20, report  # type: ignore[operator]
+    # How many are accepted depends on how far dispatch has got when they are
+    # sent (about half go to a payment not yet known to have succeeded, and are
+    # refused): a floor, not a figure. Three runs here on 2 December accepted
+    # 27, 37 and 40 of 89-121 sent; CI's slower machine accepted 18, under the
+    # floor of 20 this test had then.
+    assert report["refunds_accepted"] >= 10, report  # type: ignore[operator]
     assert report["over_refunded"] == 0
 
 
