@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from intentledger.bench.report import GOALS, table, with_goals
+from intentledger.bench.runner import drain_end
 
 
 def figures(fsync: str = "on", synchronous_commit: str = "on") -> dict[str, Any]:
@@ -81,3 +82,18 @@ def test_an_unmeasured_pooler_is_not_judged() -> None:
     assert judged["goals_judged"] is True
     assert judged["goals"]["pooler_ratio"]["met"] is None
     assert judged["goals"]["intake_ratio"]["met"] is True
+
+
+def test_a_drain_ends_at_its_last_row_done_not_at_the_poll_that_saw_it() -> None:
+    # Seeded at 100.0, the last row done at 104.87, the poll saw nothing left at 105.0.
+    assert drain_end(100.0, 104.87, 105.0) == 104.87
+    # Within the 50 ms allowed to two processes' clocks.
+    assert drain_end(100.0, 105.04, 105.0) == 105.04
+
+
+@pytest.mark.parametrize(
+    "last_done",
+    [0.0, 99.9, 100.0, 105.2],  # none recorded, before or at the seed, after the poll
+)
+def test_a_drain_end_the_clocks_cannot_place_falls_back_to_the_poll(last_done: float) -> None:
+    assert drain_end(100.0, last_done, 105.0) == 105.0
