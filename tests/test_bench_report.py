@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from intentledger.bench.report import GOALS, table, with_goals
 from intentledger.bench.runner import drain_end
@@ -97,3 +99,14 @@ def test_a_drain_ends_at_its_last_row_done_not_at_the_poll_that_saw_it() -> None
 )
 def test_a_drain_end_the_clocks_cannot_place_falls_back_to_the_poll(last_done: float) -> None:
     assert drain_end(100.0, last_done, 105.0) == 105.0
+
+
+def test_a_figure_just_under_its_bound_is_not_met_however_it_reads() -> None:
+    # 5,531.2 through PgBouncer over 6,149.0 direct: 0.89953, which three decimals
+    # would have made 0.9 (and, before, a met goal).
+    judged = with_goals({**figures(), "pooler_ratio": 5531.2 / 6149.0})
+    assert judged["goals"]["pooler_ratio"]["met"] is False
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(table(judged))
+    pooler = next(line for line in console.export_text().splitlines() if "PgBouncer" in line)
+    assert "0.8995" in pooler and "not met" in pooler

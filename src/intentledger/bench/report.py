@@ -129,10 +129,14 @@ def with_goals(figures: dict[str, Any], *, allow_fast_server: bool = False) -> d
 
 
 def _num(value: Any, unit: str = "") -> str:
+    """A figure for reading: rates whole, ratios and seconds to four decimals.
+    (The verdict beside it is judged on the figure itself.)"""
     if value is None:
         return "—"
     if isinstance(value, float) and value >= 100:
         return f"{value:,.0f}{unit}"
+    if isinstance(value, float):
+        return f"{value:.4f}".rstrip("0").rstrip(".") + unit
     return f"{value}{unit}"
 
 
