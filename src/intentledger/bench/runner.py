@@ -173,9 +173,10 @@ class BenchConfig:
             latency_payments=600 if quick else 5_000,
             # One worker, 600 calls in flight in 6 loops of 100 (200/50: 425/s,
             # 400/50: 474/s on this machine at issue 6; the issue asks for at
-            # least 100 in flight). On 2 December, runs interleaved on one
-            # server, 600/50: 870-983/s (8 runs), 600/100: 908-1,056/s (7),
-            # 600/150: 974-1,075/s (5): half the transactions per payment.
+            # least 100 in flight). On 2 December, one-phase runs with the
+            # sizes interleaved: 600/50 870-983/s in 11 runs (and one stall),
+            # 600/100 908-1,056/s in 7, 600/150 974-1,075/s in 5 — half the
+            # transactions per payment (docs/benchmarks.md, step 27).
             latency_concurrency=600,
             latency_batch=100,
             slow_seconds=0.2,
