@@ -53,6 +53,7 @@ from intentledger.bench.capture import (
     capture_intake,
     payment_body,
 )
+from intentledger.bench.emptying import empty_tables
 from intentledger.bench.pgbouncer import running_pgbouncer
 from intentledger.bench.processes import (
     Fleet,
@@ -301,6 +302,7 @@ class Bench:
         self.intake_capture: IntakeCapture | None = None
         self.dispatch_capture: DispatchCapture | None = None
         self.batch_capture: DispatchCapture | None = None
+        self.warned_counters = False
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("INTENTLEDGER_")}
         self.env = {
             **inherited,
@@ -328,8 +330,17 @@ class Bench:
         return int(row[0]) if row is not None and row[0] is not None else 0
 
     def truncate(self) -> None:
+        """Empty the ledger as a new one is (bench/emptying.py)."""
         with self.admin() as conn:
-            conn.execute(f"TRUNCATE {', '.join(LEDGER_TABLES)} RESTART IDENTITY".encode())
+            reset = empty_tables(conn, LEDGER_TABLES)
+        if not reset and not self.warned_counters:
+            self.warned_counters = True
+            self.say(
+                "[yellow]warning:[/yellow] the server refused to reset the emptied tables' "
+                "statistics counters, so autovacuum may analyze them while empty and a phase "
+                "may crawl on sequential scans (grant EXECUTE on "
+                "pg_stat_reset_single_table_counters and pg_stat_force_next_flush)"
+            )
 
     def require_empty_ledger(self) -> None:
         busy = [t for t in LEDGER_TABLES if self.scalar(f"SELECT count(*) FROM {t}")]
