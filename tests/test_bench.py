@@ -55,6 +55,7 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     assert figures["peer_best"] in ("procrastinate", "dbos")
     # Every phase of issue 18 ran: through PgBouncer, 1/2/4 workers, the growth sizes.
     assert figures["pooler_ratio"] > 0 and figures["pooler_per_s"] > 0
+    assert figures["pooler_pgbench_ratio"] > 0 and figures["pooler_pgbench_per_s"] > 0
     assert len(figures["scaling_1_2_4"]) == 3 and all(r > 0 for r in figures["scaling_1_2_4"])
     assert figures["growth_intake_ratio"] > 0 and figures["growth_scan_ratio"] > 0
     # The suite's server runs with fsync=off: the goals are then not judged (issue 18).

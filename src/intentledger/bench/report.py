@@ -251,6 +251,14 @@ def table(figures: dict[str, Any]) -> Table:
         _num(f.get("pooler_ratio")),
         _met(f, "pooler_ratio"),
     )
+    if f.get("pooler_pgbench_ratio") is not None:
+        out.add_row(
+            "pooler, for scale: pgbench's intake transaction through PgBouncer",
+            _num(f.get("pooler_pgbench_per_s"), " tx/s"),
+            f"direct {_num(f.get('pooler_pgbench_direct_per_s'), ' tx/s')}",
+            _num(f.get("pooler_pgbench_ratio")),
+            "—",
+        )
     out.add_row(
         "peak RSS of one API process",
         _num(f.get("api_rss_mb"), " MB"),

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import psycopg
 from rich.console import Console
@@ -703,18 +703,7 @@ class Bench:
         self.truncate()
         ok, _, seconds, p50, p99, cpu, rss = self.wrk_intake("intake-api0")
         self.say(f"intake: pgbench, {cfg.connections} clients, the intake transaction")
-        self.truncate()
-        baseline_watch = self.watch({})
-        baseline = run_pgbench(
-            self.pgbench,
-            self.url,
-            self.workdir / "intake.pgbench",
-            clients=cfg.connections,
-            threads=min(cfg.connections, os.cpu_count() or 1),
-            seconds=cfg.intake_seconds,
-            define={"n": "0"},
-        )
-        baseline_cpu = baseline_watch.stop()
+        baseline, baseline_cpu = self.intake_pgbench()
         self.figures.update(
             intake_per_s=round(ok / seconds, 1),
             intake_requests=ok,
@@ -730,6 +719,28 @@ class Bench:
             api_processes=cfg.api_processes,
             intake_connections=cfg.connections,
         )
+
+    def intake_pgbench(
+        self,
+        url: str | None = None,
+        protocol: Literal["prepared", "extended"] = "prepared",
+    ) -> tuple[PgbenchResult, dict[str, Any]]:
+        """pgbench's intake transaction on emptied tables, at intake's client
+        count and duration: its result and the CPU it cost."""
+        cfg = self.config
+        self.truncate()
+        watch = self.watch({})
+        result = run_pgbench(
+            self.pgbench,
+            url or self.url,
+            self.workdir / "intake.pgbench",
+            clients=cfg.connections,
+            threads=min(cfg.connections, os.cpu_count() or 1),
+            seconds=cfg.intake_seconds,
+            define={"n": "0"},
+            protocol=protocol,
+        )
+        return result, watch.stop()
 
     def pooler(self) -> None:
         """Intake straight to PostgreSQL, then through PgBouncer in transaction mode
@@ -749,6 +760,13 @@ class Bench:
                 },
                 roles={"pgbouncer": [bouncer.pid]} if bouncer.pid is not None else None,
             )
+            # For scale, what the same pooler costs the database's own client:
+            # pgbench's intake transaction, direct and then through PgBouncer,
+            # both without prepared statements (PgBouncer 1.18 in transaction
+            # mode cannot carry them). Not judged.
+            self.say("pooler: pgbench's intake transaction, direct and through PgBouncer")
+            pgbench_direct, _ = self.intake_pgbench(protocol="extended")
+            pgbench_through, _ = self.intake_pgbench(bouncer.url_for(self.url), protocol="extended")
         direct_rate = direct.ok / direct.seconds
         through_rate = through.ok / through.seconds
         self.figures.update(
@@ -762,6 +780,9 @@ class Bench:
             pooler_cpu_ms_per_intent=per_item_ms(through.cpu, through.ok),
             pooler_direct_cpu=direct.cpu,
             pooler_direct_cpu_ms_per_intent=per_item_ms(direct.cpu, direct.ok),
+            pooler_pgbench_direct_per_s=round(pgbench_direct.tps, 1),
+            pooler_pgbench_per_s=round(pgbench_through.tps, 1),
+            pooler_pgbench_ratio=pgbench_through.tps / pgbench_direct.tps,
         )
 
     def dispatch(self) -> None:

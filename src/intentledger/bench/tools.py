@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import psycopg
 
@@ -95,11 +96,14 @@ def run_pgbench(
     transactions_per_client: int | None = None,
     define: dict[str, str] | None = None,
     timeout: float = 1800,
+    protocol: Literal["prepared", "extended"] = "prepared",
 ) -> PgbenchResult:
     """Run one custom script with prepared statements, as psycopg ends up using
-    them. Past `timeout` seconds pgbench is killed and PgbenchTimedOut raised
-    (its server sessions may still be running: the caller ends them)."""
-    cmd = [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(threads)]
+    them (`protocol="extended"`: unnamed statements, as psycopg sends them
+    behind a pooler). Past `timeout` seconds pgbench is killed and
+    PgbenchTimedOut raised (its server sessions may still be running: the
+    caller ends them)."""
+    cmd = [pgbench, "-n", "-M", protocol, "-c", str(clients), "-j", str(threads)]
     if seconds is not None:
         cmd += ["-T", str(max(1, round(seconds)))]
     if transactions_per_client is not None:
