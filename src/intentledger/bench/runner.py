@@ -336,10 +336,11 @@ class Bench:
         if not reset and not self.warned_counters:
             self.warned_counters = True
             self.say(
-                "[yellow]warning:[/yellow] the server refused to reset the emptied tables' "
+                "[yellow]warning:[/yellow] the server did not reset the emptied tables' "
                 "statistics counters, so autovacuum may analyze them while empty and a phase "
-                "may crawl on sequential scans (grant EXECUTE on "
-                "pg_stat_reset_single_table_counters and pg_stat_force_next_flush)"
+                "may crawl on sequential scans (it needs PostgreSQL 15 or later, and a "
+                "superuser or EXECUTE on pg_stat_reset_single_table_counters and "
+                "pg_stat_force_next_flush)"
             )
 
     def require_empty_ledger(self) -> None:
