@@ -20,9 +20,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.bench.pgbouncer import PgBouncer, running_pgbouncer
+from intentledger.ports import free_port
 from intentledger.store.database import create_ledger_engine
 from intentledger.store.migrate import upgrade
-from tests.support import Process, free_port
+from tests.support import Process
 
 BACKENDS = [
     b for b in os.environ.get("INTENTLEDGER_TEST_BACKENDS", "sqlite,postgresql").split(",") if b

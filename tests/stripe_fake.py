@@ -57,6 +57,8 @@ import httpx
 import pytest
 from aiohttp import web
 
+from intentledger.ports import free_port
+
 if TYPE_CHECKING:
     import stripe
 
@@ -756,12 +758,6 @@ def run_localstripe(port: int, pickle_path: Path) -> None:
 
 
 # -- the Python side, for tests ------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class StripeFake:

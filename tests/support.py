@@ -18,12 +18,6 @@ import httpx
 INTENTLEDGER = [sys.executable, "-m", "intentledger.cli"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def wait_until(
     predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05
 ) -> None:

@@ -30,8 +30,9 @@ from intentledger.client import (
     WebhookRefused,
     verify_webhook,
 )
+from intentledger.ports import free_port
 from tests.served import Served
-from tests.support import Forwarder, free_port
+from tests.support import Forwarder
 
 FAST = Retries(attempts=4, backoff=0.05, cap=0.5)
 

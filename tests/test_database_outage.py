@@ -18,10 +18,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
+from intentledger.ports import free_port
 from intentledger.store.database import create_sync_engine
 from intentledger.store.tables import operations
 from tests.conftest import BACKENDS, Databases
-from tests.support import Forwarder, Process, free_port, wait_until
+from tests.support import Forwarder, Process, wait_until
 from tests.test_intake_http import PAYMENT, create_key
 
 pytestmark = [

@@ -19,10 +19,10 @@ from intentledger.engine.intake import PaymentIntent, accept_payment
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.worker import Worker
+from intentledger.ports import free_port
 from intentledger.providers.sandbox_client import SandboxProvider
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import decisions, observations, operations, outbox
-from tests.support import free_port
 
 ROUTE = "POST /v1/payments"
 

@@ -17,8 +17,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from intentledger.ports import free_port
 from tests.conftest import BACKENDS, Databases
-from tests.support import Process, free_port
+from tests.support import Process
 from tests.test_intake_http import PAYMENT, Service, assert_problem, create_key, serving
 
 JSON = "application/json"

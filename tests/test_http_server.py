@@ -13,7 +13,7 @@ import pytest
 import uvicorn
 
 from intentledger.http_server import CoalescingTransport, server_options
-from tests.support import free_port
+from intentledger.ports import free_port
 
 
 class RecordingTransport(asyncio.Transport):

@@ -17,10 +17,11 @@ import pytest
 from sqlalchemy import insert, select
 
 from intentledger.api.auth import TOKEN_PREFIX, hash_token
+from intentledger.ports import free_port
 from intentledger.store.database import create_sync_engine
 from intentledger.store.tables import api_keys, idempotency_records, metadata, operations, outbox
 from tests.conftest import BACKENDS, Databases
-from tests.support import Process, free_port
+from tests.support import Process
 
 SEED_FIELDS = {
     "operation_id",

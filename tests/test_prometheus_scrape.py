@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
+from intentledger.ports import free_port
 from tests.conftest import BACKENDS, Databases
 from tests.served import Served, serve
-from tests.support import Process, free_port, wait_until
+from tests.support import Process, wait_until
 from tests.test_intake_http import create_key
 
 FIRST_SAMPLE_TIMEOUT = 40.0

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 import uvicorn
 
+from intentledger.ports import free_port
 from intentledger.providers import http
 from intentledger.providers.http import ProviderClient
-from tests.support import free_port
 
 
 async def _answer_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

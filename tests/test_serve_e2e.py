@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import INTENTLEDGER, Process, free_port
+from intentledger.ports import free_port
+from tests.support import INTENTLEDGER, Process
 from tests.test_intake_http import create_key
 
 

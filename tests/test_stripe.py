@@ -17,13 +17,14 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, func, select
 
+from intentledger.ports import free_port
 from intentledger.providers.base import ProviderLookup, ProviderRequest
 from intentledger.providers.stripe import StripeProvider
 from intentledger.store.database import sync_url
 from intentledger.store.tables import idempotency_records, operations
 from tests.conftest import BACKENDS, Databases
 from tests.stripe_fake import StripeFake, stripe_fake  # noqa: F401
-from tests.support import INTENTLEDGER, Process, free_port
+from tests.support import INTENTLEDGER, Process
 from tests.test_intake_http import assert_problem, create_key
 
 STRIPE_KEY = "sk_test_intentledger"

@@ -10,8 +10,9 @@ from typing import Any
 
 import httpx
 
+from intentledger.ports import free_port
 from tests.served import Served
-from tests.support import Process, free_port, wait_until
+from tests.support import Process, wait_until
 from tests.test_intake_http import create_key
 
 IBAN = "DE89 3704 0044 0532 0130 00"

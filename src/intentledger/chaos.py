@@ -21,7 +21,6 @@ import os
 import random
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from sqlalchemy import func, select, text
 from intentledger.api.auth import create_api_key
 from intentledger.domain.durations import format_duration
 from intentledger.engine.clock import system_clock
+from intentledger.ports import free_port
 from intentledger.store.database import Pooler, create_ledger_engine, create_sync_engine
 from intentledger.store.migrate import upgrade
 from intentledger.store.tables import attempts, decisions, metadata, operations, outbox
@@ -141,21 +141,15 @@ class Tally:
     phase: str = "starting"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Fleet:
     """The processes under test; any of them may be killed and restarted."""
 
     def __init__(self, config: ChaosConfig, workdir: Path) -> None:
         self.config = config
         self.workdir = workdir
-        self.sandbox_port = _free_port()
+        self.sandbox_port = free_port()
         self.sandbox_url = f"http://127.0.0.1:{self.sandbox_port}/_sandbox"
-        self.api_ports = [_free_port() for _ in range(config.api)]
+        self.api_ports = [free_port() for _ in range(config.api)]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env = {
             **os.environ,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from rich.table import Table
 
 from intentledger.api.auth import create_api_key
 from intentledger.engine.clock import system_clock
+from intentledger.ports import free_port
 from intentledger.store.database import create_ledger_engine
 from intentledger.store.migrate import upgrade
 
@@ -57,12 +57,6 @@ class Watched:
     outcome: str | None = None
     next_action: str = "submit"
     charges: int = 0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _new_key(database_url: str) -> str:
@@ -111,7 +105,7 @@ def run_demo(console: Console, timeout: float, keep: bool) -> int:
     database_url = f"sqlite:///{workdir / 'ledger.db'}"
     upgrade(database_url)
     token = asyncio.run(_new_key(database_url))
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (workdir / "serve.log").open("wb")
     # Short timings so every path completes in seconds; a 10 s key retention so

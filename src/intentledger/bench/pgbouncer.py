@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from intentledger.bench.tools import apt_install
+from intentledger.ports import free_port
 
 
 def find_pgbouncer() -> str:
@@ -54,12 +55,6 @@ class PgBouncer:
     def log(self) -> str:
         path = self.workdir / "pgbouncer.log"
         return path.read_text(errors="replace") if path.exists() else ""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _config(server_url: str, port: int, workdir: Path, pool_size: int) -> str:
@@ -103,7 +98,7 @@ def running_pgbouncer(server_url: str, *, pool_size: int = 8) -> Iterator[PgBoun
         {"user": "postgres", "group": "postgres", "extra_groups": []} if os.geteuid() == 0 else {}
     )
     workdir = Path(tempfile.mkdtemp(prefix="intentledger-pgbouncer-"))
-    bouncer = PgBouncer(_free_port(), workdir)
+    bouncer = PgBouncer(free_port(), workdir)
     process: subprocess.Popen[bytes] | None = None
     failed = False
     try:

@@ -28,7 +28,6 @@ import os
 import platform
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -79,6 +78,7 @@ from intentledger.bench.tools import (
     wrk_result,
 )
 from intentledger.engine.clock import system_clock
+from intentledger.ports import free_port
 from intentledger.store.database import create_ledger_engine, libpq_url
 from intentledger.store.ledger import Ledger
 from intentledger.store.migrate import upgrade
@@ -222,12 +222,6 @@ class IntakeRun(NamedTuple):
     p99_ms: float
     cpu: dict[str, float]
     rss_mb: float
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
