@@ -11,9 +11,12 @@ import json
 import subprocess
 from pathlib import Path
 
+import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
 from intentledger.bench.report import REQUIRED_KEYS
+from intentledger.store.database import libpq_url
 from tests.conftest import BACKENDS, Databases
 from tests.support import INTENTLEDGER
 
@@ -30,12 +33,13 @@ pytestmark = [
 
 def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Path) -> None:
     output = tmp_path / "bench.json"
+    url = databases.create("postgresql")
     done = subprocess.run(
         [
             *INTENTLEDGER,
             "bench",
             "--database-url",
-            databases.create("postgresql"),
+            url,
             "--quick",
             "--output",
             str(output),
@@ -58,6 +62,14 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     assert figures["pooler_pgbench_ratio"] > 0 and figures["pooler_pgbench_per_s"] > 0
     assert len(figures["scaling_1_2_4"]) == 3 and all(r > 0 for r in figures["scaling_1_2_4"])
     assert figures["growth_intake_ratio"] > 0 and figures["growth_scan_ratio"] > 0
+    assert len(figures["growth_scan_s"]) == len(figures["growth_intake_per_s"]) == 3
+    # The growth ledgers' databases, one per size, are gone again.
+    with psycopg.connect(libpq_url(url)) as conn:
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE %s",
+            (f"{make_url(url).database}_bench_growth_%",),
+        ).fetchall()
+    assert left == []
     # The suite's server runs with fsync=off: the goals are then not judged (issue 18).
     assert figures["goals_judged"] is figures["server_durable"]
     assert json.loads(output.read_text()) == figures

@@ -9,7 +9,8 @@
     peer      the same flow on Procrastinate, same database, same kind of sandbox
     peer_dbos the same flow on DBOS Transact, same database, same kind of sandbox
     scan      1,000 due reconcile rows claimed from a small and a big ledger
-    growth    the due-scan and intake on an empty ledger and on ledgers of 1 M and 10 M
+    growth    the due-scan and intake on an empty ledger and on ledgers of 1 M and 10 M,
+              side by side in databases of their own, measured in turn
 
 Every phase starts from empty ledger tables; the bench refuses a database that
 holds any ledger rows, and leaves it empty again.
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -41,6 +42,7 @@ from typing import Any, Literal, NamedTuple
 
 import psycopg
 from rich.console import Console
+from sqlalchemy.engine import make_url
 
 from intentledger.api.auth import create_api_key
 from intentledger.bench import profiling, workloads
@@ -130,6 +132,9 @@ class BenchConfig:
     # Ledger sizes (operations, every intake table) of the growth phase; the first is
     # the empty ledger the others are compared with (issue 18).
     growth_rows: tuple[int, ...] = (0, 1_000_000, 10_000_000)
+    # The growth phase's intake rounds, each taking the ledgers in turn; together
+    # they last `intake_seconds` per ledger.
+    growth_intake_rounds: int = 4
     # Server connections PgBouncer keeps in the pooler phase (docs/pgbouncer.ini's).
     pooler_server_connections: int = 20
     # A dispatch baseline run past this is stopped as stalled (normal runs
@@ -186,6 +191,7 @@ class BenchConfig:
             scan_due=300 if quick else 1_000,
             peer_payments=500 if quick else 20_000,
             growth_rows=(0, 5_000, 30_000) if quick else (0, 1_000_000, 10_000_000),
+            growth_intake_rounds=2 if quick else 4,
             profile_dir=profile_dir,
             keep_logs=keep_logs,
             phases=phases,
@@ -222,6 +228,28 @@ class IntakeRun(NamedTuple):
     p99_ms: float
     cpu: dict[str, float]
     rss_mb: float
+
+
+@dataclass(frozen=True)
+class ApiFleet:
+    """API processes serving one database, and what wrk needs to load them."""
+
+    url: str
+    libpq: str
+    ports: list[int]
+    apis: list[Proc]
+    token: str
+    connections: list[int]  # wrk connections per process
+
+
+@dataclass(frozen=True)
+class GrowthLedger:
+    """One size of the growth phase: a database of its own on the bench's server."""
+
+    rows: int
+    name: str
+    url: str
+    libpq: str
 
 
 @dataclass
@@ -265,6 +293,24 @@ class CpuWatch:
         # New server processes: each costs a fork and a cold catalog cache.
         used["db_sessions_opened"] = self.sessions() - self._sessions
         return used
+
+
+def summed(runs: list[IntakeRun]) -> IntakeRun:
+    """Measured runs of one ledger as one: answers, seconds and CPU added up, the
+    worst latency and memory kept."""
+    cpu: dict[str, float] = {}
+    for run in runs:
+        for key, value in run.cpu.items():
+            cpu[key] = round(cpu.get(key, 0.0) + value, 3)
+    return IntakeRun(
+        ok=sum(run.ok for run in runs),
+        errors=sum(run.errors for run in runs),
+        seconds=sum(run.seconds for run in runs),
+        p50_ms=max(run.p50_ms for run in runs),
+        p99_ms=max(run.p99_ms for run in runs),
+        cpu=cpu,
+        rss_mb=max(run.rss_mb for run in runs),
+    )
 
 
 def per_item_ms(cpu: dict[str, float], items: int) -> dict[str, float]:
@@ -314,12 +360,13 @@ class Bench:
         self.console.print(f"[dim]bench:[/dim] {message}")
 
     @contextmanager
-    def admin(self) -> Iterator[psycopg.Connection[Any]]:
-        with psycopg.connect(self.libpq, autocommit=True) as conn:
+    def admin(self, libpq: str | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """An autocommit connection to the bench's database, or to `libpq`'s."""
+        with psycopg.connect(libpq or self.libpq, autocommit=True) as conn:
             yield conn
 
-    def scalar(self, query: str) -> int:
-        with self.admin() as conn:
+    def scalar(self, query: str, libpq: str | None = None) -> int:
+        with self.admin(libpq) as conn:
             row = conn.execute(query.encode()).fetchone()
         return int(row[0]) if row is not None and row[0] is not None else 0
 
@@ -610,6 +657,112 @@ class Bench:
         self.figures["dispatch_batch_statements_per_payment"] = round(statements / batch, 2)
         self.truncate()
 
+    @contextmanager
+    def api_fleet(
+        self,
+        ledger: GrowthLedger | None = None,
+        api_env: dict[str, str] | None = None,
+    ) -> Iterator[ApiFleet]:
+        """As many API processes as cores on the bench's database (or `ledger`'s),
+        with a key to call them with. `api_env`: more settings for them."""
+        cfg = self.config
+        url = ledger.url if ledger is not None else self.url
+        libpq = ledger.libpq if ledger is not None else self.libpq
+        tag = f"-{ledger.rows}" if ledger is not None else ""
+
+        async def token() -> str:
+            engine = create_ledger_engine(url)
+            try:
+                return await create_api_key(engine, system_clock, BENCH_ACTOR, False)
+            finally:
+                await engine.dispose()
+
+        api_token = asyncio.run(token())
+        ports = [free_port() for _ in range(cfg.api_processes)]
+        database_env = (
+            {
+                "INTENTLEDGER_DATABASE_URL": url,
+                "INTENTLEDGER_SANDBOX_DATABASE": str(self.workdir / f"api-sandbox{tag}.db"),
+            }
+            if ledger is not None
+            else {}
+        )
+        with self.fleet() as fleet:
+            apis = [
+                fleet.intentledger(
+                    f"api{tag}-{n}" if tag else f"api{n}",
+                    ["serve", "--no-workers", "--port", str(port)],
+                    **{**database_env, **(api_env or {})},
+                )
+                for n, port in enumerate(ports)
+            ]
+            for api, port in zip(apis, ports, strict=True):
+                api.wait_http(f"http://127.0.0.1:{port}/healthz")
+            split = [
+                cfg.connections // len(ports) + (n < cfg.connections % len(ports))
+                for n in range(len(ports))
+            ]
+            yield ApiFleet(url, libpq, ports, apis, api_token, split)
+
+    def wrk_load(self, apis: ApiFleet, seconds: float) -> tuple[int, int, float, float, float]:
+        """wrk against every process of `apis` for `seconds`, fresh keys: the answers
+        that were 2xx, the ones that were not, the longest run, p50 and p99 (ms)."""
+        script = self.workdir / "intake.lua"
+        script.write_text(WRK_SCRIPT)
+        # What a client sends; the API adds the default `metadata: {}` the capture holds.
+        body = json.dumps({k: v for k, v in payment_body("pm_ok").items() if k != "metadata"})
+        prefix = secrets.token_hex(3)
+        procs = [
+            start_wrk(
+                self.wrk,
+                script,
+                f"http://127.0.0.1:{port}",
+                connections=conns,
+                seconds=seconds,
+                key_prefix=f"{prefix}-{n}-",
+                token=apis.token,
+                body=body,
+            )
+            for n, (port, conns) in enumerate(zip(apis.ports, apis.connections, strict=True))
+        ]
+        results = [wrk_result(p, seconds + 60) for p in procs]
+        ok = sum(r.requests - r.errors for r in results)
+        errors = sum(r.errors for r in results)
+        longest = max(r.seconds for r in results)
+        p50 = max(r.p50_ms for r in results)
+        p99 = max(r.p99_ms for r in results)
+        return ok, errors, longest, p50, p99
+
+    def measured_intake(
+        self,
+        apis: ApiFleet,
+        seconds: float,
+        profile_name: str | None = None,
+        roles: dict[str, list[int]] | None = None,
+    ) -> IntakeRun:
+        """One measured wrk run against warmed-up `apis`; fails if an answer was not
+        2xx or an answered intent is not stored. `roles`: more processes whose CPU
+        to count."""
+        before = self.scalar("SELECT count(*) FROM operations", apis.libpq)
+        watch = self.watch({"api": [a.pid for a in apis.apis], **(roles or {})})
+        finish_profile = (
+            self.profile(profile_name, apis.apis[0].pid, seconds)
+            if profile_name is not None
+            else lambda: None
+        )
+        ok, errors, elapsed, p50, p99 = self.wrk_load(apis, seconds)
+        cpu = watch.stop()
+        finish_profile()
+        stored = self.scalar("SELECT count(*) FROM operations", apis.libpq) - before
+        rss = max(peak_rss_mb(api.pid) for api in apis.apis)
+        for api in apis.apis:
+            api.check_alive()
+        if errors:
+            raise BenchError(f"intake: {errors} requests failed (logs in {self.workdir})")
+        if stored < ok:
+            raise BenchError(f"intake: wrk saw {ok} answers but only {stored} intents are stored")
+        return IntakeRun(ok, errors, elapsed, p50, p99, cpu, rss)
+
     def wrk_intake(
         self,
         profile_name: str | None = None,
@@ -617,80 +770,11 @@ class Bench:
         roles: dict[str, list[int]] | None = None,
     ) -> IntakeRun:
         """wrk against as many API processes as cores on the ledger as it stands: the
-        warm-up, then the measured run; fails if an answer was not 2xx or an answered
-        intent is not stored. `api_env`: more settings for the API processes;
-        `roles`: more processes whose CPU to count."""
+        warm-up, then the measured run (see measured_intake)."""
         cfg = self.config
-
-        async def token() -> str:
-            engine = create_ledger_engine(self.url)
-            try:
-                return await create_api_key(engine, system_clock, BENCH_ACTOR, False)
-            finally:
-                await engine.dispose()
-
-        api_token = asyncio.run(token())
-        # What a client sends; the API adds the default `metadata: {}` the capture holds.
-        body = json.dumps({k: v for k, v in payment_body("pm_ok").items() if k != "metadata"})
-        ports = [free_port() for _ in range(cfg.api_processes)]
-        with self.fleet() as fleet:
-            apis = [
-                fleet.intentledger(
-                    f"api{n}", ["serve", "--no-workers", "--port", str(port)], **(api_env or {})
-                )
-                for n, port in enumerate(ports)
-            ]
-            for api, port in zip(apis, ports, strict=True):
-                api.wait_http(f"http://127.0.0.1:{port}/healthz")
-            script = self.workdir / "intake.lua"
-            script.write_text(WRK_SCRIPT)
-            split = [
-                cfg.connections // len(ports) + (n < cfg.connections % len(ports))
-                for n in range(len(ports))
-            ]
-
-            def load(seconds: float, prefix: str) -> tuple[int, int, float, float, float]:
-                procs = [
-                    start_wrk(
-                        self.wrk,
-                        script,
-                        f"http://127.0.0.1:{port}",
-                        connections=conns,
-                        seconds=seconds,
-                        key_prefix=f"{prefix}{n}",
-                        token=api_token,
-                        body=body,
-                    )
-                    for n, (port, conns) in enumerate(zip(ports, split, strict=True))
-                ]
-                results = [wrk_result(p, seconds + 60) for p in procs]
-                ok = sum(r.requests - r.errors for r in results)
-                errors = sum(r.errors for r in results)
-                longest = max(r.seconds for r in results)
-                p50 = max(r.p50_ms for r in results)
-                p99 = max(r.p99_ms for r in results)
-                return ok, errors, longest, p50, p99
-
-            load(cfg.warmup_seconds, f"w{secrets.token_hex(2)}-")
-            before = self.scalar("SELECT count(*) FROM operations")
-            watch = self.watch({"api": [a.pid for a in apis], **(roles or {})})
-            finish_profile = (
-                self.profile(profile_name, apis[0].pid, cfg.intake_seconds)
-                if profile_name is not None
-                else lambda: None
-            )
-            ok, errors, seconds, p50, p99 = load(cfg.intake_seconds, f"m{secrets.token_hex(2)}-")
-            cpu = watch.stop()
-            finish_profile()
-            stored = self.scalar("SELECT count(*) FROM operations") - before
-            rss = max(peak_rss_mb(api.pid) for api in apis)
-            for api in apis:
-                api.check_alive()
-        if errors:
-            raise BenchError(f"intake: {errors} requests failed (logs in {self.workdir})")
-        if stored < ok:
-            raise BenchError(f"intake: wrk saw {ok} answers but only {stored} intents are stored")
-        return IntakeRun(ok, errors, seconds, p50, p99, cpu, rss)
+        with self.api_fleet(api_env=api_env) as apis:
+            self.wrk_load(apis, cfg.warmup_seconds)
+            return self.measured_intake(apis, cfg.intake_seconds, profile_name, roles)
 
     def intake(self) -> None:
         cfg = self.config
@@ -1183,47 +1267,157 @@ class Bench:
         )
 
     def growth(self) -> None:
-        """On an empty ledger, then on ledgers of `growth_rows` operations (every intake
-        table loaded as the intake writes it, 1 % of them UNKNOWN waiting, the rest
-        settled): the time to claim 1,000 due reconcile rows, then intake through wrk
-        as the intake phase measures it. Each ratio is the biggest ledger's figure over
-        the empty one's."""
+        """Ledgers of `growth_rows` operations side by side, each in a database of its
+        own on the bench's server (every intake table loaded as the intake writes it,
+        1 % of the operations UNKNOWN waiting, the rest settled, plus the due rows;
+        the first size is the empty ledger the others are compared with), measured
+        alternately: the time to claim the due rows, one claim from each ledger in
+        turn, then intake through wrk in rounds that take the ledgers in turn.
+
+        Measured one size after the other, minutes apart, the figures were the
+        machine's drift as much as the ledger's size: five 1,000-claim runs on the
+        empty ledger in one phase took 2.36 to 5.27 s. Taken in turn, every size
+        sees the same moments of the machine."""
         cfg = self.config
         due = cfg.scan_due
-        load_s: list[float] = []
-        scan_s: list[float] = []
-        intake: list[float] = []
-        cpu_per_intent: dict[str, dict[str, float]] = {}
-        for rows in cfg.growth_rows:
-            waiting = rows // 100
+        with self.growth_ledgers() as ledgers:
+            load_s: list[float] = []
+            for ledger in ledgers:
+                waiting = ledger.rows // 100
+                self.say(
+                    f"growth: loading a ledger of {ledger.rows:,} operations and {due} due "
+                    f"({waiting:,} waiting), every intake table, into {ledger.name}"
+                )
+                load_s.append(
+                    round(
+                        self.load_ledger(ledger.rows - waiting, waiting, due, libpq=ledger.libpq), 1
+                    )
+                )
+                self.say(f"growth: loaded in {load_s[-1]:.1f}s")
+            self.note_background("growth")
+            scan_s = [
+                round(s, 3)
+                for s in self.time_due_claims(due, [ledger.url for ledger in ledgers], "growth")
+            ]
             self.say(
-                f"growth: loading a ledger of {rows:,} operations and {due} due "
-                f"({waiting:,} waiting), every intake table"
+                f"growth: {due} claims from each ledger in turn: "
+                + " / ".join(f"{s:.3f}s" for s in scan_s)
             )
-            self.truncate()
-            load_s.append(round(self.load_ledger(rows - waiting, waiting, due), 1))
-            scan_s.append(round(self.time_due_claims(due), 3))
-            self.say(
-                f"growth: loaded in {load_s[-1]:.1f}s; {due} claims in {scan_s[-1]:.3f}s; "
-                f"intake: wrk, {cfg.connections} connections -> {cfg.api_processes} API processes"
-            )
-            # Before each size's measurements: this phase is long, and the machine
-            # may be busy with something else in one part of it and not another.
-            self.note_background(f"growth_{rows}")
-            run = self.wrk_intake()
-            intake.append(round(run.ok / run.seconds, 1))
-            cpu_per_intent[str(rows)] = per_item_ms(run.cpu, run.ok)
-            self.say(f"growth: intake {intake[-1]:,.0f}/s on {rows:,} operations")
-        self.truncate()
+            rounds = self.intake_in_turn(ledgers)
+        runs = [summed(ledger_rounds) for ledger_rounds in rounds]
+        intake = [round(run.ok / run.seconds, 1) for run in runs]
+        self.say("growth: intake in turn: " + " / ".join(f"{r:,.0f}/s" for r in intake))
         self.figures.update(
             growth_rows=list(cfg.growth_rows),
             growth_load_s=load_s,
             growth_scan_s=scan_s,
             growth_intake_per_s=intake,
-            growth_intake_cpu_ms_per_intent=cpu_per_intent,
+            growth_intake_rounds=cfg.growth_intake_rounds,
+            growth_intake_round_per_s={
+                str(ledger.rows): [round(run.ok / run.seconds, 1) for run in ledger_rounds]
+                for ledger, ledger_rounds in zip(ledgers, rounds, strict=True)
+            },
+            growth_intake_cpu_ms_per_intent={
+                str(ledger.rows): per_item_ms(run.cpu, run.ok)
+                for ledger, run in zip(ledgers, runs, strict=True)
+            },
             growth_intake_ratio=intake[-1] / intake[0] if intake[0] else None,
             growth_scan_ratio=scan_s[-1] / scan_s[0] if scan_s[0] else None,
         )
+
+    @contextmanager
+    def growth_ledgers(self) -> Iterator[list[GrowthLedger]]:
+        """A fresh database per growth size beside the bench's, migrated; dropped after."""
+        base = make_url(self.url)
+        ledgers = [
+            GrowthLedger(
+                rows,
+                name := f"{base.database}_bench_growth_{rows}",
+                url := base.set(database=name).render_as_string(hide_password=False),
+                libpq_url(url),
+            )
+            for rows in self.config.growth_rows
+        ]
+
+        def drop_all() -> None:
+            with self.admin() as conn:
+                for ledger in ledgers:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{ledger.name}" WITH (FORCE)'.encode())
+
+        try:
+            drop_all()  # left behind by a bench that was killed
+            with self.admin() as conn:
+                for ledger in ledgers:
+                    conn.execute(f'CREATE DATABASE "{ledger.name}"'.encode())
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise BenchError(
+                "growth: the phase loads each ledger size into a database of its own on the "
+                "bench's server, so its role needs CREATEDB (or run without the growth "
+                f"phase): {exc}"
+            ) from exc
+        try:
+            for ledger in ledgers:
+                upgrade(ledger.url)
+            yield ledgers
+        finally:
+            drop_all()
+
+    def time_due_claims(self, due: int, urls: list[str], what: str) -> list[float]:
+        """Seconds each database of `urls` spent claiming its `due` due outbox rows with
+        `Ledger.claim_outbox_row`, one claim per transaction and, for more than one
+        database, one claim from each in turn (the order reversed every other turn,
+        so that none always goes first); fails unless each had exactly `due` due."""
+
+        async def claim_all() -> tuple[list[int], list[float]]:
+            engines = [create_ledger_engine(url, pool_size=1) for url in urls]
+            try:
+                for engine in engines:  # connect and warm each pool first
+                    async with engine.connect() as conn:
+                        await conn.close()
+                claimed = [0] * len(engines)
+                seconds = [0.0] * len(engines)
+                order = list(range(len(engines)))
+                for turn in range(due + 1):
+                    for n in order if turn % 2 == 0 else order[::-1]:
+                        started = time.perf_counter()
+                        async with engines[n].begin() as conn:
+                            row = await Ledger(conn).claim_outbox_row(
+                                system_clock(), timedelta(minutes=5), "bench-scan"
+                            )
+                        seconds[n] += time.perf_counter() - started
+                        claimed[n] += row is not None
+                return claimed, seconds
+            finally:
+                for engine in engines:
+                    await engine.dispose()
+
+        claimed, seconds = asyncio.run(claim_all())
+        for n, count in enumerate(claimed):
+            if count != due:
+                raise BenchError(f"{what}: claimed {count} rows of ledger {n + 1} with {due} due")
+        return seconds
+
+    def intake_in_turn(self, ledgers: list[GrowthLedger]) -> list[list[IntakeRun]]:
+        """Intake on each ledger through API processes of its own, all warmed up, then
+        measured in `growth_intake_rounds` rounds that take the ledgers in turn (the
+        order reversed every other round); each ledger's measured rounds."""
+        cfg = self.config
+        rounds = cfg.growth_intake_rounds
+        seconds = max(1, round(cfg.intake_seconds / rounds))
+        self.say(
+            f"growth: intake: wrk, {cfg.connections} connections -> {cfg.api_processes} API "
+            f"processes per ledger, {rounds} rounds of {seconds}s each"
+        )
+        with ExitStack() as stack:
+            fleets = [stack.enter_context(self.api_fleet(ledger)) for ledger in ledgers]
+            for apis in fleets:
+                self.wrk_load(apis, cfg.warmup_seconds)
+            runs: list[list[IntakeRun]] = [[] for _ in ledgers]
+            order = list(range(len(ledgers)))
+            for turn in range(rounds):
+                for n in order if turn % 2 == 0 else order[::-1]:
+                    runs[n].append(self.measured_intake(fleets[n], seconds))
+        return runs
 
     def claim_plan(self) -> str:
         """How PostgreSQL runs the recorded claim statement now: its scan nodes."""
@@ -1249,19 +1443,25 @@ class Bench:
         self.truncate()
         self.load_ledger(settled, waiting, due, frozenset({"operations", "outbox"}))
         plan = self.claim_plan()
-        seconds = self.time_due_claims(due)
+        (seconds,) = self.time_due_claims(due, [self.url], "scan")
         self.say(f"scan: {due} claims in {seconds:.3f}s on {rows:,} operations ({plan})")
         self.truncate()
         return seconds, plan
 
     def load_ledger(
-        self, settled: int, waiting: int, due: int, tables: frozenset[str] | None = None
+        self,
+        settled: int,
+        waiting: int,
+        due: int,
+        tables: frozenset[str] | None = None,
+        libpq: str | None = None,
     ) -> float:
         """Load a ledger shaped as the intake writes it (`tables`: the intake's tables, or
         some of them), by INSERT ... SELECT generate_series: `settled` succeeded
         operations with their outbox rows done, `waiting` UNKNOWN ones whose reconcile
         check is due in an hour, and `due` UNKNOWN ones whose check is due now; then
-        VACUUM ANALYZE. Returns the seconds it took."""
+        VACUUM ANALYZE. Into the bench's database, or `libpq`'s. Returns the seconds it
+        took."""
         assert self.intake_capture is not None
         started = time.monotonic()
         loaded = sorted(tables if tables is not None else LEDGER_TABLES)
@@ -1273,7 +1473,7 @@ class Bench:
             "first_attempt_at": Expr("now()"),
             "last_observed_at": Expr("now()"),
         }
-        with psycopg.connect(self.libpq) as conn, self.without_indexes(conn, loaded):
+        with psycopg.connect(libpq or self.libpq) as conn, self.without_indexes(conn, loaded):
             workloads.seed(
                 conn,
                 self.intake_capture,
@@ -1321,7 +1521,7 @@ class Bench:
                     },
                 },
             )
-        with self.admin() as conn:
+        with self.admin(libpq) as conn:
             for table in loaded:
                 conn.execute(f"VACUUM ANALYZE {table}".encode())
         return time.monotonic() - started
@@ -1362,34 +1562,6 @@ class Bench:
         for table, name, definition in reversed(constraints):
             conn.execute(f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {definition}'.encode())
         conn.commit()
-
-    def time_due_claims(self, due: int) -> float:
-        """Seconds to claim `due` due outbox rows with `Ledger.claim_outbox_row`, one
-        claim per transaction; fails unless exactly `due` were due."""
-
-        async def claim_all() -> tuple[int, float]:
-            engine = create_ledger_engine(self.url, pool_size=1)
-            try:
-                async with engine.connect() as conn:  # connect and warm the pool first
-                    await conn.close()
-                claimed = 0
-                started = time.perf_counter()
-                for _ in range(due + 1):
-                    async with engine.begin() as conn:
-                        row = await Ledger(conn).claim_outbox_row(
-                            system_clock(), timedelta(minutes=5), "bench-scan"
-                        )
-                    if row is None:
-                        break
-                    claimed += 1
-                return claimed, time.perf_counter() - started
-            finally:
-                await engine.dispose()
-
-        claimed, seconds = asyncio.run(claim_all())
-        if claimed != due:
-            raise BenchError(f"scan: claimed {claimed} rows of a ledger with {due} due")
-        return seconds
 
 
 def machine_facts(libpq: str, pgbench: str, config: BenchConfig) -> dict[str, Any]:
