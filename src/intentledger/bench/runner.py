@@ -132,9 +132,10 @@ class BenchConfig:
     # Ledger sizes (operations, every intake table) of the growth phase; the first is
     # the empty ledger the others are compared with (issue 18).
     growth_rows: tuple[int, ...] = (0, 1_000_000, 10_000_000)
-    # The growth phase's intake rounds, each taking the ledgers in turn; together
-    # they last `intake_seconds` per ledger.
-    growth_intake_rounds: int = 4
+    # Measured intake rounds where the pooler and the growth phases compare fleets,
+    # each round taking the fleets in turn; together they last `intake_seconds`
+    # per fleet.
+    rounds_in_turn: int = 4
     # Server connections PgBouncer keeps in the pooler phase (docs/pgbouncer.ini's).
     pooler_server_connections: int = 20
     # A dispatch baseline run past this is stopped as stalled (normal runs
@@ -191,7 +192,7 @@ class BenchConfig:
             scan_due=300 if quick else 1_000,
             peer_payments=500 if quick else 20_000,
             growth_rows=(0, 5_000, 30_000) if quick else (0, 1_000_000, 10_000_000),
-            growth_intake_rounds=2 if quick else 4,
+            rounds_in_turn=2 if quick else 4,
             profile_dir=profile_dir,
             keep_logs=keep_logs,
             phases=phases,
@@ -660,15 +661,16 @@ class Bench:
     @contextmanager
     def api_fleet(
         self,
+        name: str = "api",
         ledger: GrowthLedger | None = None,
         api_env: dict[str, str] | None = None,
     ) -> Iterator[ApiFleet]:
         """As many API processes as cores on the bench's database (or `ledger`'s),
-        with a key to call them with. `api_env`: more settings for them."""
+        with a key to call them with; `name` names their logs. `api_env`: more
+        settings for them."""
         cfg = self.config
         url = ledger.url if ledger is not None else self.url
         libpq = ledger.libpq if ledger is not None else self.libpq
-        tag = f"-{ledger.rows}" if ledger is not None else ""
 
         async def token() -> str:
             engine = create_ledger_engine(url)
@@ -679,20 +681,15 @@ class Bench:
 
         api_token = asyncio.run(token())
         ports = [free_port() for _ in range(cfg.api_processes)]
-        database_env = (
-            {
-                "INTENTLEDGER_DATABASE_URL": url,
-                "INTENTLEDGER_SANDBOX_DATABASE": str(self.workdir / f"api-sandbox{tag}.db"),
-            }
-            if ledger is not None
-            else {}
-        )
+        env = {
+            "INTENTLEDGER_DATABASE_URL": url,
+            "INTENTLEDGER_SANDBOX_DATABASE": str(self.workdir / f"{name}-sandbox.db"),
+            **(api_env or {}),
+        }
         with self.fleet() as fleet:
             apis = [
                 fleet.intentledger(
-                    f"api{tag}-{n}" if tag else f"api{n}",
-                    ["serve", "--no-workers", "--port", str(port)],
-                    **{**database_env, **(api_env or {})},
+                    f"{name}{n}", ["serve", "--no-workers", "--port", str(port)], **env
                 )
                 for n, port in enumerate(ports)
             ]
@@ -822,23 +819,34 @@ class Bench:
         return result, watch.stop()
 
     def pooler(self) -> None:
-        """Intake straight to PostgreSQL, then through PgBouncer in transaction mode
-        (INTENTLEDGER_DATABASE_POOLER=pgbouncer), back to back on the same ledger
-        tables: what the pooler costs a keyed write."""
+        """Intake straight to PostgreSQL and through PgBouncer in transaction mode
+        (INTENTLEDGER_DATABASE_POOLER=pgbouncer), on the same ledger tables, in
+        rounds that take the two paths in turn: what the pooler costs a keyed write.
+        (Measured one after the other, the ratio carried the machine's drift:
+        0.70-0.97 in eight runs of the same code.)"""
         cfg = self.config
-        self.say("pooler: intake straight to PostgreSQL, then through PgBouncer")
+        self.say(
+            "pooler: intake straight to PostgreSQL and through PgBouncer, "
+            f"{cfg.rounds_in_turn} rounds in turn"
+        )
         self.note_background("pooler")
         self.truncate()
-        direct = self.wrk_intake()
-        self.truncate()
         with running_pgbouncer(self.url, pool_size=cfg.pooler_server_connections) as bouncer:
-            through = self.wrk_intake(
-                api_env={
-                    "INTENTLEDGER_DATABASE_URL": bouncer.url_for(self.url),
-                    "INTENTLEDGER_DATABASE_POOLER": "pgbouncer",
-                },
-                roles={"pgbouncer": [bouncer.pid]} if bouncer.pid is not None else None,
-            )
+            with (
+                self.api_fleet("api-direct-") as direct_apis,
+                self.api_fleet(
+                    "api-pooled-",
+                    api_env={
+                        "INTENTLEDGER_DATABASE_URL": bouncer.url_for(self.url),
+                        "INTENTLEDGER_DATABASE_POOLER": "pgbouncer",
+                    },
+                ) as pooled_apis,
+            ):
+                bouncer_role = {"pgbouncer": [bouncer.pid]} if bouncer.pid is not None else None
+                direct_rounds, through_rounds = self.intake_in_turn(
+                    [direct_apis, pooled_apis], [None, bouncer_role]
+                )
+            direct, through = summed(direct_rounds), summed(through_rounds)
             # For scale, what the same pooler costs the database's own client:
             # pgbench's intake transaction, direct and then through PgBouncer,
             # both without prepared statements (PgBouncer 1.18 in transaction
@@ -853,6 +861,11 @@ class Bench:
             pooler_per_s=round(through_rate, 1),
             pooler_ratio=through_rate / direct_rate,
             pooler_server_connections=cfg.pooler_server_connections,
+            pooler_rounds=cfg.rounds_in_turn,
+            pooler_round_ratios=[
+                round((t.ok / t.seconds) / (d.ok / d.seconds), 4)
+                for d, t in zip(direct_rounds, through_rounds, strict=True)
+            ],
             pooler_p99_ms=round(through.p99_ms, 1),
             pooler_direct_p99_ms=round(direct.p99_ms, 1),
             pooler_cpu=through.cpu,
@@ -1303,7 +1316,16 @@ class Bench:
                 f"growth: {due} claims from each ledger in turn: "
                 + " / ".join(f"{s:.3f}s" for s in scan_s)
             )
-            rounds = self.intake_in_turn(ledgers)
+            self.say(
+                f"growth: intake: wrk, {cfg.connections} connections -> {cfg.api_processes} "
+                f"API processes per ledger, {cfg.rounds_in_turn} rounds in turn"
+            )
+            with ExitStack() as stack:
+                fleets = [
+                    stack.enter_context(self.api_fleet(f"api-{ledger.rows}-", ledger))
+                    for ledger in ledgers
+                ]
+                rounds = self.intake_in_turn(fleets)
         runs = [summed(ledger_rounds) for ledger_rounds in rounds]
         intake = [round(run.ok / run.seconds, 1) for run in runs]
         self.say("growth: intake in turn: " + " / ".join(f"{r:,.0f}/s" for r in intake))
@@ -1312,7 +1334,7 @@ class Bench:
             growth_load_s=load_s,
             growth_scan_s=scan_s,
             growth_intake_per_s=intake,
-            growth_intake_rounds=cfg.growth_intake_rounds,
+            growth_intake_rounds=cfg.rounds_in_turn,
             growth_intake_round_per_s={
                 str(ledger.rows): [round(run.ok / run.seconds, 1) for run in ledger_rounds]
                 for ledger, ledger_rounds in zip(ledgers, rounds, strict=True)
@@ -1397,26 +1419,25 @@ class Bench:
                 raise BenchError(f"{what}: claimed {count} rows of ledger {n + 1} with {due} due")
         return seconds
 
-    def intake_in_turn(self, ledgers: list[GrowthLedger]) -> list[list[IntakeRun]]:
-        """Intake on each ledger through API processes of its own, all warmed up, then
-        measured in `growth_intake_rounds` rounds that take the ledgers in turn (the
-        order reversed every other round); each ledger's measured rounds."""
+    def intake_in_turn(
+        self, fleets: list[ApiFleet], roles: list[dict[str, list[int]] | None] | None = None
+    ) -> list[list[IntakeRun]]:
+        """Intake compared across `fleets` (API processes on different ledgers, or on
+        different paths to one): every fleet warmed up, then `rounds_in_turn` measured
+        rounds, `intake_seconds` in all per fleet, that take the fleets in turn (the
+        order reversed every other round, so that none always goes first). Each
+        fleet's rounds; `roles`: per fleet, more processes whose CPU to count."""
         cfg = self.config
-        rounds = cfg.growth_intake_rounds
-        seconds = max(1, round(cfg.intake_seconds / rounds))
-        self.say(
-            f"growth: intake: wrk, {cfg.connections} connections -> {cfg.api_processes} API "
-            f"processes per ledger, {rounds} rounds of {seconds}s each"
-        )
-        with ExitStack() as stack:
-            fleets = [stack.enter_context(self.api_fleet(ledger)) for ledger in ledgers]
-            for apis in fleets:
-                self.wrk_load(apis, cfg.warmup_seconds)
-            runs: list[list[IntakeRun]] = [[] for _ in ledgers]
-            order = list(range(len(ledgers)))
-            for turn in range(rounds):
-                for n in order if turn % 2 == 0 else order[::-1]:
-                    runs[n].append(self.measured_intake(fleets[n], seconds))
+        seconds = max(1, round(cfg.intake_seconds / cfg.rounds_in_turn))
+        for apis in fleets:
+            self.wrk_load(apis, cfg.warmup_seconds)
+        runs: list[list[IntakeRun]] = [[] for _ in fleets]
+        order = list(range(len(fleets)))
+        for turn in range(cfg.rounds_in_turn):
+            for n in order if turn % 2 == 0 else order[::-1]:
+                runs[n].append(
+                    self.measured_intake(fleets[n], seconds, roles=roles[n] if roles else None)
+                )
         return runs
 
     def claim_plan(self) -> str:
