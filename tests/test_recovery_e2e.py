@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -28,15 +29,36 @@ EXPECTED = {
 }
 
 
+# How long the sandbox `serve` mounts hides a pm_lookup_lag charge from lookups.
+SANDBOX_LOOKUP_LAG = timedelta(seconds=3)
+
+
+def attempts_expected(method: str, op: dict[str, Any], events: list[dict[str, Any]]) -> int:
+    """EXPECTED's attempts, but for pm_lookup_lag on a loaded machine: the first
+    lookup comes about 1 s after the 1.5 s submit timeout, inside the 3 s lag, so
+    it finds nothing and the safety review resubmits (2 attempts). When the
+    machine delays that lookup past the lag, the lookup itself finds the charge
+    and 1 attempt is right; that is allowed only when it provably came after the lag."""
+    attempts = EXPECTED[method][2]
+    if method != "pm_lookup_lag":
+        return attempts
+    first = next(e for e in events if e["type"] == "observation" and e["kind"] == "lookup_result")
+    if first["verdict"] != "found_succeeded":
+        return attempts
+    assert at(first["at"]) >= at(op["attempts"][0]["submitted_at"]) + SANDBOX_LOOKUP_LAG, first
+    return 1
+
+
 def test_every_scenario_ends_right_with_the_right_charge_count(served: Served) -> None:
     created = {method: served.pay(method, f"scenario-{method}") for method in EXPECTED}
     for method, op_id in created.items():
-        outcome, charges, attempts = EXPECTED[method]
+        outcome, charges, _ = EXPECTED[method]
         op = served.settle(op_id, {"OUTCOME_KNOWN", "MANUAL_REVIEW"})
         assert (op["state"], op["outcome"]) == ("OUTCOME_KNOWN", outcome), (method, op)
         assert served.charges(op_id) == charges, method
-        assert len(op["attempts"]) == attempts, (method, op["attempts"])
         events = served.events(op_id)
+        expected = attempts_expected(method, op, events)
+        assert len(op["attempts"]) == expected, (method, op["attempts"])
         for later in op["attempts"][1:]:
             # Every attempt after the first cites the decision that authorised it.
             [decision] = [
