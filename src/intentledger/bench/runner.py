@@ -1351,10 +1351,11 @@ class Bench:
     def growth_ledgers(self) -> Iterator[list[GrowthLedger]]:
         """A fresh database per growth size beside the bench's, migrated; dropped after."""
         base = make_url(self.url)
+        ours = base.database or base.username or "intentledger"  # libpq's default database
         ledgers = [
             GrowthLedger(
                 rows,
-                name := f"{base.database}_bench_growth_{rows}",
+                name := f"{ours}_bench_growth_{rows}",
                 url := base.set(database=name).render_as_string(hide_password=False),
                 libpq_url(url),
             )
