@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from intentledger.providers.sandbox.app import DEFAULT_LOOKUP_LAG_SECONDS
 from tests.served import Served
 from tests.support import INTENTLEDGER
 
@@ -30,7 +31,7 @@ EXPECTED = {
 
 
 # How long the sandbox `serve` mounts hides a pm_lookup_lag charge from lookups.
-SANDBOX_LOOKUP_LAG = timedelta(seconds=3)
+SANDBOX_LOOKUP_LAG = timedelta(seconds=DEFAULT_LOOKUP_LAG_SECONDS)
 
 
 def attempts_expected(method: str, op: dict[str, Any], events: list[dict[str, Any]]) -> int:

@@ -235,7 +235,6 @@ class IntakeRun(NamedTuple):
 class ApiFleet:
     """API processes serving one database, and what wrk needs to load them."""
 
-    url: str
     libpq: str
     ports: list[int]
     apis: list[Proc]
@@ -699,7 +698,7 @@ class Bench:
                 cfg.connections // len(ports) + (n < cfg.connections % len(ports))
                 for n in range(len(ports))
             ]
-            yield ApiFleet(url, libpq, ports, apis, api_token, split)
+            yield ApiFleet(libpq, ports, apis, api_token, split)
 
     def wrk_load(self, apis: ApiFleet, seconds: float) -> tuple[int, int, float, float, float]:
         """wrk against every process of `apis` for `seconds`, fresh keys: the answers

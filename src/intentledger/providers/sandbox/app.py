@@ -147,6 +147,8 @@ _FIRST_ATTEMPT_ONLY: dict[str, Scenario] = {
 _UNKNOWN_METHOD = Scenario(StoreRefusal(NO_SUCH_PAYMENT_METHOD), Delivery.ANSWER)
 
 LOOKUP_LAG_METHOD = "pm_lookup_lag"
+# How long a pm_lookup_lag charge stays hidden from lookups, unless told otherwise.
+DEFAULT_LOOKUP_LAG_SECONDS = 3.0
 BLACKHOLE_METHOD = "pm_blackhole"
 
 
@@ -773,7 +775,7 @@ def create_sandbox_app(
     database_path: str,
     key_retention: timedelta,
     withhold_seconds: float = 60.0,
-    lookup_lag_seconds: float = 3.0,
+    lookup_lag_seconds: float = DEFAULT_LOOKUP_LAG_SECONDS,
     *,
     slow_seconds: float = 1.0,
     clock: Callable[[], datetime] = utc_now,
