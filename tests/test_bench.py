@@ -60,7 +60,8 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     # Every phase of issue 18 ran: through PgBouncer, 1/2/4 workers, the growth sizes.
     assert figures["pooler_ratio"] > 0 and figures["pooler_per_s"] > 0
     assert figures["pooler_pgbench_ratio"] > 0 and figures["pooler_pgbench_per_s"] > 0
-    # The pooler and growth phases measure their paths and ledgers in rounds, in turn.
+    # Intake against pgbench, the pooler's paths and the growth ledgers: in rounds, in turn.
+    assert len(figures["intake_round_ratios"]) == figures["intake_rounds"] == 2
     assert len(figures["pooler_round_ratios"]) == figures["pooler_rounds"] == 2
     assert all(len(r) == 2 for r in figures["growth_intake_round_per_s"].values())
     assert len(figures["scaling_1_2_4"]) == 3 and all(r > 0 for r in figures["scaling_1_2_4"])

@@ -298,19 +298,24 @@ class CpuWatch:
 def summed(runs: list[IntakeRun]) -> IntakeRun:
     """Measured runs of one ledger as one: answers, seconds and CPU added up, the
     worst latency and memory kept."""
-    cpu: dict[str, float] = {}
-    for run in runs:
-        for key, value in run.cpu.items():
-            cpu[key] = round(cpu.get(key, 0.0) + value, 3)
     return IntakeRun(
         ok=sum(run.ok for run in runs),
         errors=sum(run.errors for run in runs),
         seconds=sum(run.seconds for run in runs),
         p50_ms=max(run.p50_ms for run in runs),
         p99_ms=max(run.p99_ms for run in runs),
-        cpu=cpu,
+        cpu=summed_cpu([run.cpu for run in runs]),
         rss_mb=max(run.rss_mb for run in runs),
     )
+
+
+def summed_cpu(watches: list[dict[str, float]]) -> dict[str, float]:
+    """CPU figures of several measured runs, added up role by role."""
+    cpu: dict[str, float] = {}
+    for watched in watches:
+        for key, value in watched.items():
+            cpu[key] = round(cpu.get(key, 0.0) + value, 3)
+    return cpu
 
 
 def per_item_ms(cpu: dict[str, float], items: int) -> dict[str, float]:
@@ -759,49 +764,69 @@ class Bench:
             raise BenchError(f"intake: wrk saw {ok} answers but only {stored} intents are stored")
         return IntakeRun(ok, errors, elapsed, p50, p99, cpu, rss)
 
-    def wrk_intake(
-        self,
-        profile_name: str | None = None,
-        api_env: dict[str, str] | None = None,
-        roles: dict[str, list[int]] | None = None,
-    ) -> IntakeRun:
-        """wrk against as many API processes as cores on the ledger as it stands: the
-        warm-up, then the measured run (see measured_intake)."""
-        cfg = self.config
-        with self.api_fleet(api_env=api_env) as apis:
-            self.wrk_load(apis, cfg.warmup_seconds)
-            return self.measured_intake(apis, cfg.intake_seconds, profile_name, roles)
-
     def intake(self) -> None:
+        """Intake against its pgbench baseline in rounds that take the two in turn,
+        each on emptied tables: measured one after the other, the ratio carried
+        the machine's drift between two 20-s runs (0.9868 and 1.2388 in two full
+        runs of the same code)."""
         cfg = self.config
-        self.say(f"intake: wrk, {cfg.connections} connections -> {cfg.api_processes} API processes")
+        self.say(
+            f"intake: wrk, {cfg.connections} connections -> {cfg.api_processes} API processes, "
+            f"and pgbench, {cfg.connections} clients, the intake transaction: "
+            f"{cfg.rounds_in_turn} rounds in turn"
+        )
         self.truncate()
-        ok, _, seconds, p50, p99, cpu, rss = self.wrk_intake("intake-api0")
-        self.say(f"intake: pgbench, {cfg.connections} clients, the intake transaction")
-        baseline, baseline_cpu = self.intake_pgbench()
+        seconds = max(1, round(cfg.intake_seconds / cfg.rounds_in_turn))
+        ours: list[IntakeRun] = []
+        theirs: list[tuple[PgbenchResult, dict[str, Any]]] = []
+        with self.api_fleet() as apis:
+            self.wrk_load(apis, cfg.warmup_seconds)
+            for turn in range(cfg.rounds_in_turn):
+                # The order reversed every other round, so that neither always goes first.
+                for step in ("ours", "pgbench") if turn % 2 == 0 else ("pgbench", "ours"):
+                    if step == "ours":
+                        self.truncate()
+                        profile_name = "intake-api0" if turn == 0 else None
+                        ours.append(self.measured_intake(apis, seconds, profile_name))
+                    else:
+                        theirs.append(self.pgbench_intake(seconds))
+        ok, _, elapsed, p50, p99, cpu, rss = summed(ours)
+        baseline_tps = sum(result.tps for result, _ in theirs) / len(theirs)
+        baseline_transactions = sum(result.transactions for result, _ in theirs)
+        baseline_cpu = summed_cpu([cpu for _, cpu in theirs])
         self.figures.update(
-            intake_per_s=round(ok / seconds, 1),
+            intake_per_s=round(ok / elapsed, 1),
             intake_requests=ok,
             intake_p50_ms=round(p50, 1),
             intake_p99_ms=round(p99, 1),
             intake_cpu=cpu,
             intake_cpu_ms_per_intent=per_item_ms(cpu, ok),
             intake_pgbench_cpu=baseline_cpu,
-            intake_pgbench_cpu_ms_per_tx=per_item_ms(baseline_cpu, baseline.transactions),
-            intake_pgbench_per_s=round(baseline.tps, 1),
-            intake_ratio=ok / seconds / baseline.tps,
+            intake_pgbench_cpu_ms_per_tx=per_item_ms(baseline_cpu, baseline_transactions),
+            intake_pgbench_per_s=round(baseline_tps, 1),
+            intake_ratio=ok / elapsed / baseline_tps,
+            intake_rounds=cfg.rounds_in_turn,
+            intake_round_per_s={
+                "ours": [round(run.ok / run.seconds, 1) for run in ours],
+                "pgbench": [round(result.tps, 1) for result, _ in theirs],
+            },
+            intake_round_ratios=[
+                round((run.ok / run.seconds) / result.tps, 4)
+                for run, (result, _) in zip(ours, theirs, strict=True)
+            ],
             api_rss_mb=rss,
             api_processes=cfg.api_processes,
             intake_connections=cfg.connections,
         )
 
-    def intake_pgbench(
+    def pgbench_intake(
         self,
+        seconds: float,
         url: str | None = None,
         protocol: Literal["prepared", "extended"] = "prepared",
     ) -> tuple[PgbenchResult, dict[str, Any]]:
-        """pgbench's intake transaction on emptied tables, at intake's client
-        count and duration: its result and the CPU it cost."""
+        """pgbench's intake transaction for `seconds` at intake's client count, on
+        emptied tables: its result and the CPU it cost."""
         cfg = self.config
         self.truncate()
         watch = self.watch({})
@@ -811,7 +836,7 @@ class Bench:
             self.workdir / "intake.pgbench",
             clients=cfg.connections,
             threads=min(cfg.connections, os.cpu_count() or 1),
-            seconds=cfg.intake_seconds,
+            seconds=seconds,
             define={"n": "0"},
             protocol=protocol,
         )
@@ -851,8 +876,10 @@ class Bench:
             # both without prepared statements (PgBouncer 1.18 in transaction
             # mode cannot carry them). Not judged.
             self.say("pooler: pgbench's intake transaction, direct and through PgBouncer")
-            pgbench_direct, _ = self.intake_pgbench(protocol="extended")
-            pgbench_through, _ = self.intake_pgbench(bouncer.url_for(self.url), protocol="extended")
+            pgbench_direct, _ = self.pgbench_intake(cfg.intake_seconds, protocol="extended")
+            pgbench_through, _ = self.pgbench_intake(
+                cfg.intake_seconds, url=bouncer.url_for(self.url), protocol="extended"
+            )
         direct_rate = direct.ok / direct.seconds
         through_rate = through.ok / through.seconds
         self.figures.update(
