@@ -793,7 +793,7 @@ class Bench:
         ok, _, elapsed, p50, p99, cpu, rss = summed(ours)
         baseline_tps = sum(result.tps for result, _ in theirs) / len(theirs)
         baseline_transactions = sum(result.transactions for result, _ in theirs)
-        baseline_cpu = summed_cpu([cpu for _, cpu in theirs])
+        baseline_cpu = summed_cpu([watched for _, watched in theirs])
         self.figures.update(
             intake_per_s=round(ok / elapsed, 1),
             intake_requests=ok,
