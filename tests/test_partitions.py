@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import MetaData, Table, insert, inspect, null, select, text, update
+from sqlalchemy import MetaData, Table, insert, inspect, null, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.states import State
@@ -36,7 +36,7 @@ from intentledger.store.partitions import (
     retire_expired,
 )
 from tests.conftest import BACKENDS, PG_ENV, Databases, _pg_admin, _with_database
-from tests.test_reap import CUTOFF, DETAIL, NOW, RETENTION, add, state_of
+from tests.test_reap import CUTOFF, DETAIL, NOW, RETENTION, add, mark_reaped, state_of
 
 
 @pytest.fixture
@@ -143,12 +143,7 @@ async def test_a_month_past_the_retention_is_dropped_once_what_must_outlive_it_m
     await add(pg, "op_refunded_r", State.ACCEPTED, old, parent="op_refunded")
     # Reaped long ago, then late evidence: the late answer stays, as on SQLite.
     await add(pg, "op_late", State.OUTCOME_KNOWN, RETENTION * 3)
-    async with pg.begin() as conn:
-        await conn.execute(
-            update(tables.operations)
-            .where(tables.operations.c.operation_id == "op_late")
-            .values(reaped_at=NOW - old - timedelta(days=1))
-        )
+    await mark_reaped(pg, "op_late", NOW - old - timedelta(days=1))
     late = await answer(pg, "op_late", NOW - old)
     # Settled a day before the cutoff, in a month that ends after it: reaped,
     # its answers kept until their month is past the retention too.
@@ -202,12 +197,7 @@ async def test_an_operation_not_yet_reaped_keeps_its_answers_whatever_comes_befo
     looked at keeps them, and a reaped one gave them up when it was reaped."""
     await add(pg, "op_paid", State.OUTCOME_KNOWN, RETENTION * 2)
     await add(pg, "op_reaped", State.OUTCOME_KNOWN, RETENTION * 2)
-    async with pg.begin() as conn:
-        await conn.execute(
-            update(tables.operations)
-            .where(tables.operations.c.operation_id == "op_reaped")
-            .values(reaped_at=NOW - timedelta(days=1))
-        )
+    await mark_reaped(pg, "op_reaped", NOW - timedelta(days=1))
     await ensure(pg, NOW)
     [expired] = [p for p in await partitions(pg) if p.lower == month(2024, 9)]
     async with pg.begin() as conn:
@@ -254,14 +244,14 @@ async def test_a_busy_partition_is_left_for_the_next_pass_without_stalling_payme
 AT = datetime(2025, 3, 10, 8, 30, tzinfo=UTC)
 
 
-def _fresh_at_0013(url: str) -> None:
+def _fresh_at(url: str, revision: str) -> None:
     engine = create_sync_engine(url)
     with engine.begin() as conn:  # start from nothing
         for table in reversed(tables.metadata.sorted_tables):
             conn.execute(text(f"DROP TABLE {table.name}"))
         conn.execute(text("DROP TABLE alembic_version"))
     engine.dispose()
-    upgrade(url, "0013")
+    upgrade(url, revision)
 
 
 def _observation_rows(url: str) -> list[dict[str, Any]]:
@@ -276,7 +266,7 @@ def _observation_rows(url: str) -> list[dict[str, Any]]:
 
 def test_migration_0014_moves_the_answers_out_and_back(backend: str, databases: Databases) -> None:
     url = databases.create(backend)
-    _fresh_at_0013(url)
+    _fresh_at(url, "0013")
     engine = create_sync_engine(url)
     with engine.begin() as conn:
         conn.execute(
@@ -334,6 +324,96 @@ def test_migration_0014_moves_the_answers_out_and_back(backend: str, databases: 
             None,
         ]
     engine.dispose()
+
+
+def test_migration_0016_gives_each_reaped_operation_the_last_answer_its_reap_saw(
+    backend: str, databases: Databases
+) -> None:
+    """Before 0016 a reap gave up the answers at or before `reaped_at`; the new
+    column says so by id, for the operations reaped already."""
+    url = databases.create(backend)
+    _fresh_at(url, "0015")
+    engine = create_sync_engine(url)
+    reaped_at = AT + timedelta(days=1)
+    with engine.begin() as conn:
+        operations = Table("operations", MetaData(), autoload_with=conn)
+        observations = Table("observations", MetaData(), autoload_with=conn)
+        for operation_id, reaped in (
+            ("op_reaped", reaped_at),
+            ("op_bare", reaped_at),
+            ("op_kept", None),
+        ):
+            conn.execute(
+                insert(operations).values(
+                    operation_id=operation_id,
+                    idempotency_key=f"k-{operation_id}",
+                    state="OUTCOME_KNOWN",
+                    request_context={"body": {}},
+                    next_action="none",
+                    actor="dora",
+                    route="POST /v1/payments",
+                    kind="payment",
+                    request_hash="0" * 64,
+                    provider="sandbox",
+                    version=1,
+                    created_at=AT,
+                    updated_at=AT,
+                    reaped_at=reaped,
+                )
+            )
+        ids = {}
+        for operation_id, at in (
+            ("op_reaped", AT),
+            ("op_kept", AT),
+            ("op_reaped", reaped_at),  # at the reap: given up
+            ("op_reaped", reaped_at + timedelta(seconds=1)),  # late evidence
+        ):
+            made = conn.execute(
+                insert(observations).values(
+                    operation_id=operation_id, at=at, kind="lookup_result", source="t"
+                )
+            )
+            ids[(operation_id, at)] = made.inserted_primary_key[0]
+
+    upgrade(url)
+    with engine.connect() as conn:
+        through = {
+            operation_id: last
+            for operation_id, last in conn.execute(
+                select(
+                    tables.operations.c.operation_id,
+                    tables.operations.c.reaped_through_observation,
+                )
+            )
+        }
+    assert through == {"op_reaped": ids[("op_reaped", reaped_at)], "op_bare": 0, "op_kept": None}
+    command.downgrade(alembic_config(url), "0015")
+    with engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("operations")}
+    assert "reaped_through_observation" not in columns and "reaped_at" in columns
+    upgrade(url)
+    engine.dispose()
+
+
+async def test_an_answer_written_after_the_reap_outlives_the_drop_whatever_instant_it_carries(
+    pg: AsyncEngine,
+) -> None:
+    """A writer reads its clock before it waits for the operation's lock, maybe
+    on a machine whose clock is behind: an answer written after the reap can
+    carry an instant before the reap's, in a partition already past the
+    retention. Told by its id, it came after the reap and is kept."""
+    old = RETENTION * 2
+    await add(pg, "op_settled", State.OUTCOME_KNOWN, old)
+    first = await Reaper(pg, lambda: NOW, RETENTION).reap()
+    assert (first.operations, first.detail_partitions) == (1, 1)
+    assert (await state_of(pg, "op_settled"))["details"] == [None, None]
+    # Stamped two retentions back, written now: the default partition takes it,
+    # and the next pass gives its month a partition, past the retention, to drop.
+    late = await answer(pg, "op_settled", NOW - old)
+    again = await Reaper(pg, lambda: NOW, RETENTION).reap()
+    assert (again.operations, again.detail_partitions, again.details_moved_out) == (0, 1, 1)
+    assert await home_of(pg, late) == "observation_details_2026_11"
+    assert (await state_of(pg, "op_settled"))["details"] == [None, None, DETAIL]
 
 
 # -- review: races around the drop ----------------------------------------------

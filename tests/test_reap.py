@@ -19,7 +19,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.reaping import ReapFacts, may_reap
@@ -40,8 +40,9 @@ class Planned:
     duplicate: bool
     contradicted: bool
     age: timedelta
-    # Each refund's state, and whether it still has outbox work (an audit to come).
-    refunds: tuple[tuple[State, bool], ...]
+    # Each refund's state, whether it still has outbox work (an audit to come),
+    # and whether it is flagged (a duplicate or a contradiction of its own).
+    refunds: tuple[tuple[State, bool, bool], ...]
     pending_outbox: bool
     done_outbox: int
 
@@ -52,7 +53,9 @@ planned = st.builds(
     duplicate=st.booleans(),
     contradicted=st.booleans(),
     age=st.sampled_from([RETENTION - timedelta(seconds=1), RETENTION, RETENTION * 2]),
-    refunds=st.lists(st.tuples(st.sampled_from(list(State)), st.booleans()), max_size=2).map(tuple),
+    refunds=st.lists(
+        st.tuples(st.sampled_from(list(State)), st.booleans(), st.booleans()), max_size=2
+    ).map(tuple),
     pending_outbox=st.booleans(),
     done_outbox=st.integers(0, 2),
 )
@@ -150,6 +153,24 @@ async def add(
             )
 
 
+async def mark_reaped(engine: AsyncEngine, operation_id: str, at: datetime) -> None:
+    """Stamp `operation_id` reaped at `at`, giving up the answers it has now, as a
+    reap would (store/reaping.py)."""
+    async with engine.begin() as conn:
+        last = (
+            await conn.execute(
+                select(func.coalesce(func.max(tables.observations.c.id), 0)).where(
+                    tables.observations.c.operation_id == operation_id
+                )
+            )
+        ).scalar_one()
+        await conn.execute(
+            update(tables.operations)
+            .where(tables.operations.c.operation_id == operation_id)
+            .values(reaped_at=at, reaped_through_observation=last)
+        )
+
+
 async def state_of(engine: AsyncEngine, operation_id: str) -> dict[str, Any]:
     async with engine.connect() as conn:
         op = (
@@ -219,7 +240,7 @@ async def test_reap_removes_exactly_what_it_may_and_nothing_else(
             pending_outbox=plan.pending_outbox,
             done_outbox=plan.done_outbox,
         )
-        for m, (refund_state, verifying) in enumerate(plan.refunds):
+        for m, (refund_state, verifying, flagged) in enumerate(plan.refunds):
             await add(
                 engine,
                 f"op_{n}_r{m}",
@@ -227,13 +248,14 @@ async def test_reap_removes_exactly_what_it_may_and_nothing_else(
                 plan.age,
                 parent=payment,
                 pending_outbox=verifying,
+                contradicted=flagged,
             )
             ages[f"op_{n}_r{m}"] = plan.age
             expected[f"op_{n}_r{m}"] = may_reap(
                 ReapFacts(
                     refund_state,
                     False,
-                    False,
+                    flagged,
                     NOW - plan.age,
                     0,
                     int(verifying),
@@ -242,7 +264,9 @@ async def test_reap_removes_exactly_what_it_may_and_nothing_else(
                 ),
                 CUTOFF,
             )
-        open_refunds = sum(1 for s, verifying in plan.refunds if s not in FINAL or verifying)
+        open_refunds = sum(
+            1 for s, verifying, flagged in plan.refunds if s not in FINAL or verifying or flagged
+        )
         expected[payment] = may_reap(
             ReapFacts(
                 plan.state,
@@ -315,15 +339,21 @@ async def test_the_unresolved_the_flagged_and_the_refunding_survive_however_old(
     )
     # A settled refund of a flagged payment: a person may need its answers.
     await add(engine, "op_duplicate_r", State.OUTCOME_KNOWN, old, parent="op_duplicate")
+    # A payment whose settled refund is flagged: a person looking at the refund
+    # needs the payment's answers too.
+    await add(engine, "op_disputed", State.OUTCOME_KNOWN, old)
+    await add(
+        engine, "op_disputed_r", State.OUTCOME_KNOWN, old, parent="op_disputed", contradicted=True
+    )
     await add(engine, "op_audited", State.OUTCOME_KNOWN, old, pending_outbox=True)
     await add(engine, "op_recent", State.OUTCOME_KNOWN, RETENTION - timedelta(minutes=1))
     await add(engine, "op_settled", State.OUTCOME_KNOWN, old)
     done = await Reaper(engine, lambda: NOW, RETENTION).reap()
     if engine.dialect.name == "postgresql":
-        # The month three retentions back dropped, the ten survivors' answers
+        # The month three retentions back dropped, the twelve survivors' answers
         # moved out of it first.
         assert (done.operations, done.observation_details, done.outbox_rows) == (1, 0, 1)
-        assert (done.detail_partitions, done.details_moved_out) == (1, 10)
+        assert (done.detail_partitions, done.details_moved_out) == (1, 12)
     else:
         assert (done.operations, done.observation_details, done.outbox_rows) == (1, 1, 1)
     settled = await state_of(engine, "op_settled")
@@ -340,6 +370,8 @@ async def test_the_unresolved_the_flagged_and_the_refunding_survive_however_old(
         "op_verifying",
         "op_verifying_r",
         "op_duplicate_r",
+        "op_disputed",
+        "op_disputed_r",
     ):
         kept = await state_of(engine, survivor)
         assert kept["reaped_at"] is None and kept["details"] == [DETAIL, None], survivor
@@ -419,17 +451,34 @@ async def test_a_running_worker_reaps_on_its_schedule(engine: AsyncEngine) -> No
     assert (await state_of(engine, "op_old"))["reaped_at"] == NOW
 
 
-async def test_a_refund_committed_after_selection_keeps_its_payment(engine: AsyncEngine) -> None:
-    """The PostgreSQL re-check (store/reaping.reap_batch): a payment chosen on one
-    snapshot, whose refund committed before the reaper locked it, is judged again
-    on a fresh one and kept."""
-    from intentledger.store.reaping import lock_candidates, still_reapable
+async def test_a_refund_committed_after_selection_keeps_its_payment(
+    engine: AsyncEngine, monkeypatch: Any
+) -> None:
+    """The re-check in store/reaping.reap_batch: on PostgreSQL the candidates
+    are judged on the statement's snapshot and locked after it, so a refund
+    accepted under the payment's lock can commit in between without touching
+    the payment's row. Here the choice is made before the refund and the lock
+    taken after it; the batch judges the payment again and keeps it."""
+    from intentledger.store import reaping
 
     await add(engine, "op_paid", State.OUTCOME_KNOWN, RETENTION * 2)
     async with engine.connect() as conn:
-        chosen = await lock_candidates(conn, CUTOFF, 10)
+        stale = await reaping.lock_candidates(conn, CUTOFF, 10)
         await conn.rollback()
-    assert [row.operation_id for row in chosen] == ["op_paid"]
+    assert [row.operation_id for row in stale] == ["op_paid"]
     await add(engine, "op_paid_r", State.ACCEPTED, timedelta(0), parent="op_paid")
-    async with engine.connect() as conn:
-        assert await still_reapable(conn, ["op_paid"], CUTOFF) == set()
+    before = await state_of(engine, "op_paid")
+
+    async def chosen_before_the_refund(conn: Any, cutoff: datetime, limit: int) -> list[Any]:
+        ids = [row.operation_id for row in stale]
+        await conn.execute(
+            select(tables.operations.c.operation_id)
+            .where(tables.operations.c.operation_id.in_(ids))
+            .with_for_update()
+        )
+        return stale
+
+    monkeypatch.setattr(reaping, "lock_candidates", chosen_before_the_refund)
+    done = await Reaper(engine, lambda: NOW, RETENTION).reap()
+    assert done.operations == 0
+    assert await state_of(engine, "op_paid") == before

@@ -33,8 +33,8 @@ def test_months_carry_over_the_year_both_ways() -> None:
 
 
 def test_an_answer_goes_with_its_month_only_if_its_operation_was_reaped_after_it() -> None:
-    written = datetime(2024, 9, 21, tzinfo=UTC)
-    assert outlives_its_partition(None, written)  # not reaped (yet): maybe still needed
-    assert not outlives_its_partition(written + timedelta(days=400), written)
-    assert not outlives_its_partition(written, written)
-    assert outlives_its_partition(written - timedelta(seconds=1), written)  # late evidence
+    assert outlives_its_partition(None, 7)  # not reaped (yet): maybe still needed
+    assert not outlives_its_partition(9, 7)  # the reap saw up to 9: 7 was given up
+    assert not outlives_its_partition(7, 7)
+    assert outlives_its_partition(7, 8)  # written after the reap: late evidence
+    assert outlives_its_partition(0, 1)  # reaped with no observations at all

@@ -5,7 +5,8 @@ details), request body and done outbox rows are cost, not evidence — unless a
 person or the provider may still need them. So an operation is reaped only when
 it is settled (OUTCOME_KNOWN or CANCELLED), carries no flag a person must clear,
 has no open refund (not final, or with outbox work left: a person's "failed"
-the audit has not checked still holds its money), is not a refund of a flagged
+the audit has not checked still holds its money; or flagged: a person must
+look at it, and at its payment with it), is not a refund of a flagged
 payment, has no outbox work still to do (an audit look after a person's
 resolution), was last changed before the cutoff, and was not reaped already.
 store/reaping.py asks the same in SQL; a test holds the two to the same answer.
@@ -13,8 +14,9 @@ store/reaping.py asks the same in SQL; a test holds the two to the same answer.
 On PostgreSQL the provider answers are not removed when their operation is
 reaped but when the partition they lie in (a month, or less for a short
 retention: domain/widths.py) passes the retention: reaping stamps the
-operation, and the drop takes the answers of stamped operations with it. Every
-other answer in the partition is moved out first (`outlives_its_partition`).
+operation with the last of its observations, and the drop takes the answers
+up to that one with it. Every other answer in the partition is moved out
+first (`outlives_its_partition`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class ReapFacts:
     duplicate_detected: bool
     outcome_contradicted: bool
     updated_at: datetime
-    # Refunds of this operation not final, or with outbox work left.
+    # Refunds of this operation not final, with outbox work left, or flagged.
     open_refunds: int
     # Outbox rows of this operation not yet done.
     pending_outbox: int
@@ -55,16 +57,21 @@ def may_reap(facts: ReapFacts, cutoff: datetime) -> bool:
     )
 
 
-def outlives_its_partition(reaped_at: datetime | None, observed_at: datetime) -> bool:
+def outlives_its_partition(reaped_through: int | None, observation_id: int) -> bool:
     """Whether a provider answer must be kept when its partition is
-    dropped: unless its operation was reaped after it was written, it is.
+    dropped: unless its operation's reap gave it up, it is.
 
     Reaping decided, under the operation's lock, that no one may still need
-    the answers it had (may_reap), and that verdict is never taken back; an
+    the answers it had (may_reap), and recorded the highest id among its
+    observations (`reaped_through`); that verdict is never taken back. An
     operation not reaped yet may still be needed (or not yet be looked at), and
-    an answer that arrived after the reap is kept, as on SQLite, where reaping
-    deletes the answers there are when it runs. So the drop follows decisions
+    an answer written after the reap is kept, as on SQLite, where reaping
+    deletes the answers there are when it runs. "After" is told by the id, not
+    by the instant: every answer is written under its operation's lock, so one
+    written after the reap committed has a higher id, whereas its instant was
+    read from a clock before the writer waited for that lock, maybe on another
+    machine, and may be earlier than the reap's. So the drop follows decisions
     already made and final, and a refund, a flag or late evidence that comes
     while a partition is being dropped changes nothing it relies on.
     """
-    return reaped_at is None or observed_at > reaped_at
+    return reaped_through is None or observation_id > reaped_through

@@ -17,13 +17,14 @@ deletes (store/reaping.py).
   retention cutoff, whatever its width. First it moves out, to the current
   partition, every answer that must outlive it
   (domain/reaping.outlives_its_partition: its operation not reaped, or the
-  answer newer than the reap), in bounded batches; then, in one short
+  answer written after the reap), in bounded batches; then, in one short
   transaction, it locks the partition against writes, moves out what must
   outlive it that arrived since (an answer stamped a retention behind by a
   stalled writer), and detaches and drops it.
 
-The drop relies only on `operations.reaped_at`, which reaping sets under the
-operation's lock after judging it again on a fresh snapshot
+The drop relies only on `operations.reaped_through_observation` (the last
+answer the reap gave up), which reaping sets under the operation's lock after
+judging it again on a fresh snapshot
 (store/reaping.reap_batch) and never clears. So nothing a concurrent writer
 does between the move-out and the drop — a refund accepted, a flag raised,
 late evidence — can make an answer the drop takes needed again: a reaped
@@ -232,7 +233,8 @@ def _move_out(
         details.retention_bucket >= partition.lower, details.retention_bucket < partition.upper
     )
     # domain/reaping.outlives_its_partition, as SQL.
-    outlives = or_(operations.c.reaped_at.is_(None), observations.c.at > operations.c.reaped_at)
+    through = operations.c.reaped_through_observation
+    outlives = or_(through.is_(None), observations.c.id > through)
     kept = list(
         conn.execute(
             select(details.observation_id)
@@ -264,10 +266,15 @@ def detach_and_drop(conn: Connection, partition: Partition, now: datetime) -> tu
     The batched move-out ran in earlier transactions; an answer written into
     the partition since (stamped with an instant in it by a writer whose clock
     or whose wait put it a retention behind) would otherwise go with it. So
-    the partition is first locked against writes (SHARE: readers go on; no
-    payment writes there, and one that would waits, at most until the drop
-    commits and then lands in the default partition), and what must outlive
-    it is moved out once more, all of it, in this transaction."""
+    the partition is first locked against writes (SHARE: readers go on), and
+    what must outlive it is moved out once more, all of it, in this
+    transaction. No payment writes there, but one that would (an answer
+    stamped a retention behind) waits for that lock while holding its own on
+    the parent table, which the detach needs to itself: the detach then waits
+    on the writer, and gives up at LOCK_TIMEOUT, before PostgreSQL's deadlock
+    check (`deadlock_timeout`, 1 s by default) could pick the payment's
+    transaction instead; the writer goes on, and the next pass moves its
+    answer out."""
     if not _take_turn(conn):
         return False, 0
     if partition not in list_partitions(conn):

@@ -4,7 +4,8 @@ bounded batches (decision 0018; the rule is domain/reaping.py).
 One batch is one transaction: it picks up to `limit` reapable operations,
 oldest change first — on PostgreSQL skipping any a concurrent writer holds,
 so reaping never waits on (or blocks) a payment — deletes their done outbox
-rows, replaces their request body with a marker and stamps `reaped_at`; on
+rows, replaces their request body with a marker and stamps `reaped_at` and
+the last of their observations (`reaped_through_observation`); on
 SQLite it also deletes their observations' provider answers, which on
 PostgreSQL go later, with their month's partition (store/partitions.py). What
 stays is the ledger: the operation row, attempts, observations, decisions,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     bindparam,
     delete,
     exists,
+    func,
     or_,
     select,
     text,
@@ -72,12 +74,18 @@ def reapable(cutoff: datetime) -> ColumnElement[bool]:
     predicate comes first, verbatim, as SQLite needs to see it."""
     refund = operations.alias("refund")
     parent = operations.alias("parent")
-    # A refund is open while it is not final, or while it still has outbox work
-    # (a person's "failed" the audit has not yet checked holds its money).
+    # A refund is open while it is not final, while it still has outbox work
+    # (a person's "failed" the audit has not yet checked holds its money), or
+    # while it is flagged (a person must look at it, and at its payment).
     open_refund = exists(
         select(refund.c.operation_id).where(
             refund.c.parent_operation_id == operations.c.operation_id,
-            or_(refund.c.state.not_in(_FINAL), _pending_outbox(refund)),
+            or_(
+                refund.c.state.not_in(_FINAL),
+                _pending_outbox(refund),
+                refund.c.duplicate_detected.is_(True),
+                refund.c.outcome_contradicted.is_(True),
+            ),
         )
     )
     flagged_parent = exists(
@@ -101,12 +109,14 @@ def reapable(cutoff: datetime) -> ColumnElement[bool]:
 
 async def reap_batch(conn: AsyncConnection, now: datetime, cutoff: datetime, limit: int) -> Reaped:
     chosen = await lock_candidates(conn, cutoff, limit)
-    if conn.dialect.name == "postgresql" and chosen:
-        # The candidates were judged on the statement's snapshot but locked
-        # afterwards: a writer that committed in between without changing the
-        # operation's row (a refund accepted under the payment's lock, an audit
-        # look enqueued) would be missed. Judged again now, on a fresh snapshot
-        # (READ COMMITTED), while holding the locks every such writer needs.
+    if chosen:
+        # On PostgreSQL the candidates were judged on the statement's snapshot
+        # but locked afterwards: a writer that committed in between without
+        # changing the operation's row (a refund accepted under the payment's
+        # lock, an audit look enqueued) would be missed. Judged again now, on a
+        # fresh snapshot (READ COMMITTED), while holding the locks every such
+        # writer needs. (SQLite's one writer at a time leaves no "in between";
+        # the one statement more is asked there too, so one rule holds both.)
         still = await still_reapable(conn, [row.operation_id for row in chosen], cutoff)
         chosen = [row for row in chosen if row.operation_id in still]
     if not chosen:
@@ -156,15 +166,31 @@ async def _reap(conn: AsyncConnection, chosen: list[Any], now: datetime) -> Reap
     done = await conn.execute(
         delete(outbox).where(outbox.c.operation_id.in_(ids), outbox.c.done_at.is_not(None))
     )
+    # Read under the operations' locks, which every writer of an answer takes:
+    # an answer written after this transaction has a higher id, and outlives
+    # its partition (domain/reaping.outlives_its_partition).
+    last_observation = {
+        operation_id: last
+        for operation_id, last in await conn.execute(
+            select(observations.c.operation_id, func.max(observations.c.id))
+            .where(observations.c.operation_id.in_(ids))
+            .group_by(observations.c.operation_id)
+        )
+    }
     await conn.execute(
         update(operations)
         .where(operations.c.operation_id == bindparam("reaped_id"))
-        .values(request_context=bindparam("context"), reaped_at=bindparam("at")),
+        .values(
+            request_context=bindparam("context"),
+            reaped_at=bindparam("at"),
+            reaped_through_observation=bindparam("through"),
+        ),
         [
             {
                 "reaped_id": row.operation_id,
                 "context": {**row.request_context, "body": {}, "body_reaped_at": now.isoformat()},
                 "at": now,
+                "through": last_observation.get(row.operation_id, 0),
             }
             for row in chosen
         ],

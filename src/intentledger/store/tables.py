@@ -162,6 +162,9 @@ operations = Table(
     Column("parent_operation_id", String(40), nullable=True),
     # When `intentledger reap` removed its bulky rows (decision 0018); NULL: not reaped.
     _timestamp("reaped_at", nullable=True),
+    # The highest id of its observations when it was reaped: a provider answer
+    # with a higher id came later and outlives its partition (decision 0018).
+    Column("reaped_through_observation", Integer, nullable=True),
     # The operator list filters by state; the sweeper by state and age.
     Index(None, "state", "updated_at"),
     Index(None, "parent_operation_id"),
