@@ -255,6 +255,39 @@ async def test_a_group_on_a_connection_that_died_is_tried_again_and_loses_nothin
     assert stored == 11
 
 
+async def test_a_group_that_committed_and_then_failed_answers_each_request_as_new(
+    engine: AsyncEngine, groups: IntakeGroups, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group's commit reached the database but its answer did not come back
+    (a connection lost on the way back, the retries' judging failing): each
+    intent, accepted on its own, finds the operation its group minted for it.
+    That is its own first write, not a replay; a real retry in the same burst
+    still replays."""
+    committed_then_lost = 0
+    original = IntakeGroups._commit
+
+    async def commit_then_fail(self: IntakeGroups, group: Any) -> Any:
+        nonlocal committed_then_lost
+        await original(self, group)
+        committed_then_lost += 1
+        raise ConnectionError("the server closed the connection unexpectedly")
+
+    first = await groups.accept(intent("earlier"))
+    assert not first.replayed
+    monkeypatch.setattr(IntakeGroups, "_commit", commit_then_fail)
+    results = await asyncio.gather(
+        groups.accept(intent("earlier")), *(groups.accept(intent(f"k{n}")) for n in range(6))
+    )
+    assert committed_then_lost >= 1
+    assert results[0].replayed and operation_id(results[0]) == operation_id(first)
+    assert not any(r.replayed for r in results[1:])
+    async with engine.connect() as conn:
+        stored = await conn.scalar(select(func.count()).select_from(operations))
+        queued = await conn.scalar(select(func.count()).select_from(outbox))
+    assert (stored, queued) == (7, 7)
+    assert len({operation_id(r) for r in results[1:]}) == 6
+
+
 def test_the_group_function_takes_every_column_intake_writes() -> None:
     """Migration 0015's function lists the operation columns it writes; a column
     added to `operation_values` without a migration that replaces the function

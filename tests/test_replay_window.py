@@ -25,6 +25,7 @@ from intentledger.domain.replay_window import (
 )
 from intentledger.settings import Settings
 from intentledger.store import tables
+from intentledger.store.group_statement import group_statement_for
 from tests.test_recovery_model import START, ControlledClock
 
 WINDOW = timedelta(days=30)
@@ -63,20 +64,34 @@ class Api:
 
 
 @pytest.fixture
-async def api(engine: AsyncEngine) -> AsyncIterator[Api]:
+async def api(engine: AsyncEngine, database_url: str) -> AsyncIterator[Api]:
     clock = ControlledClock()
+    # As `serve` builds it: on PostgreSQL intake's groups go over a connection
+    # of their own, and their retries are judged after the statement commits.
+    group_statement = group_statement_for(database_url)
     # Private webhook targets allowed: an endpoint on loopback needs no DNS.
-    app = create_app(engine, clock, "sandbox", replay_window=WINDOW, webhook_allow_private=True)
+    app = create_app(
+        engine,
+        clock,
+        "sandbox",
+        replay_window=WINDOW,
+        webhook_allow_private=True,
+        group_statement=group_statement,
+    )
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-        made = Api(client, clock, engine)
-        made.auth = {
-            "Authorization": f"Bearer {await create_api_key(engine, clock, 'dora', False)}"
-        }
-        made.operator = {
-            "Authorization": f"Bearer {await create_api_key(engine, clock, 'olive', True)}"
-        }
-        yield made
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            made = Api(client, clock, engine)
+            made.auth = {
+                "Authorization": f"Bearer {await create_api_key(engine, clock, 'dora', False)}"
+            }
+            made.operator = {
+                "Authorization": f"Bearer {await create_api_key(engine, clock, 'olive', True)}"
+            }
+            yield made
+    finally:
+        if group_statement is not None:
+            await group_statement.close()
 
 
 async def expired(

@@ -18,7 +18,11 @@ committed before it.
 Intents with work of their own inside the transaction (a mandate's reservation)
 take `accept()` itself. If a group's transaction fails, each of its intents is
 tried on its own with `accept()` on the ledger engine, so one bad intent (or a
-pooled connection that died) cannot fail the others.
+pooled connection that died) cannot fail the others. A group can also fail
+after it committed (its connection lost on the way back, the retries' judging
+failing): then `accept()` finds the intent's own record, and the operation it
+replays is the one the group minted for this very request, so the request is
+answered as the first one it is (202, not a replay).
 """
 
 from __future__ import annotations
@@ -59,10 +63,24 @@ class _Waiting:
     answer: asyncio.Future[IntakeResult] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    # The operation id its group tried to create for it (None before a try).
+    minted: str | None = None
 
     @property
     def key(self) -> Key:
         return (self.intent.actor, self.intent.route, self.intent.idempotency_key)
+
+    def own_write(self, outcome: IntakeResult | BaseException) -> IntakeResult | BaseException:
+        """`outcome` of accepting this intent on its own after its group failed:
+        a "replay" of the operation its group minted for it is its own first
+        write, which the group committed before failing."""
+        if not isinstance(outcome, IntakeResult) or not outcome.replayed:
+            return outcome
+        operation = outcome.operation
+        found = operation["operation_id"] if isinstance(operation, dict) else operation.operation_id
+        if self.minted is not None and found == self.minted:
+            return IntakeResult(operation, replayed=False)
+        return outcome
 
     def settle(self, outcome: IntakeResult | BaseException) -> None:
         if self.answer.done():  # its request went away; the intent stays durable
@@ -107,10 +125,11 @@ class IntakeGroups:
                 log.exception(
                     "a grouped intake failed; trying its %d intents one by one", len(group)
                 )
-                outcomes = await asyncio.gather(
+                alone = await asyncio.gather(
                     *(accept(self.engine, self.clock, w.intent) for w in group),
                     return_exceptions=True,
                 )
+                outcomes = [w.own_write(o) for w, o in zip(group, alone, strict=True)]
             for waiting, outcome in zip(group, outcomes, strict=True):
                 waiting.settle(outcome)
 
@@ -134,6 +153,8 @@ class IntakeGroups:
     async def _commit(self, group: list[_Waiting]) -> list[IntakeResult | BaseException]:
         now = self.clock()
         values = [operation_values(w.intent, now) for w in group]
+        for w, v in zip(group, values, strict=True):
+            w.minted = v["operation_id"]
         accepted = [(v, accepted_by(w.intent)) for w, v in zip(group, values, strict=True)]
         outcomes: dict[int, IntakeResult | BaseException] = {}
         statement = self.group_statement

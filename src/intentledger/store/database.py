@@ -103,7 +103,8 @@ def connect_args(url: str, pooler: Pooler) -> dict[str, Any]:
     another query: PgBouncer 1.18 then raised errors and, worse, returned
     another query's rows with no error at all. With a pooler nothing is
     prepared; nothing else the ledger does keeps session state (no LISTEN,
-    no session settings, no advisory locks, no temporary tables).
+    no session settings, no session-level advisory locks, no temporary
+    tables: what it locks or sets lasts one transaction).
     """
     if pooler == "none":
         return {}
