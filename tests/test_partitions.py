@@ -254,6 +254,25 @@ def _fresh_at(url: str, revision: str) -> None:
     upgrade(url, revision)
 
 
+def _settled_payment(operation_id: str) -> dict[str, Any]:
+    """An operation row of the columns every revision since 0013 has."""
+    return {
+        "operation_id": operation_id,
+        "idempotency_key": f"k-{operation_id}",
+        "state": "OUTCOME_KNOWN",
+        "request_context": {"body": {}},
+        "next_action": "none",
+        "actor": "dora",
+        "route": "POST /v1/payments",
+        "kind": "payment",
+        "request_hash": "0" * 64,
+        "provider": "sandbox",
+        "version": 1,
+        "created_at": AT,
+        "updated_at": AT,
+    }
+
+
 def _observation_rows(url: str) -> list[dict[str, Any]]:
     """The observations as stored, by whatever columns the schema has now."""
     engine = create_sync_engine(url)
@@ -269,23 +288,7 @@ def test_migration_0014_moves_the_answers_out_and_back(backend: str, databases: 
     _fresh_at(url, "0013")
     engine = create_sync_engine(url)
     with engine.begin() as conn:
-        conn.execute(
-            insert(tables.operations).values(
-                operation_id="op_old",
-                idempotency_key="k",
-                state="OUTCOME_KNOWN",
-                request_context={"body": {}},
-                next_action="none",
-                actor="dora",
-                route="POST /v1/payments",
-                kind="payment",
-                request_hash="0" * 64,
-                provider="sandbox",
-                version=1,
-                created_at=AT,
-                updated_at=AT,
-            )
-        )
+        conn.execute(insert(tables.operations).values(**_settled_payment("op_old")))
         observations = Table("observations", MetaData(), autoload_with=conn)
         base = {"operation_id": "op_old", "at": AT, "kind": "submit_result", "source": "t"}
         # An answer, a detail-less one (JSON null) and a reaped one (SQL NULL).
@@ -344,22 +347,7 @@ def test_migration_0016_gives_each_reaped_operation_the_last_answer_its_reap_saw
             ("op_kept", None),
         ):
             conn.execute(
-                insert(operations).values(
-                    operation_id=operation_id,
-                    idempotency_key=f"k-{operation_id}",
-                    state="OUTCOME_KNOWN",
-                    request_context={"body": {}},
-                    next_action="none",
-                    actor="dora",
-                    route="POST /v1/payments",
-                    kind="payment",
-                    request_hash="0" * 64,
-                    provider="sandbox",
-                    version=1,
-                    created_at=AT,
-                    updated_at=AT,
-                    reaped_at=reaped,
-                )
+                insert(operations).values(**_settled_payment(operation_id), reaped_at=reaped)
             )
         ids = {}
         for operation_id, at in (
