@@ -67,8 +67,7 @@ def record_psycopg_statements(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str
 
 def operation_id(result: IntakeResult | BaseException) -> str:
     assert isinstance(result, IntakeResult), result
-    operation: Any = result.operation
-    return str(operation["operation_id"] if isinstance(operation, dict) else operation.operation_id)
+    return result.operation_id
 
 
 async def rows_of(engine: AsyncEngine, op_id: str) -> dict[str, list[tuple[Any, ...]]]:

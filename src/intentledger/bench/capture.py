@@ -155,11 +155,7 @@ async def capture_intake(engine: AsyncEngine, key: str = "bench-capture-key") ->
         result = await accept(engine, system_clock, intent)
     if len(rec.transactions) != 1:
         raise RuntimeError(f"expected one intake transaction, saw {len(rec.transactions)}")
-    operation = result.operation
-    operation_id = (
-        operation["operation_id"] if isinstance(operation, dict) else operation.operation_id
-    )
-    return IntakeCapture(rec.transactions[0], str(operation_id), key)
+    return IntakeCapture(rec.transactions[0], result.operation_id, key)
 
 
 async def capture_dispatch(database_url: str, sandbox_url: str, batch: int) -> DispatchCapture:

@@ -74,12 +74,12 @@ class _Waiting:
         """`outcome` of accepting this intent on its own after its group failed:
         a "replay" of the operation its group minted for it is its own first
         write, which the group committed before failing."""
-        if not isinstance(outcome, IntakeResult) or not outcome.replayed:
-            return outcome
-        operation = outcome.operation
-        found = operation["operation_id"] if isinstance(operation, dict) else operation.operation_id
-        if self.minted is not None and found == self.minted:
-            return IntakeResult(operation, replayed=False)
+        if (
+            isinstance(outcome, IntakeResult)
+            and outcome.replayed
+            and outcome.operation_id == self.minted
+        ):
+            return IntakeResult(outcome.operation, replayed=False)
         return outcome
 
     def settle(self, outcome: IntakeResult | BaseException) -> None:

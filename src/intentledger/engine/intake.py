@@ -55,6 +55,14 @@ class IntakeResult:
     # The operation's submit row, when the caller holds its lease (synchronous writes).
     held_row_id: int | None = None
 
+    @property
+    def operation_id(self) -> str:
+        """The operation's id, whether it was just written (a dict) or read back (a row)."""
+        operation = self.operation
+        return str(
+            operation["operation_id"] if isinstance(operation, dict) else operation.operation_id
+        )
+
 
 ACCEPTED_REASON = "intent accepted"
 

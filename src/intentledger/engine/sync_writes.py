@@ -49,11 +49,7 @@ class SyncWriter:
             prepare=prepare,
             hold=(self.dispatcher.worker_id, self.lease),
         )
-        operation_id = str(
-            result.operation["operation_id"]
-            if isinstance(result.operation, dict)
-            else result.operation.operation_id
-        )
+        operation_id = result.operation_id
         if result.replayed:
             await self._refuse_while_in_progress(operation_id)
         else:
