@@ -110,7 +110,8 @@ async def test_a_lookup_success_in_flight_while_a_person_resolves_failed_is_flag
     assert await scene.worker.reconciler._begin_check(row) is not None
     lookup = await scene.provider.lookup(op_id)  # shows the charge ...
     await resolve(scene, op_id, Outcome.FAILED)  # ... while a person says "failed"
-    assert await books(scene, mandate_id) == (0, 0)
+    # A person's "failed" frees nothing until the provider is quiet.
+    assert await books(scene, mandate_id) == (AMOUNT, 0)
     await scene.worker.reconciler._record_check(row, lookup)
 
     op = await scene.operation(op_id)

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.canonical import request_hash
+from intentledger.domain.evidence import AUDIT_LOOKS
 from intentledger.domain.safety import SafetyRules
 from intentledger.domain.states import Outcome
 from intentledger.engine import mandates
@@ -66,6 +67,16 @@ async def test_reservations_follow_outcomes(engine: AsyncEngine, sandbox: str) -
 
     action = OperatorAction(hole, "olive", "provider confirms nothing was charged")
     await perform(engine, clock, lambda ledger, now: resolve(ledger, now, action, Outcome.FAILED))
-    assert await books(engine, md.mandate_id) == (0, 500)
+    # A person's "failed" frees nothing until the verification looks find the
+    # provider quiet (docs/architecture.md, "What money is held"): this black
+    # hole never answers a lookup, so past the budget of looks a person is told
+    # (provider_not_final), the amount stays held and the looks go on.
+    assert await books(engine, md.mandate_id) == (800, 500)
+    for _ in range(AUDIT_LOOKS + 1):
+        clock.advance(timedelta(hours=7))
+        await worker.drain()
+    watched = await operation(engine, hole)
+    assert (watched.watch, watched.next_action) == ("provider_not_final", "operator")
+    assert await books(engine, md.mandate_id) == (800, 500)
     assert (await operation(engine, ok)).outcome == "succeeded"
     assert (await operation(engine, declined)).outcome == "failed"

@@ -76,6 +76,7 @@ from intentledger.domain.retention import sandbox_policy
 from intentledger.domain.safety import SafetyRules, replay_bound
 from intentledger.domain.states import UNRESOLVED, Outcome, State
 from intentledger.domain.transport import ChargeSeen, LookupAnswer, ProviderAnswer
+from intentledger.domain.watching import is_watched
 from intentledger.engine import mandates, operator
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings, Submission
 from intentledger.engine.intake import PaymentIntent, accept_payment
@@ -568,6 +569,8 @@ def check_books_follow_the_ledger(snapshot: Snapshot) -> None:
                 State(op.state),
                 Outcome(op.outcome) if op.outcome else None,
                 recorded_executions(op.executed_references, op.outcome, op.provider_reference),
+                keys=op.live_keys,
+                watched=is_watched(op.watch),
             )
             reserved += share.reserved
             spent += share.spent

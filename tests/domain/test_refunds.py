@@ -53,8 +53,8 @@ REFUNDS = st.builds(
     state=STATES,
     outcome=OUTCOMES,
     executed=st.frozensets(st.sampled_from(["re_1", "re_2", "re_3"]), max_size=3),
-    keys=st.integers(min_value=1, max_value=3),
-    verifying=st.booleans(),
+    live_keys=st.integers(min_value=0, max_value=3),
+    watched=st.booleans(),
 )
 
 
@@ -64,18 +64,20 @@ def test_totals_hold_their_invariants(captured: int, refunds: list[RefundView]) 
     assert 0 <= totals.refunded <= totals.taken
     assert totals.refundable == max(captured - totals.taken, 0)
     for one in refunds:
-        # Every key sent may have executed until the outcome is final ...
+        # Every key that may still execute is held until the outcome is final
+        # and the provider quiet ...
         if one.state not in FINAL:
-            assert taken_by(one) >= one.amount * one.keys
-        # ... and only a final state with nothing executed, checked with the
-        # provider, gives the amount back.
-        if one.executed or one.verifying:
-            assert taken_by(one) >= one.amount
+            assert taken_by(one) >= one.amount * max(one.live_keys, 1)
+        if one.watched:
+            assert taken_by(one) >= one.amount * one.live_keys
+        # ... and what executed is never given back.
+        if one.executed:
+            assert taken_by(one) >= one.amount * len(one.executed)
 
 
-def test_a_person_s_failed_holds_until_the_provider_is_asked() -> None:
-    asked = refund(10, State.OUTCOME_KNOWN, Outcome.FAILED)
+def test_a_person_s_failed_holds_until_the_provider_is_quiet() -> None:
+    quiet = refund(10, State.OUTCOME_KNOWN, Outcome.FAILED)
     assert taken_by(RefundView(10, State.OUTCOME_KNOWN, Outcome.FAILED, frozenset(), 1, True)) == 10
-    assert taken_by(asked) == 0
+    assert taken_by(quiet) == 0
     # Two keys sent, outcome open: both may have executed.
     assert taken_by(RefundView(10, State.UNKNOWN, None, frozenset(), 2, False)) == 20

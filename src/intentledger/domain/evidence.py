@@ -36,9 +36,12 @@ from intentledger.domain.retry_after import DEFAULT_CEILING, RetryAfter
 from intentledger.domain.safety import SafetyRules
 from intentledger.domain.states import FINAL, UNRESOLVED, Outcome, State
 from intentledger.domain.transport import NOT_EXECUTED, PROVING, LookupVerdict, Verdict
+from intentledger.domain.watching import WATCHED, Look, Watch, held, not_quiet
 
 # Verification looks at a settled operation (the duplicate and contradiction
-# audit) before an absence the provider keeps showing counts against the ledger.
+# audit) before an absence the provider keeps showing counts against the ledger,
+# and before a provider that is still not quiet is shown to a person (the looks
+# go on: domain/watching.py).
 AUDIT_LOOKS = 10
 # A refusal before processing (429, no connection) is sent again no sooner than
 # this, doubled for each attempt so far: a `Retry-After: 0` cannot make a loop.
@@ -54,6 +57,7 @@ class AttemptFacts:
     key: str
     answer: Verdict | None = None
     reference: str | None = None
+    sent_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,10 @@ class Facts:
     unresolved_since: datetime | None = None
     duplicate_detected: bool = False
     outcome_contradicted: bool = False
+    # Where watching the settled operation stands (None: never watched).
+    watch: Watch | None = None
+    # New provider keys a decision authorised that no attempt has sent yet.
+    authorised_keys: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,9 @@ class LookupResult:
     audit: bool = False
     # For an eventually consistent lookup's early "nothing found": when it counts.
     visible_at: datetime | None = None
+    # Objects it showed in a state that is not final, and its declared lag.
+    open: frozenset[str] = frozenset()
+    lag: timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +186,12 @@ class Effect:
     verify_at: datetime | None = None
     # For Move.OPERATOR: the rule a person is called under.
     rule: str = "checks_exhausted"
+    # Where watching stands after this evidence (None: unchanged), and, when the
+    # looks' budget ran out with the provider not quiet, what is still open.
+    watch: Watch | None = None
+    not_final: str | None = None
+    # Provider keys that may still execute once this evidence is counted.
+    live_keys: int = 0
 
 
 # -- what the facts imply --------------------------------------------------------------------
@@ -211,6 +228,18 @@ def success_key(facts: Facts) -> str | None:
     return None
 
 
+def live_keys(attempts: Iterable[AttemptFacts], authorised: Iterable[str] = ()) -> int:
+    """Keys that may still execute: sent and not proven final-and-not-executed,
+    or authorised and not sent yet. Keys, never attempt numbers."""
+    listed = list(attempts)
+    sent = {a.key for a in listed}
+    return len(open_keys(listed)) + len(set(authorised) - sent)
+
+
+def last_sent_at(attempts: Iterable[AttemptFacts]) -> datetime | None:
+    return max((a.sent_at for a in attempts if a.sent_at is not None), default=None)
+
+
 def executions(state: State, outcome: Outcome | None, executed: frozenset[str]) -> int:
     """How many charges the books must count: every executed reference known, and
     at least one for an outcome known succeeded (a person may not name the charge)."""
@@ -238,15 +267,28 @@ class Share:
 
 
 def mandate_share(
-    amount: int, state: State, outcome: Outcome | None, executed: frozenset[str]
+    amount: int,
+    state: State,
+    outcome: Outcome | None,
+    executed: frozenset[str],
+    keys: int = 0,
+    watched: bool = False,
 ) -> Share:
     """The provider's evidence is the truth for the books: every charge it showed
-    is spent, whatever the ledger's outcome says; while no outcome is known and
-    nothing is known executed, the amount stays reserved; only a final state
-    with no execution known gives it back."""
+    is spent, whatever the ledger's outcome says. The rest is reserved once per
+    key that may still execute while the operation is unresolved or watched
+    (domain/watching.py: `held`); only the end of watching gives it back."""
     count = executions(state, outcome, executed)
-    reserved = amount if state not in FINAL and count == 0 else 0
-    return Share(reserved=reserved, spent=amount * count)
+    return Share(
+        reserved=amount * (held(state, count, keys, watched) - count), spent=amount * count
+    )
+
+
+def room_after_a_new_key(free: int, before: Share, after: Share) -> int:
+    """What stays free under a mandate's total limit once an operation's share
+    grows from `before` to `after` with one more key held; negative: no room, and
+    the new key is refused (nothing is sent)."""
+    return free - ((after.reserved + after.spent) - (before.reserved + before.spent))
 
 
 # -- the funnel ------------------------------------------------------------------------------
@@ -262,24 +304,45 @@ def judge(facts: Facts, evidence: Evidence, now: datetime, limits: Limits) -> Ef
         effect = _judge_notice(facts, evidence)
     else:
         effect = _judge_statement(facts, evidence)
-    return _finish(facts, effect, now, limits)
+    return _finish(facts, evidence, effect, now, limits)
 
 
-def _finish(facts: Facts, effect: Effect, now: datetime, limits: Limits) -> Effect:
-    """Raise each flag once (a duplicate is two distinct executed references), and
-    time the verification look: backing off with each look already made."""
+def _finish(
+    facts: Facts, evidence: Evidence, effect: Effect, now: datetime, limits: Limits
+) -> Effect:
+    """Raise each flag once (a duplicate is two distinct executed references),
+    time the verification look (backing off with each look already made, up to
+    the cap), start watching with the first one, and count the live keys."""
     executed = facts.executed | effect.executed
     duplicate = len(executed) > 1 and not facts.duplicate_detected
     contradiction = effect.contradiction and not facts.outcome_contradicted
     verify_at = None
+    watch = effect.watch
     if effect.verify:
         verify_at = now + recheck_delay(facts.audits + 1, limits.backoff, jitter=limits.jitter)
+        if watch is None and facts.watch not in WATCHED:
+            watch = Watch.WATCHING
     return replace(
         effect,
         executed=executed,
         duplicate=duplicate,
         contradiction=contradiction,
         verify_at=verify_at,
+        watch=watch if watch != facts.watch else None,
+        live_keys=live_keys(_attempts_after(facts, evidence), facts.authorised_keys),
+    )
+
+
+def _attempts_after(facts: Facts, evidence: Evidence) -> tuple[AttemptFacts, ...]:
+    """The attempts with what a submit answer proved about its own attempt."""
+    if not isinstance(evidence, SubmitAnswer):
+        return facts.attempts
+    proved = evidence.verdict if evidence.verdict in PROVING else None
+    return tuple(
+        replace(a, answer=proved or a.answer, reference=evidence.reference)
+        if a.number == evidence.attempt
+        else a
+        for a in facts.attempts
     )
 
 
@@ -319,13 +382,7 @@ def _settle(
 def _judge_answer(facts: Facts, answer: SubmitAnswer, now: datetime, limits: Limits) -> Effect:
     this = next((a for a in facts.attempts if a.number == answer.attempt), None)
     key = this.key if this is not None else None
-    proved: Verdict | None = answer.verdict if answer.verdict in PROVING else None
-    if proved is None and this is not None:
-        proved = this.answer
-    after = tuple(
-        replace(a, answer=proved, reference=answer.reference) if a.number == answer.attempt else a
-        for a in facts.attempts
-    )
+    after = _attempts_after(facts, answer)
     executed = frozenset(
         {answer.reference} if answer.verdict is Verdict.SUCCEEDED and answer.reference else ()
     )
@@ -449,7 +506,7 @@ def _success_against_settled(
 def _judge_lookup(facts: Facts, lookup: LookupResult, now: datetime, limits: Limits) -> Effect:
     status = str(lookup.verdict)
     if _settled(facts):
-        return _against_settled_lookup(facts, lookup)
+        return _against_settled_lookup(facts, lookup, now)
     executed = lookup.executed
     reason = f"lookup evidence: {lookup.reason}"
     if facts.state is State.ACCEPTED:
@@ -526,14 +583,33 @@ def _inconclusive(
     )
 
 
-def _against_settled_lookup(facts: Facts, lookup: LookupResult) -> Effect:
+def _against_settled_lookup(facts: Facts, lookup: LookupResult, now: datetime) -> Effect:
     """A lookup of a settled operation: the audit, or a check that was in flight
     while the operation was settled some other way.
 
     A listing can lag, so a look that shows less than the ledger expects (no
     charge at all, or not the one it knows of) is followed by another, up to
     AUDIT_LOOKS. A person's word is checked this way too: a wrong "failed"
-    meets the charge at a later look, a wrong "succeeded" its absence."""
+    meets the charge at a later look, a wrong "succeeded" its absence.
+
+    A watched operation is looked at until the provider is quiet, whatever the
+    budget (domain/watching.py): past AUDIT_LOOKS a person is told what is still
+    open, and the looks go on."""
+    effect = _flags_against_settled(facts, lookup)
+    if facts.watch not in WATCHED and not lookup.audit:
+        return effect
+    look = Look(lookup.verdict is not LookupVerdict.LOOKUP_FAILED, lookup.open, lookup.lag)
+    still_open = not_quiet(look, last_sent_at(facts.attempts), now)
+    if still_open is None:
+        return effect if effect.verify else replace(effect, watch=Watch.QUIET)
+    if facts.audits + (1 if lookup.audit else 0) < AUDIT_LOOKS:
+        return replace(effect, verify=True)
+    return replace(effect, verify=True, watch=Watch.NOT_FINAL, not_final=still_open)
+
+
+def _flags_against_settled(facts: Facts, lookup: LookupResult) -> Effect:
+    """What a look at a settled operation raises, and whether it showed less than
+    the ledger expects (`verify`: look again, inside the budget)."""
     reason = f"lookup of a settled operation: {lookup.reason}"
     looks = facts.audits + (1 if lookup.audit else 0)
     look_again = looks < AUDIT_LOOKS
@@ -668,8 +744,11 @@ __all__ = [
     "Share",
     "SubmitAnswer",
     "judge",
+    "last_sent_at",
+    "live_keys",
     "mandate_share",
     "may_have_executed",
     "open_keys",
     "recorded_executions",
+    "room_after_a_new_key",
 ]

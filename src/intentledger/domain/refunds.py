@@ -1,18 +1,18 @@
 """Refunds: how much of a payment is refunded, and how much may still be. Pure.
 
 A refund is a money movement whose answer can be lost, like the payment it
-reverses, so the rule is the mandate's: an amount is *taken* the moment a
-refund is accepted, and stays taken while the refund's outcome is unknown or
-in review. Only the provider's final word that it did not happen (a refund
-settled failed, or cancelled, with no execution ever seen) gives it back. And
-the provider's evidence is the truth for the books: every refund object it
-showed executed counts as refunded, whatever the ledger's outcome says.
+reverses, so the rule is the mandate's (domain/watching.py): an amount is
+*taken* the moment a refund is accepted, and stays taken once per provider key
+that may still execute while the refund is unresolved or watched — a person's
+"failed" frees nothing the provider still shows open. Only the end of watching
+(the provider quiet, no execution shown) gives it back. And the provider's
+evidence is the truth for the books: every refund object it showed executed
+counts as refunded, whatever the ledger's outcome says.
 
     refundable = captured - taken,   taken = sum over refunds of
-        amount x max(executions seen, keys sent)   while the outcome is not final,
-        amount x executions seen                   final, once any execution is known,
-        amount                                     settled failed, the audit still to look,
-        0                                          final, and nothing ever executed.
+        amount x max(executions seen, live keys, 1)   while the outcome is not final,
+        amount x max(executions seen, live keys)      settled, still watched,
+        amount x executions seen                      settled, quiet.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from intentledger.domain.evidence import Share, executions, recorded_executions
-from intentledger.domain.states import FINAL, Outcome, State
+from intentledger.domain.states import Outcome, State
+from intentledger.domain.watching import held, is_watched
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,10 @@ class RefundView:
     state: State
     outcome: Outcome | None
     executed: frozenset[str]
-    # Provider keys sent (each could have executed) and, for a refund a person
-    # settled failed, whether the provider is still to be asked (the audit).
-    keys: int = 1
-    verifying: bool = False
+    # Provider keys that may still execute, and whether the settled refund is
+    # still watched (the provider not yet quiet).
+    live_keys: int = 0
+    watched: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,14 +51,7 @@ class RefundTotals:
 
 def taken_by(refund: RefundView) -> int:
     seen = executions(refund.state, refund.outcome, refund.executed)
-    if refund.state not in FINAL:
-        # Every key sent may have executed until evidence says otherwise.
-        return refund.amount * max(seen, refund.keys, 1)
-    if seen:
-        return refund.amount * seen
-    # Settled failed with nothing seen: given back, once the provider agrees
-    # (a person's "failed" is checked by the audit before the money is free).
-    return refund.amount if refund.verifying else 0
+    return refund.amount * held(refund.state, seen, refund.live_keys, refund.watched)
 
 
 def refund_totals(captured: int, refunds: Iterable[RefundView]) -> RefundTotals:
@@ -85,9 +79,9 @@ def _field(record: Any, name: str) -> Any:
     return record.get(name) if isinstance(record, Mapping) else getattr(record, name)
 
 
-def view_of(refund: Any, extra_keys: int = 0) -> RefundView:
-    """`refund` as `Ledger.refunds_of` reads it (with `keys` and `verifying`);
-    `extra_keys`: keys about to be sent on top."""
+def view_of(refund: Any, live_keys: int | None = None) -> RefundView:
+    """`refund` as the ledger records it; `live_keys`: its count with a key about
+    to be authorised (None: as recorded)."""
     outcome = _field(refund, "outcome")
     return RefundView(
         amount=_field(refund, "amount"),
@@ -96,20 +90,9 @@ def view_of(refund: Any, extra_keys: int = 0) -> RefundView:
         executed=recorded_executions(
             _field(refund, "executed_references"), outcome, _field(refund, "provider_reference")
         ),
-        # Keys sent, or approved and not yet sent (a person's new-key request).
-        keys=max(
-            _optional(refund, "keys") or 1,
-            (_field(refund, "request_context") or {}).get("keys_approved", 1),
-        )
-        + extra_keys,
-        verifying=bool(_optional(refund, "verifying")),
+        live_keys=(_field(refund, "live_keys") or 0) if live_keys is None else live_keys,
+        watched=is_watched(_field(refund, "watch")),
     )
-
-
-def _optional(record: Any, name: str) -> Any:
-    if isinstance(record, Mapping):
-        return record.get(name)
-    return getattr(record, name, None)
 
 
 def captured_by(payment: Any) -> int:

@@ -62,6 +62,9 @@ class ReviewInputs:
     unresolved_since: datetime
     evidence: Evidence
     policy: RetentionPolicy
+    # Why a new key would not fit under the money it may move (the mandate, the
+    # refunded charge) beside every key still live; None: it fits.
+    no_room_for_a_new_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,17 @@ def review(inputs: ReviewInputs, rules: SafetyRules) -> SafetyDecision:
             f"key age {key_age} is below {bound} ({inputs.policy.provider_api} minimum "
             f"{inputs.policy.minimum} less {rules.margin:.0%}): the provider deduplicates a "
             "same-key replay, so it cannot execute twice",
+        )
+    if (
+        rules.allow_new_request
+        and _not_found_long_enough(evidence, rules)
+        and inputs.no_room_for_a_new_key is not None
+    ):
+        return decide(
+            "no_room_for_a_new_key",
+            Resolution.MANUAL_REVIEW,
+            f"the provider's rule would allow a new request, but {inputs.no_room_for_a_new_key}: "
+            "a person decides",
         )
     if rules.allow_new_request and _not_found_long_enough(evidence, rules):
         return decide(

@@ -142,6 +142,9 @@ class LookupJudgement:
     # Every charge the lookup listed as executed, and as finally failed.
     executed: frozenset[str] = frozenset()
     failed: frozenset[str] = frozenset()
+    # Every object it listed in a state that is not final: "not final" is
+    # never "not executed" (processing, pending, requires_*, a word not mapped).
+    open: frozenset[str] = frozenset()
     # For NOT_YET_VISIBLE: when an absence starts to count.
     visible_at: datetime | None = None
 
@@ -192,6 +195,7 @@ def judge_lookup(
     failed = [c for c in lookup.charges if c.status in _FAILED_WORDS]
     executed = frozenset(c.provider_reference for c in succeeded)
     failed_refs = frozenset(c.provider_reference for c in failed)
+    open_refs = frozenset(c.provider_reference for c in lookup.charges) - executed - failed_refs
     if succeeded:
         distinct = len(executed)
         extra = f" ({distinct} executed charges: a duplicate)" if distinct > 1 else ""
@@ -202,6 +206,7 @@ def judge_lookup(
             executed_charges=distinct,
             executed=executed,
             failed=failed_refs,
+            open=open_refs,
         )
     if failed and len(failed) == len(lookup.charges):
         return LookupJudgement(
@@ -219,4 +224,5 @@ def judge_lookup(
         other.provider_reference,
         executed=executed,
         failed=failed_refs,
+        open=open_refs,
     )

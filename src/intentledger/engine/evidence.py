@@ -25,6 +25,7 @@ from intentledger.domain.evidence import (
 )
 from intentledger.domain.states import NextAction, Outcome, State
 from intentledger.domain.transport import PROVING, Verdict
+from intentledger.domain.watching import Watch
 from intentledger.engine.refund_settlement import after_refund_settled
 from intentledger.engine.unknown import mark_unknown
 from intentledger.store.ledger import Ledger
@@ -45,15 +46,16 @@ async def facts_of(ledger: Ledger, operation: Record) -> Facts:
             checks += 1
         elif row.kind == "audit_lookup":
             audits += 1
-    attempts = tuple(
-        AttemptFacts(a.number, a.provider_idempotency_key, *answers.get(a.number, (None, None)))
-        for a in await ledger.attempts_of(operation.operation_id)
-    )
+    attempts = []
+    for a in await ledger.attempts_of(operation.operation_id):
+        answer, reference = answers.get(a.number, (None, None))
+        key = a.provider_idempotency_key
+        attempts.append(AttemptFacts(a.number, key, answer, reference, sent_at=a.submitted_at))
     return Facts(
         state=State(operation.state),
         outcome=Outcome(operation.outcome) if operation.outcome else None,
         provider_reference=operation.provider_reference,
-        attempts=attempts,
+        attempts=tuple(attempts),
         executed=recorded_executions(
             operation.executed_references, operation.outcome, operation.provider_reference
         ),
@@ -62,7 +64,20 @@ async def facts_of(ledger: Ledger, operation: Record) -> Facts:
         unresolved_since=operation.first_attempt_at,
         duplicate_detected=operation.duplicate_detected,
         outcome_contradicted=operation.outcome_contradicted,
+        watch=Watch(operation.watch) if operation.watch else None,
+        authorised_keys=await authorised_keys(ledger, operation),
     )
+
+
+async def authorised_keys(ledger: Ledger, operation: Record) -> frozenset[str]:
+    """The key a decision authorised to be sent next (a new request, or a
+    same-key replay), while the operation waits to send it."""
+    if operation.next_action != NextAction.RESUBMIT:
+        return frozenset()
+    decision = await ledger.latest_decision(operation.operation_id)
+    if decision is None or decision.next_action != NextAction.RESUBMIT:
+        return frozenset()
+    return frozenset({decision.inputs["provider_idempotency_key"]})
 
 
 async def weigh(
@@ -106,6 +121,16 @@ def _flags(operation: Record, facts: Facts, effect: Effect) -> dict[str, Any]:
         fields["next_action"] = NextAction.OPERATOR
     if effect.reconciliation_status is not None:
         fields["reconciliation_status"] = effect.reconciliation_status
+    if effect.live_keys != operation.live_keys:
+        fields["live_keys"] = effect.live_keys
+    if effect.watch is not None:
+        fields["watch"] = effect.watch
+        if effect.watch is Watch.NOT_FINAL:
+            fields["next_action"] = NextAction.OPERATOR
+        elif facts.watch is Watch.NOT_FINAL and "next_action" not in fields:
+            # Quiet again: a person is still needed only for a flag.
+            flagged = facts.duplicate_detected or facts.outcome_contradicted or effect.duplicate
+            fields["next_action"] = NextAction.OPERATOR if flagged else NextAction.NONE
     return fields
 
 
@@ -152,7 +177,7 @@ async def carry_out(
         )
     elif move is Move.REQUEUE:
         assert effect.check_at is not None
-        await _requeue(ledger, operation, effect, now, source, observation_id)
+        await _requeue(ledger, operation, effect, now, source, observation_id, fields)
     elif move is Move.REVIEW:
         assert review is not None, "only a scheduled check sends an operation to review"
         fields.pop("reconciliation_status", None)  # the review writes it with its transition
@@ -171,8 +196,10 @@ async def carry_out(
             now=now,
             outcome=effect.outcome,
             outcome_contradicted=False,
-            # A duplicate still flagged still needs a person.
-            next_action=NextAction.OPERATOR if facts.duplicate_detected else NextAction.NONE,
+            # A duplicate still flagged, or a provider still not quiet, still needs a person.
+            next_action=NextAction.OPERATOR
+            if facts.duplicate_detected or facts.watch is Watch.NOT_FINAL
+            else NextAction.NONE,
             last_observed_at=now,
             **fields,
         )
@@ -184,8 +211,34 @@ async def carry_out(
         await ledger.enqueue(operation.operation_id, "reconcile", effect.check_at, now)
     elif fields:
         await ledger.update_operation(operation, now=now, **fields)
+    if effect.not_final is not None:
+        await _provider_not_final(ledger, operation, facts, effect, now, source)
     if effect.verify_at is not None:
         await ledger.enqueue(operation.operation_id, "audit", effect.verify_at, now)
+
+
+async def _provider_not_final(
+    ledger: Ledger, operation: Record, facts: Facts, effect: Effect, now: datetime, source: str
+) -> None:
+    """The looks' budget ran out while the provider still shows something open: a
+    person is told what, and why watching goes on (the decision row)."""
+    assert effect.verify_at is not None
+    await ledger.add_decision(
+        operation_id=operation.operation_id,
+        at=now,
+        rule="provider_not_final",
+        inputs={
+            "looks": facts.audits + 1,
+            "open": effect.not_final,
+            "next_look_at": effect.verify_at.isoformat(),
+        },
+        next_action=NextAction.OPERATOR,
+        reason=(
+            f"the provider is not quiet after {facts.audits + 1} looks ({effect.not_final}): "
+            "the amount stays held and the looks go on until it is"
+        ),
+        source=source,
+    )
 
 
 async def _relock(ledger: Ledger, operation: Record) -> Record:
@@ -201,11 +254,13 @@ async def _requeue(
     now: datetime,
     source: str,
     observation_id: int | None,
+    fields: dict[str, Any],
 ) -> None:
     """Evidence that the provider did not execute: back to ACCEPTED, sent again
     with the same provider key no earlier than the funnel's time, under a
     recorded decision citing that evidence."""
     assert effect.check_at is not None
+    fields.pop("next_action", None)  # the requeue says what is next
     attempt = await ledger.last_attempt(operation.operation_id)
     assert attempt is not None, "only an attempt can be refused"
     due = effect.check_at
@@ -237,6 +292,7 @@ async def _requeue(
         source=source,
         last_observed_at=now,
         retry_after_at=due,
+        **fields,
     )
     await ledger.enqueue(operation.operation_id, "submit", due, now, decision_id=decision_id)
 

@@ -22,7 +22,7 @@ from intentledger.domain.safety import attempt_key
 from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
-from intentledger.engine.refund_settlement import require_room_for_a_new_key
+from intentledger.engine.new_keys import room_for_a_new_key
 from intentledger.engine.refusal import Refusal, claim_key, find_keyed_replay, retry_key_races
 from intentledger.engine.safety_review import policy_document
 from intentledger.store.ledger import Ledger
@@ -43,6 +43,13 @@ class ActionNotAllowed(Refusal):
 
     def __init__(self, detail: str) -> None:
         super().__init__(409, "action-not-allowed", detail)
+
+
+class NoRoomForANewKey(Refusal):
+    """A new key would hold more than the mandate or the refunded charge has room for."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(409, "no-room-for-a-new-key", detail)
 
 
 class ChangedSinceReviewed(Refusal):
@@ -162,8 +169,9 @@ async def approve_resubmission(
             f"cannot approve a resubmission of {action.operation_id}: one is already "
             f"approved and on its way (next action {operation.next_action})"
         )
-    if operation.kind == "refund":
-        await require_room_for_a_new_key(ledger, operation)
+    keys, no_room = await room_for_a_new_key(ledger, operation)
+    if no_room is not None:
+        raise NoRoomForANewKey(f"cannot approve a new request: {no_room}")
     last = await ledger.last_attempt(action.operation_id)
     assert last is not None, "only an attempted operation reaches MANUAL_REVIEW"
     key = attempt_key(action.operation_id, last.number + 1)
@@ -195,18 +203,15 @@ async def approve_resubmission(
         key_age_at_decision=key_age,
         source=f"operator:{action.by}",
     )
-    changes: dict[str, Any] = {}
-    if operation.kind == "refund":
-        # Held from now, not from when the dispatcher sends it: a refund accepted
-        # in between must not take the room this key was approved with.
-        changes["request_context"] = {**operation.request_context, "keys_approved": last.number + 1}
     await ledger.update_operation(
         operation,
         now=now,
         next_action=NextAction.RESUBMIT,
         key_age_at_decision=key_age,
         provider_retention_note=policy.note,
-        **changes,
+        # Held from now, not from when the dispatcher sends it: an intent accepted
+        # in between must not take the room this key was approved with.
+        live_keys=keys,
     )
     await ledger.enqueue(action.operation_id, "submit", now, now, decision_id=decision_id)
     return f"new request approved with key {key}"

@@ -187,6 +187,8 @@ class Reconciler:
                 retry_after=retry_after,
                 audit=kind == "audit_lookup",
                 visible_at=judgement.visible_at,
+                open=judgement.open,
+                lag=lookup.lag,
             )
             rules = self.rules_for(operation.provider)
             await weigh(

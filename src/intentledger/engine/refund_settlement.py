@@ -1,5 +1,5 @@
 """What a refund's own changes mean for its payment: a duplicate flag that can
-come down, and the room a new-key request of the refund would need.
+come down.
 
 Called with the refund (and its mandate) locked; the payment's row is locked
 after them, the order every writer of a refund's payment keeps.
@@ -10,9 +10,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from intentledger.domain.evidence import recorded_executions
-from intentledger.domain.refunds import captured_by, refund_totals, view_of
+from intentledger.domain.refunds import refund_totals, view_of
 from intentledger.domain.states import NextAction
-from intentledger.engine.refusal import Refusal
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -53,27 +52,3 @@ async def after_refund_settled(ledger: Ledger, refund: Record, now: datetime, so
     # A contradiction still flagged still needs a person.
     still = NextAction.OPERATOR if payment.outcome_contradicted else NextAction.NONE
     await ledger.update_operation(payment, now=now, duplicate_detected=False, next_action=still)
-
-
-async def require_room_for_a_new_key(ledger: Ledger, refund: Record) -> None:
-    """A new-key request of an unresolved refund may execute beside the first:
-    the payment's charge must have room for both, counted under its lock."""
-    payment = await ledger.get_operation(refund.parent_operation_id, for_update=True)
-    assert payment is not None, "a refund names its payment"
-    charge = refund.request_context.get("charge")
-    refunds = await ledger.refunds_of(payment.operation_id)
-    views = [
-        view_of(r, extra_keys=1 if r.operation_id == refund.operation_id else 0)
-        for r in refunds
-        if r.request_context.get("charge") == charge
-    ]
-    captured = captured_by(payment) if charge == payment.provider_reference else payment.amount
-    totals = refund_totals(captured, views)
-    if totals.taken > captured:
-        raise Refusal(
-            409,
-            "action-not-allowed",
-            f"a new request for refund {refund.operation_id} could refund {refund.amount} "
-            f"again: with it, {totals.taken} of the {captured} charge {charge} took would be "
-            "refunded or held; resolve the refund, or the others, first",
-        )

@@ -23,6 +23,7 @@ from intentledger.domain.safety import (
 )
 from intentledger.domain.states import NextAction, State
 from intentledger.domain.transport import LookupVerdict
+from intentledger.engine.new_keys import room_for_a_new_key
 from intentledger.engine.unknown import mark_unknown
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
@@ -80,6 +81,7 @@ def _inputs_document(
         "unresolved_since": inputs.unresolved_since.isoformat(),
         "provider_retention_note": inputs.policy.note,
         "policy": policy_document(inputs.policy),
+        "no_room_for_a_new_key": inputs.no_room_for_a_new_key,
         "rules": {
             "margin": rules.margin,
             "max_checks": rules.max_checks,
@@ -113,12 +115,16 @@ async def run_safety_review(
         # A new-key refund could pay the customer twice: only a person approves
         # one, after the payment's refundable amount is checked for it.
         rules = replace(rules, allow_new_request=False)
+    keys, no_room = (
+        await room_for_a_new_key(ledger, operation) if rules.allow_new_request else (0, None)
+    )
     inputs = ReviewInputs(
         now=now,
         key_first_used_at=await ledger.first_use_of_key(operation.operation_id, key),
         unresolved_since=operation.first_attempt_at or now,
         evidence=await gather_evidence(ledger, operation.operation_id),
         policy=policy,
+        no_room_for_a_new_key=no_room,
     )
     decision = review(inputs, rules)
     new_key = decision.resolution is Resolution.NEW_REQUEST
@@ -147,6 +153,8 @@ async def run_safety_review(
         provider_retention_note=policy.note,
         reconciliation_status=reconciliation_status,
         last_observed_at=now,
+        # A new key is held from its decision on (engine/new_keys.py).
+        **({"live_keys": keys} if new_key else {}),
     )
     if decision.next_action is NextAction.RESUBMIT:
         await ledger.enqueue(operation.operation_id, "submit", now, now, decision_id=decision_id)

@@ -369,7 +369,9 @@ class StripeProvider:
             readable=found.readable,
             complete=found.complete,
             method=found.method if not seen else f"retrieve by id + {found.method}",
-            lag=None if seen else found.lag,
+            # What was retrieved by id is consistent; the rest was searched for,
+            # and a search lags: the look as a whole is as consistent as its search.
+            lag=found.lag,
         )
 
     async def _by_reference(self, reference: str) -> LookupAnswer:

@@ -22,6 +22,7 @@ from intentledger.domain.cards import CARD_KINDS, status_after
 from intentledger.domain.evidence import Share, mandate_share, recorded_executions
 from intentledger.domain.refunds import refund_mandate_share
 from intentledger.domain.states import FINAL, NextAction, Outcome, State, require_transition
+from intentledger.domain.watching import is_watched
 from intentledger.observability import ledger_events
 from intentledger.store import announcements
 from intentledger.store.tables import (
@@ -367,24 +368,9 @@ class Ledger:
         return latest
 
     async def refunds_of(self, payment_id: str) -> Sequence[Record]:
-        """The payment's refund operations, oldest first, each with `keys` (the
-        provider keys sent) and `verifying` (a verification look still due)."""
-        keys = (
-            select(func.count(func.distinct(attempts.c.provider_idempotency_key)))
-            .where(attempts.c.operation_id == operations.c.operation_id)
-            .scalar_subquery()
-        )
-        verifying = (
-            select(outbox.c.id)
-            .where(
-                outbox.c.operation_id == operations.c.operation_id,
-                outbox.c.kind == "audit",
-                outbox.c.done_at.is_(None),
-            )
-            .exists()
-        )
+        """The payment's refund operations, oldest first."""
         result = await self.conn.execute(
-            select(operations, keys.label("keys"), verifying.label("verifying"))
+            select(operations)
             .where(operations.c.parent_operation_id == payment_id)
             .order_by(operations.c.created_at, operations.c.operation_id)
         )
@@ -658,5 +644,15 @@ def _share(operation: Record, state: State, changes: Mapping[str, Any]) -> Share
     executed = recorded_executions(
         field("executed_references"), outcome, field("provider_reference")
     )
-    share = refund_mandate_share if operation.kind == "refund" else mandate_share
-    return share(operation.amount, state, Outcome(outcome) if outcome else None, executed)
+    if operation.kind == "refund":
+        return refund_mandate_share(
+            operation.amount, state, Outcome(outcome) if outcome else None, executed
+        )
+    return mandate_share(
+        operation.amount,
+        state,
+        Outcome(outcome) if outcome else None,
+        executed,
+        keys=field("live_keys"),
+        watched=is_watched(field("watch")),
+    )

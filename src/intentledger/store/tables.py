@@ -165,6 +165,11 @@ operations = Table(
     # The highest id of its observations when it was reaped: a provider answer
     # with a higher id came later and outlives its partition (decision 0018).
     Column("reaped_through_observation", Integer, nullable=True),
+    # Where watching the settled operation stands (domain/watching.Watch; NULL:
+    # never watched), and the provider keys that may still execute as the last
+    # evidence left them: its mandate share holds the amount once per live key.
+    Column("watch", String(24), nullable=True),
+    Column("live_keys", Integer, nullable=False, default=0, server_default=text("0")),
     # The operator list filters by state; the sweeper by state and age.
     Index(None, "state", "updated_at"),
     Index(None, "parent_operation_id"),
