@@ -430,6 +430,7 @@ async def queue_page(
                     bool(row.duplicate_detected),
                     bool(row.outcome_contradicted),
                     row.created_at,
+                    row.watch,
                 ),
                 now,
                 threshold,

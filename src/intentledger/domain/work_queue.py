@@ -1,9 +1,10 @@
 """What asks a person to act: the operator console's work queue.
 
 Every operation whose `next_action` is `operator` (MANUAL_REVIEW, a refused
-credential), every flagged one (a contradiction, a duplicate) and every
-unresolved one that has waited longer than the queue's threshold (an UNKNOWN
-the reconciler keeps failing to settle) is shown to a person, oldest first:
+credential, a provider still not final past the budget of looks), every flagged
+one (a contradiction, a duplicate) and every unresolved one that has waited
+longer than the queue's threshold (an UNKNOWN the reconciler keeps failing to
+settle) is shown to a person, oldest first:
 nothing that needs a person waits silently (DESIGN.md, rule 4).
 """
 
@@ -15,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from intentledger.domain.states import NextAction, State
+from intentledger.domain.watching import Watch
 
 
 class Need(StrEnum):
@@ -24,6 +26,9 @@ class Need(StrEnum):
     CONTRADICTED = "outcome_contradicted"
     DUPLICATE = "duplicate_detected"
     WAITING = "unresolved_too_long"
+    # Settled, but past the budget of looks the provider still shows something
+    # open: the amount stays held and the looks go on (domain/watching.py).
+    PROVIDER_NOT_FINAL = "provider_not_final"
 
 
 # Unresolved states the engine is still working on: a person is asked only once
@@ -46,6 +51,7 @@ class QueueFacts:
     duplicate_detected: bool
     outcome_contradicted: bool
     created_at: datetime
+    watch: str | None = None
 
 
 def needs(facts: QueueFacts, now: datetime, threshold: timedelta) -> tuple[Need, ...]:
@@ -59,6 +65,8 @@ def needs(facts: QueueFacts, now: datetime, threshold: timedelta) -> tuple[Need,
         reasons.append(Need.DUPLICATE)
     if facts.state in WAITING_STATES and now - facts.created_at >= threshold:
         reasons.append(Need.WAITING)
+    if facts.watch == Watch.NOT_FINAL:
+        reasons.append(Need.PROVIDER_NOT_FINAL)
     return tuple(reasons)
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import ColumnElement, String, and_, bindparam, case, func, or_, 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import FINAL, NextAction, State
+from intentledger.domain.watching import Watch
 from intentledger.domain.work_queue import WAITING_STATES, Cursor, Need
 from intentledger.store.tables import (
     WORK_QUEUE_PREDICATE,
@@ -43,6 +44,7 @@ QUEUE_COLUMNS = (
     operations.c.outcome_contradicted,
     operations.c.created_at,
     operations.c.updated_at,
+    operations.c.watch,
 )
 
 
@@ -139,15 +141,19 @@ async def work_queue(
                 _sum(operations.c.outcome_contradicted.is_(True)),
                 _sum(operations.c.duplicate_detected.is_(True)),
                 _sum(waiting),
+                _sum(operations.c.watch == Watch.NOT_FINAL.value),
             ).where(*where)
         )
     ).one()
-    total, operator, contradicted, duplicate, waited = (int(value or 0) for value in counted)
+    total, operator, contradicted, duplicate, waited, not_final = (
+        int(value or 0) for value in counted
+    )
     counts = {
         Need.OPERATOR: operator,
         Need.CONTRADICTED: contradicted,
         Need.DUPLICATE: duplicate,
         Need.WAITING: waited,
+        Need.PROVIDER_NOT_FINAL: not_final,
     }
     return QueuePage(rows, next_cursor, counts, total)
 
