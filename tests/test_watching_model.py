@@ -38,7 +38,7 @@ is flagged `duplicate_detected` or refunded; every disagreement between the
 ledger and the provider is flagged; every operation with an object still open
 is in front of a person (the work queue) while the looks go on.
 
-Examples: INTENTLEDGER_MODEL_EXAMPLES (default 25 per database) and
+Examples: INTENTLEDGER_MODEL_EXAMPLES (default 60 per database) and
 INTENTLEDGER_MODEL_STEPS (default 30) for deeper runs.
 """
 
@@ -419,6 +419,7 @@ class WatchingModel(RuleBasedStateMachine):
         self.run(self.worker.deliver_next())
         self.changed()
 
+    @precondition(lambda self: bool(self._ops(frozenset({State.SUBMITTING}))))
     @rule()
     def sweep(self) -> None:
         self.run(self.worker.sweeper.sweep())
@@ -702,7 +703,7 @@ def _policy() -> Any:
 
 
 MODEL_SETTINGS = settings(
-    max_examples=int(os.environ.get("INTENTLEDGER_MODEL_EXAMPLES", "25")),
+    max_examples=int(os.environ.get("INTENTLEDGER_MODEL_EXAMPLES", "60")),
     stateful_step_count=int(os.environ.get("INTENTLEDGER_MODEL_STEPS", "30")),
     deadline=None,
     derandomize=True,
