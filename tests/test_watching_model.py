@@ -103,7 +103,7 @@ T = TypeVar("T")
 LAG = timedelta(seconds=20)  # the search's declared lag
 SECOND = timedelta(seconds=1)
 AMOUNT = 500
-TOTAL_LIMIT = 1500  # room for three payments: a new key must find room
+TOTAL_LIMIT = 1000  # room for two payments: a new key must find room
 MAX_PAYMENTS = 4
 OPERATOR = "olive"
 ROUTE = "POST /v1/payments"
@@ -167,6 +167,7 @@ class ScriptedProvider:
 
     def __init__(self, clock: ControlledClock) -> None:
         self.clock = clock
+        self.lag = LAG
         self.submit_mode = "succeed"
         self.lookup_mode = "truthful"
         self.objects: list[ProviderObject] = []
@@ -229,7 +230,7 @@ class ScriptedProvider:
         shown = [
             o
             for o in self.of(query.reference)
-            if o.id in query.known or (searching and now >= o.created_at + LAG)
+            if o.id in query.known or (searching and now >= o.created_at + self.lag)
         ]
         data = [_body(o, o.status) for o in shown]
         answer = await observe(_response(200, {"object": "list", "data": data}))
@@ -237,7 +238,7 @@ class ScriptedProvider:
             answer,
             tuple(ChargeSeen(o.id, o.status) for o in shown),
             method="retrieve + search" if searching else "retrieve by id",
-            lag=LAG if searching else None,
+            lag=self.lag if searching else None,
         )
 
     async def aclose(self) -> None:
