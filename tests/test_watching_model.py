@@ -100,7 +100,7 @@ from tests.test_recovery_model import (
 
 T = TypeVar("T")
 
-LAG = timedelta(seconds=20)  # the search's declared lag
+LAG = timedelta(seconds=45)  # the search's declared lag: longer than the first look's wait (30 s)
 SECOND = timedelta(seconds=1)
 AMOUNT = 500
 TOTAL_LIMIT = 1000  # room for two payments: a new key must find room
