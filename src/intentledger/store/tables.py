@@ -169,7 +169,7 @@ operations = Table(
     # never watched), and the provider keys that may still execute as the last
     # evidence left them: its mandate share holds the amount once per live key.
     Column("watch", String(24), nullable=True),
-    Column("live_keys", Integer, nullable=False, default=0, server_default=text("0")),
+    Column("live_keys", Integer, nullable=False, server_default=text("0")),
     # The operator list filters by state; the sweeper by state and age.
     Index(None, "state", "updated_at"),
     Index(None, "parent_operation_id"),
