@@ -14,7 +14,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from alembic import command
+from sqlalchemy import MetaData, Table, func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.canonical import request_hash
@@ -24,14 +25,19 @@ from intentledger.domain.states import NextAction, Outcome, State
 from intentledger.engine import mandates, operator, refunds
 from intentledger.engine.intake import Intent, accept
 from intentledger.engine.operator import NoRoomForANewKey, OperatorAction
+from intentledger.store.database import create_sync_engine
 from intentledger.store.ledger import Ledger
+from intentledger.store.migrate import alembic_config, upgrade
 from intentledger.store.tables import attempts, decisions
+from tests.conftest import Databases
+from tests.test_partitions import AT, _fresh_at, _settled_payment
 from tests.test_recovery_model import ControlledClock, build_worker
 from tests.test_watching_model import RULES, ScriptedProvider
 
 ROUTE = "POST /v1/payments"
 AMOUNT = 500
 SECOND = timedelta(seconds=1)
+TABLE_NAMES = ("mandates", "operations", "attempts", "outbox")
 
 
 class Story:
@@ -206,3 +212,92 @@ async def test_a_refund_a_person_calls_failed_while_the_provider_shows_it_pendin
     assert op.outcome_contradicted and op.watch == "quiet"
     with pytest.raises(refunds.RefundRefused):
         await story.refund(payment, "refund-3")
+
+
+def test_migration_0017_holds_every_live_key_and_gives_it_back_on_downgrade(
+    backend: str, databases: Databases
+) -> None:
+    """Operations with a verification look due become watched, unresolved and
+    watched ones count every distinct key they sent as live, and each mandate's
+    `reserved` moves by its payments' new shares less their old ones."""
+    url = databases.create(backend)
+    _fresh_at(url, "0016")
+    engine = create_sync_engine(url)
+    with engine.begin() as conn:
+        table = {n: Table(n, MetaData(), autoload_with=conn) for n in TABLE_NAMES}
+        conn.execute(
+            insert(table["mandates"]).values(
+                mandate_id="md",
+                actor="dora",
+                currency="EUR",
+                max_amount=AMOUNT,
+                total_limit=10 * AMOUNT,
+                reserved=AMOUNT,  # the two-key payment's, by 0016's rule
+                spent=AMOUNT,  # the plain success's
+                status="active",
+                version=1,
+                created_at=AT,
+                updated_at=AT,
+            )
+        )
+        for operation_id, state, outcome, keys, audit_due in (
+            ("op_two_keys", "UNKNOWN", None, 2, False),  # +1 key held
+            ("op_said_failed", "OUTCOME_KNOWN", "failed", 1, True),  # +1: watched
+            ("op_plain", "OUTCOME_KNOWN", "succeeded", 1, False),  # unchanged
+        ):
+            conn.execute(
+                insert(table["operations"])
+                .values(
+                    **_settled_payment(operation_id),
+                    amount=AMOUNT,
+                    currency="EUR",
+                    mandate_id="md",
+                )
+                .values(
+                    state=state,
+                    outcome=outcome,
+                    provider_reference="pi_plain" if outcome == "succeeded" else None,
+                )
+            )
+            for number in range(1, keys + 1):
+                conn.execute(
+                    insert(table["attempts"]).values(
+                        operation_id=operation_id,
+                        number=number,
+                        provider_idempotency_key=f"{operation_id}:{number}",
+                        submitted_at=AT,
+                        relation="original",
+                        source="t",
+                    )
+                )
+            if audit_due:
+                conn.execute(
+                    insert(table["outbox"]).values(
+                        operation_id=operation_id,
+                        kind="audit",
+                        due_at=AT,
+                        deliveries=0,
+                        created_at=AT,
+                    )
+                )
+
+    def books() -> tuple[int, int]:
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT reserved, spent FROM mandates")).one()
+        return int(row.reserved), int(row.spent)
+
+    upgrade(url)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT operation_id, watch, live_keys FROM operations"))
+        recorded = {r.operation_id: (r.watch, r.live_keys) for r in rows}
+    assert recorded == {
+        "op_two_keys": (None, 2),
+        "op_said_failed": ("watching", 1),
+        "op_plain": (None, 0),
+    }
+    assert books() == (3 * AMOUNT, AMOUNT)
+    command.downgrade(alembic_config(url), "0016")
+    assert books() == (AMOUNT, AMOUNT)
+    upgrade(url)
+    assert books() == (3 * AMOUNT, AMOUNT)
+    engine.dispose()

@@ -72,7 +72,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.canonical import request_hash
-from intentledger.domain.evidence import mandate_share, recorded_executions
+from intentledger.domain.evidence import recorded_executions
+from intentledger.domain.retention import sandbox_policy
 from intentledger.domain.safety import SafetyRules
 from intentledger.domain.states import FINAL, UNRESOLVED, Outcome, State
 from intentledger.domain.transport import ChargeSeen, LookupAnswer, ProviderAnswer
@@ -81,12 +82,13 @@ from intentledger.domain.work_queue import QueueFacts, needs
 from intentledger.engine import mandates, operator, provider_events, refunds
 from intentledger.engine.intake import Intent, accept
 from intentledger.engine.operator import OperatorAction
+from intentledger.engine.reconciler import operation_lookup
 from intentledger.engine.refusal import Refusal
 from intentledger.providers.base import ProviderLookup, ProviderRequest, WebhookEvent
 from intentledger.providers.http import ProviderResponse, observe
 from intentledger.providers.stripe import map_answer, map_refund_answer
 from intentledger.store.database import create_ledger_engine
-from intentledger.store.ledger import Ledger
+from intentledger.store.ledger import Ledger, share_of
 from intentledger.store.tables import metadata
 from tests.test_recovery_model import (
     BACKOFF,
@@ -257,14 +259,7 @@ async def _empty(engine: AsyncEngine) -> None:
 
 def _held(op: Any) -> int:
     """How many times the operation's amount its books hold (spent or reserved)."""
-    share = mandate_share(
-        op.amount,
-        State(op.state),
-        Outcome(op.outcome) if op.outcome else None,
-        recorded_executions(op.executed_references, op.outcome, op.provider_reference),
-        keys=op.live_keys,
-        watched=is_watched(op.watch),
-    )
+    share = share_of(op, State(op.state))
     return (share.reserved + share.spent) // op.amount
 
 
@@ -454,8 +449,7 @@ class WatchingModel(RuleBasedStateMachine):
             async with self.engine.connect() as conn:
                 ledger = Ledger(conn)
                 settled = await ledger.get_operation(row.operation_id)
-                from intentledger.engine.reconciler import operation_lookup
-
+                assert settled is not None
                 query = await operation_lookup(ledger, settled, exhaustive=True)
             self.held.append(("audit_lookup", row, None, await self.provider.lookup(query)))
 
@@ -671,8 +665,9 @@ class WatchingModel(RuleBasedStateMachine):
         snapshot = self.snapshot()
         for mandate_id, mandate in snapshot.mandates.items():
             under = [op for op in snapshot.operations.values() if op.mandate_id == mandate_id]
-            reserved = sum(_share(op)[0] for op in under)
-            spent = sum(_share(op)[1] for op in under)
+            shares = [share_of(op, State(op.state)) for op in under]
+            reserved = sum(share.reserved for share in shares)
+            spent = sum(share.spent for share in shares)
             assert (mandate.reserved, mandate.spent) == (reserved, spent), mandate_id
             assert reserved + spent <= mandate.total_limit or any(map(_flagged, under)), (
                 f"mandate {mandate_id}: {reserved} + {spent} over {mandate.total_limit}"
@@ -683,23 +678,7 @@ class WatchingModel(RuleBasedStateMachine):
         check_attempts_are_authorised(self.snapshot())
 
 
-def _share(op: Any) -> tuple[int, int]:
-    from intentledger.domain.refunds import refund_mandate_share
-
-    outcome = Outcome(op.outcome) if op.outcome else None
-    executed = recorded_executions(op.executed_references, op.outcome, op.provider_reference)
-    if op.kind == "refund":
-        share = refund_mandate_share(op.amount, State(op.state), outcome, executed)
-    else:
-        share = mandate_share(
-            op.amount, State(op.state), outcome, executed, op.live_keys, is_watched(op.watch)
-        )
-    return share.reserved, share.spent
-
-
 def _policy() -> Any:
-    from intentledger.domain.retention import sandbox_policy
-
     return sandbox_policy(timedelta(hours=24))
 
 

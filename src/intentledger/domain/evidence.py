@@ -34,9 +34,16 @@ from enum import StrEnum
 from intentledger.domain.backoff import next_check_at, recheck_delay
 from intentledger.domain.retry_after import DEFAULT_CEILING, RetryAfter
 from intentledger.domain.safety import SafetyRules
-from intentledger.domain.states import FINAL, UNRESOLVED, Outcome, State
+from intentledger.domain.states import FINAL, UNRESOLVED, NextAction, Outcome, State
 from intentledger.domain.transport import NOT_EXECUTED, PROVING, LookupVerdict, Verdict
-from intentledger.domain.watching import WATCHED, Look, Watch, held, not_quiet
+from intentledger.domain.watching import (
+    WATCHED,
+    Look,
+    Watch,
+    held,
+    not_quiet,
+    settled_next_action,
+)
 
 # Verification looks at a settled operation (the duplicate and contradiction
 # audit) before an absence the provider keeps showing counts against the ledger,
@@ -190,6 +197,9 @@ class Effect:
     # looks' budget ran out with the provider not quiet, what is still open.
     watch: Watch | None = None
     not_final: str | None = None
+    # What a settled operation waits for once watching changes (None: watching
+    # did not change, and neither does this).
+    next_action: NextAction | None = None
     # Provider keys that may still execute once this evidence is counted.
     live_keys: int = 0
 
@@ -322,13 +332,23 @@ def _finish(
         verify_at = now + recheck_delay(facts.audits + 1, limits.backoff, jitter=limits.jitter)
         if watch is None and facts.watch not in WATCHED:
             watch = Watch.WATCHING
+    watch = watch if watch != facts.watch else None
+    next_action = None
+    if Watch.NOT_FINAL in (watch, facts.watch) and watch is not None:
+        # Into provider_not_final, or out of it: a person, or only for a flag.
+        next_action = settled_next_action(
+            facts.duplicate_detected or duplicate,
+            facts.outcome_contradicted or contradiction,
+            watch,
+        )
     return replace(
         effect,
         executed=executed,
         duplicate=duplicate,
         contradiction=contradiction,
         verify_at=verify_at,
-        watch=watch if watch != facts.watch else None,
+        watch=watch,
+        next_action=next_action,
         live_keys=live_keys(_attempts_after(facts, evidence), facts.authorised_keys),
     )
 
@@ -602,9 +622,12 @@ def _against_settled_lookup(facts: Facts, lookup: LookupResult, now: datetime) -
     still_open = not_quiet(look, last_sent_at(facts.attempts), now)
     if still_open is None:
         return effect if effect.verify else replace(effect, watch=Watch.QUIET)
-    if facts.audits + (1 if lookup.audit else 0) < AUDIT_LOOKS:
+    looks = facts.audits + (1 if lookup.audit else 0)
+    if looks < AUDIT_LOOKS:
         return replace(effect, verify=True)
-    return replace(effect, verify=True, watch=Watch.NOT_FINAL, not_final=still_open)
+    return replace(
+        effect, verify=True, watch=Watch.NOT_FINAL, not_final=f"{still_open} after {looks} looks"
+    )
 
 
 def _flags_against_settled(facts: Facts, lookup: LookupResult) -> Effect:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from intentledger.domain.states import FINAL, State
+from intentledger.domain.states import FINAL, NextAction, State
 
 
 class Watch(StrEnum):
@@ -78,6 +78,15 @@ def not_quiet(look: Look, last_sent_at: datetime | None, now: datetime) -> str |
     return None
 
 
+def settled_next_action(duplicate: bool, contradicted: bool, watch: str | None) -> NextAction:
+    """What a settled operation waits for: a person while a flag is up or the
+    provider is still not final past the budget of looks (the work queue's
+    index admits it by `next_action`), nothing otherwise."""
+    if duplicate or contradicted or watch == Watch.NOT_FINAL:
+        return NextAction.OPERATOR
+    return NextAction.NONE
+
+
 def held(state: State, executions: int, live_keys: int, watched: bool) -> int:
     """How many times the operation's amount is held (spent or reserved)."""
     if state not in FINAL:
@@ -94,4 +103,5 @@ __all__ = [
     "held",
     "is_watched",
     "not_quiet",
+    "settled_next_action",
 ]

@@ -25,7 +25,7 @@ from intentledger.domain.evidence import (
 )
 from intentledger.domain.states import NextAction, Outcome, State
 from intentledger.domain.transport import PROVING, Verdict
-from intentledger.domain.watching import Watch
+from intentledger.domain.watching import Watch, settled_next_action
 from intentledger.engine.refund_settlement import after_refund_settled
 from intentledger.engine.unknown import mark_unknown
 from intentledger.store.ledger import Ledger
@@ -125,12 +125,8 @@ def _flags(operation: Record, facts: Facts, effect: Effect) -> dict[str, Any]:
         fields["live_keys"] = effect.live_keys
     if effect.watch is not None:
         fields["watch"] = effect.watch
-        if effect.watch is Watch.NOT_FINAL:
-            fields["next_action"] = NextAction.OPERATOR
-        elif facts.watch is Watch.NOT_FINAL and "next_action" not in fields:
-            # Quiet again: a person is still needed only for a flag.
-            flagged = facts.duplicate_detected or facts.outcome_contradicted or effect.duplicate
-            fields["next_action"] = NextAction.OPERATOR if flagged else NextAction.NONE
+    if effect.next_action is not None:
+        fields["next_action"] = effect.next_action
     return fields
 
 
@@ -197,9 +193,7 @@ async def carry_out(
             outcome=effect.outcome,
             outcome_contradicted=False,
             # A duplicate still flagged, or a provider still not quiet, still needs a person.
-            next_action=NextAction.OPERATOR
-            if facts.duplicate_detected or facts.watch is Watch.NOT_FINAL
-            else NextAction.NONE,
+            next_action=settled_next_action(facts.duplicate_detected, False, facts.watch),
             last_observed_at=now,
             **fields,
         )
@@ -212,13 +206,13 @@ async def carry_out(
     elif fields:
         await ledger.update_operation(operation, now=now, **fields)
     if effect.not_final is not None:
-        await _provider_not_final(ledger, operation, facts, effect, now, source)
+        await _provider_not_final(ledger, operation, effect, now, source)
     if effect.verify_at is not None:
         await ledger.enqueue(operation.operation_id, "audit", effect.verify_at, now)
 
 
 async def _provider_not_final(
-    ledger: Ledger, operation: Record, facts: Facts, effect: Effect, now: datetime, source: str
+    ledger: Ledger, operation: Record, effect: Effect, now: datetime, source: str
 ) -> None:
     """The looks' budget ran out while the provider still shows something open: a
     person is told what, and why watching goes on (the decision row)."""
@@ -227,15 +221,11 @@ async def _provider_not_final(
         operation_id=operation.operation_id,
         at=now,
         rule="provider_not_final",
-        inputs={
-            "looks": facts.audits + 1,
-            "open": effect.not_final,
-            "next_look_at": effect.verify_at.isoformat(),
-        },
+        inputs={"open": effect.not_final, "next_look_at": effect.verify_at.isoformat()},
         next_action=NextAction.OPERATOR,
         reason=(
-            f"the provider is not quiet after {facts.audits + 1} looks ({effect.not_final}): "
-            "the amount stays held and the looks go on until it is"
+            f"the provider is not quiet ({effect.not_final}): the amount stays held and "
+            "the looks go on until it is"
         ),
         source=source,
     )

@@ -12,17 +12,11 @@ locked after them, the order every writer of a refund's payment keeps.
 
 from __future__ import annotations
 
-from intentledger.domain.evidence import (
-    live_keys,
-    mandate_share,
-    recorded_executions,
-    room_after_a_new_key,
-)
+from intentledger.domain.evidence import live_keys, room_after_a_new_key
 from intentledger.domain.refunds import captured_by, refund_totals, view_of
-from intentledger.domain.states import Outcome, State
-from intentledger.domain.watching import is_watched
+from intentledger.domain.states import State
 from intentledger.engine.evidence import facts_of
-from intentledger.store.ledger import Ledger
+from intentledger.store.ledger import Ledger, share_of
 from intentledger.store.tables import Record
 
 
@@ -40,14 +34,9 @@ async def room_for_a_new_key(ledger: Ledger, operation: Record) -> tuple[int, st
 async def _mandate_room(ledger: Ledger, payment: Record, keys: int) -> str | None:
     mandate = await ledger.get_mandate(payment.mandate_id)
     assert mandate is not None, "a payment names its mandate"
-    outcome = Outcome(payment.outcome) if payment.outcome else None
-    executed = recorded_executions(
-        payment.executed_references, payment.outcome, payment.provider_reference
-    )
     state = State(payment.state)
-    watched = is_watched(payment.watch)
-    before = mandate_share(payment.amount, state, outcome, executed, payment.live_keys, watched)
-    after = mandate_share(payment.amount, state, outcome, executed, keys, watched)
+    before = share_of(payment, state)
+    after = share_of(payment, state, {"live_keys": keys})
     free = mandate.total_limit - mandate.reserved - mandate.spent
     left = room_after_a_new_key(free, before, after)
     if left >= 0:

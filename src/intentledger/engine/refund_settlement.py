@@ -12,6 +12,7 @@ from datetime import datetime
 from intentledger.domain.evidence import recorded_executions
 from intentledger.domain.refunds import refund_totals, view_of
 from intentledger.domain.states import NextAction
+from intentledger.domain.watching import settled_next_action
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -49,6 +50,6 @@ async def after_refund_settled(ledger: Ledger, refund: Record, now: datetime, so
         reason=f"every duplicate charge is refunded ({', '.join(sorted(extras))})",
         source=source,
     )
-    # A contradiction still flagged still needs a person.
-    still = NextAction.OPERATOR if payment.outcome_contradicted else NextAction.NONE
+    # A contradiction still flagged, or a provider not final, still needs a person.
+    still = settled_next_action(False, payment.outcome_contradicted, payment.watch)
     await ledger.update_operation(payment, now=now, duplicate_detected=False, next_action=still)

@@ -599,8 +599,8 @@ class Ledger:
         twice changes nothing, because the share is a function of the record."""
         if operation.mandate_id is None:
             return
-        before = _share(operation, State(operation.state), {})
-        after = _share(operation, target, fields)
+        before = share_of(operation, State(operation.state))
+        after = share_of(operation, target, fields)
         if before == after:
             return
         await self.update_mandate(
@@ -634,8 +634,9 @@ class Ledger:
         )
 
 
-def _share(operation: Record, state: State, changes: Mapping[str, Any]) -> Share:
+def share_of(operation: Record, state: State, changes: Mapping[str, Any] | None = None) -> Share:
     """The operation's part of its mandate's books, with `changes` applied."""
+    changes = changes or {}
 
     def field(name: str) -> Any:
         return changes.get(name, getattr(operation, name))

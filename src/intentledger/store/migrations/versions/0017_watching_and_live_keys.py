@@ -26,10 +26,6 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-from intentledger.domain.evidence import mandate_share, recorded_executions
-from intentledger.domain.states import Outcome, State
-from intentledger.domain.watching import is_watched
-
 revision = "0017"
 down_revision = "0016"
 branch_labels = None
@@ -44,27 +40,47 @@ _UNRESOLVED_OR_WATCHED = """
 """
 
 
+# The rules written out as they stood on each side of this revision, so that a
+# later change to the domain's books cannot change what this migration moves.
+_FINAL = ("OUTCOME_KNOWN", "CANCELLED")
+_WATCHED = ("watching", "provider_not_final")
+
+
+def _executions(row: Any) -> int:
+    references = row["executed_references"]
+    if isinstance(references, str):  # a plain read hands SQLite's JSON back as text
+        references = json.loads(references)
+    known = set(references or ())
+    succeeded = row["outcome"] == "succeeded"
+    if succeeded and row["provider_reference"]:
+        known.add(row["provider_reference"])
+    return max(len(known), 1 if succeeded and row["state"] == "OUTCOME_KNOWN" else 0)
+
+
+def _reserved_before(row: Any) -> int:
+    """0016's rule: the amount while unresolved with nothing executed."""
+    unresolved = row["state"] not in _FINAL
+    return int(row["amount"]) if unresolved and _executions(row) == 0 else 0
+
+
+def _reserved_from_here(row: Any) -> int:
+    """0017's rule: once per live key while unresolved or watched."""
+    count, keys = _executions(row), int(row["live_keys"])
+    if row["state"] not in _FINAL:
+        held = max(count, keys, 1)
+    elif row["watch"] in _WATCHED:
+        held = max(count, keys)
+    else:
+        held = count
+    return int(row["amount"]) * (held - count)
+
+
 def _reserved_moves(bind: Any, sign: int) -> None:
-    """Move each mandate's `reserved` by its payments' new shares less their old
-    ones (sign 1), or back (sign -1)."""
+    """Move each mandate's `reserved` by its payments' shares by this revision's
+    rule less those by the one before (sign 1), or back (sign -1)."""
     moves: dict[str, int] = {}
     for row in bind.execute(sa.text(_UNRESOLVED_OR_WATCHED)).mappings():
-        references = row["executed_references"]
-        if isinstance(references, str):  # a plain read hands SQLite's JSON back as text
-            references = json.loads(references)
-        state = State(row["state"])
-        outcome = Outcome(row["outcome"]) if row["outcome"] else None
-        executed = recorded_executions(references, row["outcome"], row["provider_reference"])
-        old = mandate_share(row["amount"], state, outcome, executed)
-        new = mandate_share(
-            row["amount"],
-            state,
-            outcome,
-            executed,
-            keys=row["live_keys"],
-            watched=is_watched(row["watch"]),
-        )
-        delta = new.reserved - old.reserved
+        delta = _reserved_from_here(row) - _reserved_before(row)
         if delta:
             moves[row["mandate_id"]] = moves.get(row["mandate_id"], 0) + sign * delta
     for mandate_id, delta in moves.items():
