@@ -40,11 +40,19 @@ from sqlalchemy import func, select, text
 
 from intentledger.api.auth import create_api_key
 from intentledger.domain.durations import format_duration
+from intentledger.domain.refunds import captured_by, refund_totals, view_of
 from intentledger.engine.clock import system_clock
 from intentledger.ports import free_port
 from intentledger.store.database import Pooler, create_ledger_engine, create_sync_engine
 from intentledger.store.migrate import upgrade
-from intentledger.store.tables import attempts, decisions, metadata, operations, outbox
+from intentledger.store.tables import (
+    attempts,
+    decisions,
+    metadata,
+    operations,
+    outbox,
+    transitions,
+)
 
 # Every DESIGN.md scenario, weighted towards the ordinary case.
 SCENARIOS = {
@@ -81,6 +89,11 @@ REFUND_SCENARIOS = {
 VIOLATIONS = (
     "duplicates",
     "over_refunded",
+    # The ledger's own refund books per charge: refunded or held beyond what the
+    # charge took, or less than the provider refunded of it (a provider that
+    # refuses over-refunds itself would hide the first from `over_refunded`).
+    "ledger_over_refunded",
+    "refunds_unaccounted",
     "lost",
     "contradictions",
     "unauthorised_resubmissions",
@@ -117,6 +130,10 @@ class ChaosConfig:
     # only while the load runs, so a load sent as fast as the fleet takes it
     # meets fewer of them the faster intake gets.
     load_seconds: float | None = None
+    # The sandbox's idempotency-key retention. Short (the default) so that the
+    # safety review's "a person decides" is exercised within a run; a
+    # production-like one (24 h) shows how much settles without a person.
+    sandbox_key_retention: timedelta = timedelta(seconds=30)
 
     @property
     def on_stripe(self) -> bool:
@@ -162,7 +179,7 @@ class Fleet:
             "INTENTLEDGER_STALE_SUBMITTING": "5s",
             "INTENTLEDGER_RECHECK_BACKOFF": "1s",
             "INTENTLEDGER_SWEEP_INTERVAL": "1s",
-            "INTENTLEDGER_SANDBOX_KEY_RETENTION": "30s",
+            "INTENTLEDGER_SANDBOX_KEY_RETENTION": format_duration(config.sandbox_key_retention),
             "INTENTLEDGER_SANDBOX_DATABASE": str(workdir / "sandbox.db"),
         }
         if config.break_for_tests:
@@ -241,14 +258,24 @@ class Fleet:
         self.start(name)
 
     def stop_all(self) -> None:
-        for proc in self.procs.values():
+        self._stop(list(self.procs.values()))
+
+    def stop_writers(self) -> None:
+        """Stop every process that can write to the ledger or call the provider
+        (the API and the workers); the sandbox stays up to be read."""
+        self._stop([proc for name, proc in self.procs.items() if name != "sandbox"])
+
+    @staticmethod
+    def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+        for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
-        for proc in self.procs.values():
+        for proc in procs:
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait(timeout=10)
 
 
 async def _wait_healthy(urls: list[str], within: float = 60) -> None:
@@ -436,6 +463,44 @@ class Load:
             if n == self.config.operations // 2:
                 await self.suspend_some(client)
         await asyncio.gather(*running)
+
+
+def _refund_books(ops: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per refunded charge, what it took and what the ledger counts refunded or
+    held against it (domain/refunds.py, as intake and the remedies count it)."""
+    by_charge: dict[str, list[Any]] = {}
+    for op in ops.values():
+        if op.kind == "refund" and op.parent_operation_id in ops:
+            by_charge.setdefault(op.request_context.get("charge"), []).append(op)
+    books: dict[str, tuple[int, int]] = {}
+    for charge, refunds in by_charge.items():
+        payment = ops[refunds[0].parent_operation_id]
+        captured = captured_by(payment) if charge == payment.provider_reference else payment.amount
+        books[charge] = (captured, refund_totals(captured, map(view_of, refunds)).taken)
+    return books
+
+
+def _settled_without_a_person(accepted: list[Any], asked: set[str]) -> dict[str, Any]:
+    """Per scenario, the share of accepted payments settled by evidence or a
+    same-key replay, never handed to a person (MANUAL_REVIEW, or an operator's
+    action); and that share over every scenario but the black hole, whose
+    answers and lookups never come."""
+    per: dict[str, list[int]] = {}
+    for op in accepted:
+        if op.kind != "payment":
+            continue
+        scenario = op.request_context["body"].get("payment_method", "?")
+        alone = op.state in FINAL and op.operation_id not in asked
+        counts = per.setdefault(scenario, [0, 0])
+        counts[0] += alone
+        counts[1] += 1
+    but_black_hole = [c for s, c in per.items() if s != "pm_blackhole"]
+    settled = sum(c[0] for c in but_black_hole)
+    total = sum(c[1] for c in but_black_hole)
+    return {
+        "by_scenario": {s: round(c[0] / c[1], 4) for s, c in sorted(per.items())},
+        "all_but_black_hole": round(settled / total, 4) if total else None,
+    }
 
 
 def _problem_type(response: httpx.Response) -> str:
@@ -654,10 +719,26 @@ def check(database_url: str, truth: Truth, tally: Tally, pooler: Pooler = "none"
                     select(decisions.c.operation_id, decisions.c.rule).order_by(decisions.c.id)
                 ).all()
             )
+            asked_a_person = {
+                row.operation_id
+                for row in conn.execute(
+                    select(transitions.c.operation_id)
+                    .where(transitions.c.to_state == "MANUAL_REVIEW")
+                    .distinct()
+                )
+            } | {
+                row.operation_id
+                for row in conn.execute(
+                    select(decisions.c.operation_id)
+                    .where(decisions.c.rule.like("operator%"))
+                    .distinct()
+                )
+            }
     finally:
         engine.dispose()
     open_ops = [op for op in ops.values() if op.state not in FINAL]
     unresolved = Counter(op.state for op in open_ops)
+    refund_books = _refund_books(ops)
     return {
         "duplicates": sum(1 for ref, n in executed.items() if n > 1 and n - 1 > allowed[ref]),
         # A charge refunded beyond what it took, at the provider (which, like
@@ -686,6 +767,17 @@ def check(database_url: str, truth: Truth, tally: Tally, pooler: Pooler = "none"
             1 for op in ops.values() if op.state == "CANCELLED" and executed[op.operation_id]
         ),
         "reused_key_accepted": tally.reused_key_accepted,
+        "ledger_over_refunded": sum(
+            1 for charge, (captured, taken) in refund_books.items() if taken > captured
+        ),
+        "refunds_unaccounted": sum(
+            1
+            for charge, refunded in truth.refunded.items()
+            if refunded > refund_books.get(charge, (0, 0))[1]
+        ),
+        "settled_without_a_person": _settled_without_a_person(
+            [ops[op_id] for op_id in tally.accepted if op_id in ops], asked_a_person
+        ),
         "unresolved": sum(unresolved.values()),
         "unresolved_by_state": dict(sorted(unresolved.items())),
         "unresolved_next_action": dict(Counter(op.next_action for op in open_ops)),
@@ -697,6 +789,29 @@ def check(database_url: str, truth: Truth, tally: Tally, pooler: Pooler = "none"
             Counter(last_rule.get(op.operation_id, "none") for op in open_ops)
         ),
     }
+
+
+def judge(config: ChaosConfig, fleet: Fleet, tally: Tally) -> dict[str, Any]:
+    """Stop every process that can still write (a run out of time leaves work in
+    flight), then read the provider's truth, then the ledger: a payment executed
+    and recorded between the two reads would otherwise count as a contradiction."""
+    fleet.stop_writers()
+    provider_payments: int | None = None
+    if config.on_stripe:
+        assert config.stripe_api_base is not None
+        truth, provider_payments = stripe_truth(
+            config.stripe_truth_base or config.stripe_api_base,
+            fleet.env["INTENTLEDGER_STRIPE_API_KEY"],
+        )
+    else:
+        truth = sandbox_truth(fleet.sandbox_url)
+    report = check(config.database_url, truth, tally, config.database_pooler)
+    report["provider"] = config.provider
+    report["sandbox_key_retention"] = format_duration(config.sandbox_key_retention)
+    report["provider_executed"] = sum(truth.executed.values())
+    if provider_payments is not None:
+        report["provider_payment_intents"] = provider_payments
+    return report
 
 
 async def _token(database_url: str, pooler: Pooler) -> str:
@@ -779,26 +894,14 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
                     ),
                 }
             )
-        provider_payments: int | None = None
-        if config.on_stripe:
-            assert config.stripe_api_base is not None
-            truth, provider_payments = stripe_truth(
-                config.stripe_truth_base or config.stripe_api_base,
-                fleet.env["INTENTLEDGER_STRIPE_API_KEY"],
-            )
-        else:
-            truth = sandbox_truth(fleet.sandbox_url)
-        report = check(config.database_url, truth, tally, config.database_pooler)
-        report["provider"] = config.provider
+        report = await asyncio.to_thread(judge, config, fleet, tally)
+        report["out_of_time"] = out_of_time
         if config.retention is not None:
             report["retention"] = format_duration(config.retention)
             report["reaped_operations"] = await asyncio.to_thread(
                 _reaped_operations, config.database_url, config.database_pooler
             )
             report["table_sizes"] = samples
-        report["provider_executed"] = sum(truth.executed.values())
-        if provider_payments is not None:
-            report["provider_payment_intents"] = provider_payments
     finally:
         fleet.stop_all()
     report.update(

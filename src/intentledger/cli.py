@@ -747,6 +747,14 @@ def chaos(
             "while the load runs); default: as fast as the fleet takes them.",
         ),
     ] = None,
+    sandbox_key_retention: Annotated[
+        str,
+        typer.Option(
+            help="The sandbox's idempotency-key retention, e.g. 24h: short (the default) "
+            "so that late cases reach the safety review's 'a person decides' within a run; "
+            "production-like to see how much settles without a person."
+        ),
+    ] = "30s",
 ) -> None:
     """Payments under SIGKILLs, a database restart and provider faults, checked against
     the provider's truth. The last line is a JSON report; any violation exits 1."""
@@ -763,6 +771,14 @@ def chaos(
     except ValueError as exc:
         err.print(f"[red]--retention: {exc}[/red]")
         raise typer.Exit(2) from exc
+    try:
+        key_retention = parse_duration(sandbox_key_retention)
+    except ValueError as exc:
+        err.print(f"[red]--sandbox-key-retention: {exc}[/red]")
+        raise typer.Exit(2) from exc
+    if not key_retention:
+        err.print("[red]--sandbox-key-retention must be more than 0[/red]")
+        raise typer.Exit(2)
     from intentledger.settings import SHORTEST_TEST_REPLAY_WINDOW
 
     if kept_for is not None and kept_for < SHORTEST_TEST_REPLAY_WINDOW:
@@ -794,6 +810,7 @@ def chaos(
         rate,
         kept_for,
         load_seconds,
+        key_retention,
     )
 
     async def main() -> dict[str, Any]:
