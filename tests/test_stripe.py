@@ -435,11 +435,16 @@ async def test_with_two_keys_sent_a_check_looks_beyond_the_intent_it_knows(
         )
         assert second.status == 200
         named_only = ProviderLookup("payment", "op_two_keys", known=(first.provider_reference,))
-        assert [c.status for c in (await provider.lookup(named_only)).charges] == ["failed"]
+        retrieved = await provider.lookup(named_only)
+        assert [c.status for c in retrieved.charges] == ["failed"]
+        assert retrieved.lag is None  # retrieved by id: consistent
         everything = replace(named_only, exhaustive=True)
         seen = await provider.lookup(everything)
         assert sorted(c.status for c in seen.charges) == ["failed", "succeeded"]
         assert seen.method == "retrieve by id + search"
+        # The rest was searched for: the look is as consistent as its search,
+        # however many objects it retrieved by id.
+        assert seen.lag is not None and seen.lag > timedelta(0)
     finally:
         await provider.aclose()
 
