@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import MetaData, Table, func, insert, select, text
+from sqlalchemy import MetaData, Table, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.canonical import request_hash
@@ -37,7 +37,7 @@ from tests.test_watching_model import RULES, ScriptedProvider
 ROUTE = "POST /v1/payments"
 AMOUNT = 500
 SECOND = timedelta(seconds=1)
-TABLE_NAMES = ("mandates", "operations", "attempts", "outbox")
+TABLE_NAMES = ("mandates", "operations", "attempts", "outbox", "decisions")
 
 
 class Story:
@@ -232,7 +232,7 @@ def test_migration_0017_holds_every_live_key_and_gives_it_back_on_downgrade(
                 currency="EUR",
                 max_amount=AMOUNT,
                 total_limit=10 * AMOUNT,
-                reserved=AMOUNT,  # the two-key payment's, by 0016's rule
+                reserved=2 * AMOUNT,  # the two unresolved payments', by 0016's rule
                 spent=AMOUNT,  # the plain success's
                 status="active",
                 version=1,
@@ -244,6 +244,7 @@ def test_migration_0017_holds_every_live_key_and_gives_it_back_on_downgrade(
             ("op_two_keys", "UNKNOWN", None, 2, False),  # +1 key held
             ("op_said_failed", "OUTCOME_KNOWN", "failed", 1, True),  # +1: watched
             ("op_plain", "OUTCOME_KNOWN", "succeeded", 1, False),  # unchanged
+            ("op_approved", "MANUAL_REVIEW", None, 1, False),  # +1: approved, not sent
         ):
             conn.execute(
                 insert(table["operations"])
@@ -270,6 +271,23 @@ def test_migration_0017_holds_every_live_key_and_gives_it_back_on_downgrade(
                         source="t",
                     )
                 )
+            if operation_id == "op_approved":
+                conn.execute(
+                    insert(table["decisions"]).values(
+                        operation_id=operation_id,
+                        at=AT,
+                        rule="operator_approved_new_request",
+                        inputs={"provider_idempotency_key": "op_approved:2"},
+                        next_action="resubmit",
+                        reason="approved",
+                        source="operator:olive",
+                    )
+                )
+                conn.execute(
+                    update(table["operations"])
+                    .where(table["operations"].c.operation_id == operation_id)
+                    .values(next_action="resubmit")
+                )
             if audit_due:
                 conn.execute(
                     insert(table["outbox"]).values(
@@ -294,10 +312,11 @@ def test_migration_0017_holds_every_live_key_and_gives_it_back_on_downgrade(
         "op_two_keys": (None, 2),
         "op_said_failed": ("watching", 1),
         "op_plain": (None, 0),
+        "op_approved": (None, 2),
     }
-    assert books() == (3 * AMOUNT, AMOUNT)
+    assert books() == (5 * AMOUNT, AMOUNT)
     command.downgrade(alembic_config(url), "0016")
-    assert books() == (AMOUNT, AMOUNT)
+    assert books() == (2 * AMOUNT, AMOUNT)
     upgrade(url)
-    assert books() == (3 * AMOUNT, AMOUNT)
+    assert books() == (5 * AMOUNT, AMOUNT)
     engine.dispose()

@@ -85,6 +85,8 @@ class Facts:
     outcome_contradicted: bool = False
     # Where watching the settled operation stands (None: never watched).
     watch: Watch | None = None
+    # A submit of the operation is still in flight (its outbox row not done).
+    submit_in_flight: bool = False
     # New provider keys a decision authorised that no attempt has sent yet.
     authorised_keys: frozenset[str] = frozenset()
 
@@ -114,9 +116,12 @@ class LookupResult:
     audit: bool = False
     # For an eventually consistent lookup's early "nothing found": when it counts.
     visible_at: datetime | None = None
-    # Objects it showed in a state that is not final, and its declared lag.
+    # Objects it showed in a state that is not final, its declared lag, whether
+    # it covered everything, and when it was taken (None: `now`).
     open: frozenset[str] = frozenset()
     lag: timedelta | None = None
+    complete: bool = True
+    looked_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -618,13 +623,18 @@ def _against_settled_lookup(facts: Facts, lookup: LookupResult, now: datetime) -
     effect = _flags_against_settled(facts, lookup)
     if facts.watch not in WATCHED and not lookup.audit:
         return effect
-    look = Look(lookup.verdict is not LookupVerdict.LOOKUP_FAILED, lookup.open, lookup.lag)
-    still_open = not_quiet(look, last_sent_at(facts.attempts), now)
+    look = Look(
+        lookup.verdict is not LookupVerdict.LOOKUP_FAILED and lookup.complete,
+        lookup.open,
+        lookup.lag,
+        facts.submit_in_flight,
+    )
+    still_open = not_quiet(look, last_sent_at(facts.attempts), lookup.looked_at or now)
     if still_open is None:
         return effect if effect.verify else replace(effect, watch=Watch.QUIET)
     looks = facts.audits + (1 if lookup.audit else 0)
-    if looks < AUDIT_LOOKS:
-        return replace(effect, verify=True)
+    if looks < AUDIT_LOOKS or facts.watch is Watch.NOT_FINAL:
+        return replace(effect, verify=True)  # a person, if any, was told once
     return replace(
         effect, verify=True, watch=Watch.NOT_FINAL, not_final=f"{still_open} after {looks} looks"
     )
@@ -696,7 +706,8 @@ def _judge_notice(facts: Facts, notice: ProviderNotice) -> Effect:
             facts, Outcome.SUCCEEDED, reason, executed=executed, adopt_reference=notice.reference
         )
     if notice.status not in _NOTICE_FAILED:
-        return Effect(Move.RECORD, f"{reason} (not an outcome)")
+        # Not final: a settled operation is looked at again until it is quiet.
+        return Effect(Move.RECORD, f"{reason} (not an outcome)", verify=_settled(facts))
     one_key = len(keys_in_order(facts.attempts)) <= 1
     if _settled(facts):
         succeeded = facts.state is State.OUTCOME_KNOWN and facts.outcome is Outcome.SUCCEEDED

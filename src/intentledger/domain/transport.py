@@ -147,6 +147,9 @@ class LookupJudgement:
     open: frozenset[str] = frozenset()
     # For NOT_YET_VISIBLE: when an absence starts to count.
     visible_at: datetime | None = None
+    # False when the lookup did not cover everything (a list scan that stopped
+    # at its bound): whatever it shows, it cannot show that nothing else is open.
+    complete: bool = True
 
 
 def _nothing_found(
@@ -195,7 +198,15 @@ def judge_lookup(
     failed = [c for c in lookup.charges if c.status in _FAILED_WORDS]
     executed = frozenset(c.provider_reference for c in succeeded)
     failed_refs = frozenset(c.provider_reference for c in failed)
-    open_refs = frozenset(c.provider_reference for c in lookup.charges) - executed - failed_refs
+    # Not final: any word that is neither success nor failure, and a status that
+    # waits on someone (requires_*), whatever outcome the adapter maps it to —
+    # somebody may still act on it.
+    open_refs = frozenset(
+        c.provider_reference
+        for c in lookup.charges
+        if c.provider_reference not in executed
+        and (c.provider_reference not in failed_refs or _waits_on_someone(c))
+    )
     if succeeded:
         distinct = len(executed)
         extra = f" ({distinct} executed charges: a duplicate)" if distinct > 1 else ""
@@ -207,6 +218,7 @@ def judge_lookup(
             executed=executed,
             failed=failed_refs,
             open=open_refs,
+            complete=lookup.complete,
         )
     if failed and len(failed) == len(lookup.charges):
         return LookupJudgement(
@@ -215,6 +227,8 @@ def judge_lookup(
             failed[0].provider_reference,
             executed=executed,
             failed=failed_refs,
+            open=open_refs,
+            complete=lookup.complete,
         )
     # Still processing, or a status we do not know: neither is an outcome.
     other = next(c for c in lookup.charges if c.status not in _FAILED_WORDS)
@@ -225,4 +239,9 @@ def judge_lookup(
         executed=executed,
         failed=failed_refs,
         open=open_refs,
+        complete=lookup.complete,
     )
+
+
+def _waits_on_someone(charge: ChargeSeen) -> bool:
+    return (charge.raw_status or "").startswith("requires_")

@@ -62,12 +62,17 @@ class Look:
     open: frozenset[str]
     # The lookup's declared lag (None: strongly consistent).
     lag: timedelta | None
+    # A submit of the operation is still in flight (its outbox row not done):
+    # its write may land after this look, whatever the lookup's consistency.
+    submit_in_flight: bool = False
 
 
 def not_quiet(look: Look, last_sent_at: datetime | None, now: datetime) -> str | None:
     """Why the provider cannot be called quiet after this look (None: it is)."""
     if not look.answered:
         return "the look had no complete answer"
+    if look.submit_in_flight:
+        return "a submit of the operation is still in flight"
     if look.open:
         return f"{', '.join(sorted(look.open))} not final"
     if look.lag is not None and last_sent_at is not None and now < last_sent_at + look.lag:

@@ -23,7 +23,7 @@ from intentledger.domain.evidence import (
     judge,
     recorded_executions,
 )
-from intentledger.domain.states import NextAction, Outcome, State
+from intentledger.domain.states import FINAL, NextAction, Outcome, State
 from intentledger.domain.transport import PROVING, Verdict
 from intentledger.domain.watching import Watch, settled_next_action
 from intentledger.engine.refund_settlement import after_refund_settled
@@ -65,6 +65,9 @@ async def facts_of(ledger: Ledger, operation: Record) -> Facts:
         duplicate_detected=operation.duplicate_detected,
         outcome_contradicted=operation.outcome_contradicted,
         watch=Watch(operation.watch) if operation.watch else None,
+        # Only a settled operation's watching asks (an unresolved one is SUBMITTING).
+        submit_in_flight=State(operation.state) in FINAL
+        and await ledger.submit_pending(operation.operation_id),
         authorised_keys=await authorised_keys(ledger, operation),
     )
 

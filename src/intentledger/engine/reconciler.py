@@ -92,8 +92,9 @@ class Reconciler:
         operation, query = begun
         if self.blind_retry_for_tests:
             await self._blind_retry(operation)
+        looked_at = self.clock()
         lookup = await self.provider.lookup(query)
-        await self._record_check(row, lookup)
+        await self._record_lookup(row, lookup, kind="lookup_result", looked_at=looked_at)
 
     async def deliver_audit(self, row: Record) -> None:
         """Look at a settled operation again: every charge the provider shows
@@ -108,8 +109,10 @@ class Reconciler:
             assert settled is not None
             # The audit looks for every execution, not just the one it knows.
             query = await operation_lookup(ledger, settled, exhaustive=True)
+        # The look is as late as its start: what landed after may not be in it.
+        looked_at = self.clock()
         lookup = await self.provider.lookup(query)
-        await self._record_lookup(row, lookup, kind="audit_lookup")
+        await self._record_lookup(row, lookup, kind="audit_lookup", looked_at=looked_at)
 
     async def _blind_retry(self, operation: Record) -> None:
         """THE BUG the chaos harness must catch (settings.break_for_tests): a timer
@@ -152,7 +155,9 @@ class Reconciler:
     async def _record_check(self, row: Record, lookup: LookupAnswer) -> None:
         await self._record_lookup(row, lookup, kind="lookup_result")
 
-    async def _record_lookup(self, row: Record, lookup: LookupAnswer, kind: str) -> None:
+    async def _record_lookup(
+        self, row: Record, lookup: LookupAnswer, kind: str, looked_at: datetime | None = None
+    ) -> None:
         """Record what the lookup showed, and let the funnel judge it."""
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
@@ -189,6 +194,8 @@ class Reconciler:
                 visible_at=judgement.visible_at,
                 open=judgement.open,
                 lag=lookup.lag,
+                complete=judgement.complete,
+                looked_at=looked_at,
             )
             rules = self.rules_for(operation.provider)
             await weigh(

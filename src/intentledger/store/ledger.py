@@ -626,6 +626,19 @@ class Ledger:
         )
         return result.all()
 
+    async def submit_pending(self, operation_id: str) -> bool:
+        """A submit outbox row of the operation not done yet: a call may be in flight."""
+        result = await self.conn.execute(
+            select(outbox.c.id)
+            .where(
+                outbox.c.operation_id == operation_id,
+                outbox.c.kind == "submit",
+                outbox.c.done_at.is_(None),
+            )
+            .limit(1)
+        )
+        return result.first() is not None
+
     async def finish_pending_outbox(self, operation_id: str, now: datetime) -> None:
         await self.conn.execute(
             update(outbox)

@@ -12,8 +12,9 @@ unresolved or watched (domain/evidence.mandate_share).
 
 Operations with a verification look still due are watched from this revision
 on, and their live keys (and those of every unresolved operation) are counted
-as every distinct key their attempts sent: conservative, as a key no answer
-proved unexecuted may have executed. Each mandate's `reserved` takes the
+as every distinct key their attempts sent, plus a new key a decision approved
+that is not sent yet: conservative, as a key no answer proved unexecuted may
+have executed. Each mandate's `reserved` takes the
 difference between its payments' shares by the old rule and by the new one,
 so the books stay the sum of the shares; the downgrade gives it back.
 """
@@ -90,6 +91,37 @@ def _reserved_moves(bind: Any, sign: int) -> None:
         )
 
 
+def _authorised_keys(bind: Any) -> None:
+    """A key a decision authorised and no attempt has sent yet (an approved new
+    request waiting for the dispatcher) is live too: one more each."""
+    waiting = bind.execute(
+        sa.text("SELECT operation_id FROM operations WHERE next_action = 'resubmit'")
+    ).all()
+    for (operation_id,) in waiting:
+        latest = bind.execute(
+            sa.text(
+                "SELECT inputs FROM decisions WHERE operation_id = :id AND next_action = 'resubmit'"
+                " AND id = (SELECT max(id) FROM decisions WHERE operation_id = :id)"
+            ),
+            {"id": operation_id},
+        ).first()
+        if latest is None:
+            continue
+        inputs = json.loads(latest[0]) if isinstance(latest[0], str) else latest[0]
+        sent = bind.execute(
+            sa.text(
+                "SELECT 1 FROM attempts"
+                " WHERE operation_id = :id AND provider_idempotency_key = :key"
+            ),
+            {"id": operation_id, "key": inputs.get("provider_idempotency_key")},
+        ).first()
+        if sent is None:
+            bind.execute(
+                sa.text("UPDATE operations SET live_keys = live_keys + 1 WHERE operation_id = :id"),
+                {"id": operation_id},
+            )
+
+
 # Plain ALTER TABLE on both databases, as in 0016: a batch operation would
 # rebuild `operations` on SQLite, which the foreign keys that point at it refuse.
 
@@ -115,6 +147,7 @@ def upgrade() -> None:
         WHERE watch IS NOT NULL OR state NOT IN ('OUTCOME_KNOWN', 'CANCELLED')
         """
     )
+    _authorised_keys(op.get_bind())
     _reserved_moves(op.get_bind(), 1)
 
 
