@@ -41,12 +41,12 @@ TABLE_NAMES = ("mandates", "operations", "attempts", "outbox", "decisions")
 
 
 class Story:
-    def __init__(self, engine: AsyncEngine, lag: timedelta | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, lag: timedelta = timedelta(seconds=45)) -> None:
         self.engine = engine
         self.clock = ControlledClock()
         self.provider = ScriptedProvider(self.clock)
-        if lag is not None:
-            self.provider.lag = lag
+        # The stories' minutes, not the model's hour: its lookups start its server lazily.
+        self.provider.lag = lag
         self.worker = build_worker(engine, self.provider, self.clock, RULES)  # type: ignore[arg-type]
 
     async def pay(self, key: str, mandate_id: str | None = None) -> str:

@@ -265,7 +265,9 @@ class ScriptedProvider:
     async def lookup(self, query: ProviderLookup) -> LookupAnswer:
         if self.lookup_mode == "fails":
             return LookupAnswer(await observe(_timeout()))
-        assert self.stripe is not None, "start() first"
+        if self.stripe is None:
+            await self.start()  # on the first look: a story may set `lag` before it
+            assert self.stripe is not None
         return await self.stripe.lookup(query)
 
     # -- Stripe's read API over this truth (the adapter's lookups ask it) ---------------------
@@ -676,7 +678,7 @@ class WatchingModel(RuleBasedStateMachine):
             timers = self._timers()
             if not timers:
                 break
-            self.clock.now = max(timers[0], self.clock())
+            self.clock.now = timers[0]
         self.check_at_quiescence()
 
     def check_at_quiescence(self) -> None:
