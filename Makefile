@@ -2,29 +2,51 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-INSTALLED := $(VENV)/.installed
+PIP := $(BIN)/pip install --disable-pip-version-check
+# One stamp per set of packages: `make run` installs what running needs, and a
+# later `make test` or `make bench` still installs its own extra.
+RUNTIME := $(VENV)/.installed-runtime
+DEV := $(VENV)/.installed-dev
+BENCH := $(VENV)/.installed-bench
 
 .PHONY: run test setup lint typecheck chaos bench clean
 
-$(INSTALLED): pyproject.toml
+$(BIN)/python:
+	@echo "make: creating the virtual environment $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
-	touch $(INSTALLED)
 
-setup: $(INSTALLED)
+$(RUNTIME): pyproject.toml | $(BIN)/python
+	@echo "make: installing intentledger and its runtime dependencies into $(VENV) (no test or benchmark tools)"
+	$(PIP) -e .
+	@touch $@
+	@echo "make: runtime dependencies installed"
+
+# The suite also runs a quick benchmark against the peers and type-checks
+# them, so testing needs the bench extra beside the dev one.
+$(DEV): pyproject.toml | $(BIN)/python
+	@echo "make: installing intentledger with the test tools and benchmark peers (extras dev, bench) into $(VENV)"
+	$(PIP) -e '.[dev,bench]'
+	@touch $@
+
+$(BENCH): pyproject.toml | $(BIN)/python
+	@echo "make: installing intentledger with the benchmark peers (the bench extra) into $(VENV)"
+	$(PIP) -e '.[bench]'
+	@touch $@
+
+setup: $(RUNTIME)
 
 # Serve the API, dispatcher and sandbox provider on a local SQLite file.
-run: setup
+run: $(RUNTIME)
 	$(BIN)/intentledger migrate
 	@echo "A key for trying it out (actor 'demo'):"
 	$(BIN)/intentledger keys create --actor demo
 	$(BIN)/intentledger serve
 
-lint: setup
+lint: $(DEV)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 
-typecheck: setup
+typecheck: $(DEV)
 	$(BIN)/mypy
 
 # Lint, type-check, then the whole suite on SQLite and on a throwaway
@@ -37,13 +59,13 @@ test: lint typecheck
 	scripts/with-postgres sh -c '$(BIN)/python -m pytest -n 2 --dist worksteal -m "not alone" && $(BIN)/python -m pytest -m alone'
 
 # The full fault run of docs/reliability.md, on a throwaway PostgreSQL server.
-chaos: setup
+chaos: $(RUNTIME)
 	scripts/with-postgres sh -c '$(BIN)/intentledger chaos --database-url "$$INTENTLEDGER_TEST_POSTGRES_URL" --restart-db-cmd "$$INTENTLEDGER_TEST_POSTGRES_RESTART"'
 
 # Issue 6's and 18's benchmarks on a throwaway, durable PostgreSQL server (fsync
 # and synchronous_commit on; docs/benchmarks.md); BENCH_ARGS=--quick for a short
 # run, BENCH_ARGS="--profile DIR" to sample with py-spy.
-bench: setup
+bench: $(BENCH)
 	scripts/with-postgres --durable sh -c '$(BIN)/intentledger bench --database-url "$$INTENTLEDGER_TEST_POSTGRES_URL" $(BENCH_ARGS)'
 
 clean:
