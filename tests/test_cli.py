@@ -128,6 +128,9 @@ def test_keys_create_prints_the_id_revoke_takes_and_revoke_takes_the_fingerprint
     assert f"intentledger keys revoke {kim.id}" in made.stderr
     listed = run("keys", "list", "--database-url", database_url)
     assert listed.returncode == 0 and fingerprint in listed.stdout and token not in listed.stdout
+    on_80_columns = _on_a_terminal(80, "keys", "list", "--database-url", database_url)
+    assert max(len(line) for line in on_80_columns.splitlines()) <= 80, on_80_columns
+    assert {str(kim.id), fingerprint} <= set(on_80_columns.split()), on_80_columns
 
     revoked = run("keys", "revoke", str(kim.id), "--database-url", database_url)
     assert revoked.returncode == 0, revoked

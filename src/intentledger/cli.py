@@ -711,7 +711,6 @@ def keys_list(database_url: DatabaseUrl = None) -> None:
     from rich import box
     from rich.table import Table
 
-    from intentledger.documents import json_value
     from intentledger.ops_cli import print_table
 
     rows = _keys_work(database_url, lambda ledger, _now: ledger.api_keys())
@@ -727,10 +726,15 @@ def keys_list(database_url: DatabaseUrl = None) -> None:
             row.token_hash[:12],
             row.actor,
             "operator" if row.is_operator else "actor",
-            str(json_value(row.created_at)),
-            str(json_value(row.revoked_at)) if row.revoked_at else "",
+            _to_the_second(row.created_at),
+            _to_the_second(row.revoked_at) if row.revoked_at else "",
         )
     print_table(table)
+
+
+def _to_the_second(at: datetime) -> str:
+    """UTC to the second: what a person compares, and narrow enough for 80 columns."""
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @keys_app.command("revoke")
