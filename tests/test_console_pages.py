@@ -428,9 +428,9 @@ async def test_mandate_and_card_pages_show_reservations_and_indeterminate_projec
             )
         )
     listed_mandates = await console.client.get("/console/mandates", params={"status": "active"})
-    assert "md_console" in listed_mandates.text and ">19.80 EUR<" in listed_mandates.text
+    assert "md_console" in listed_mandates.text and ">19.80 EUR (1980)<" in listed_mandates.text
     mandate = await console.client.get("/console/mandates/md_console")
-    assert pending in mandate.text and "19.80 EUR" in mandate.text
+    assert pending in mandate.text and "19.80 EUR (1980)" in mandate.text
     indeterminate = await console.client.get("/console/cards", params={"indeterminate": "yes"})
     assert "crd_console" in indeterminate.text and card_op in indeterminate.text
     determinate = await console.client.get("/console/cards", params={"indeterminate": "no"})
@@ -443,13 +443,38 @@ async def test_mandate_and_card_pages_show_reservations_and_indeterminate_projec
     ).status_code == 400
 
 
-def test_amounts_read_in_major_units() -> None:
+def test_amounts_read_in_major_units_beside_the_minor_units() -> None:
     assert (money(990, "EUR"), money(5, "JPY"), money(-1005, "USD")) == (
-        "9.90 EUR",
-        "5 JPY",
-        "-10.05 USD",
+        "9.90 EUR (990)",
+        "5 JPY (5)",
+        "-10.05 USD (-1005)",
     )
     assert (money(None, "EUR"), money(12, None)) == ("—", "12")
+
+
+async def test_the_queue_and_an_operation_show_amounts_the_one_way(console: Console) -> None:
+    """The console shows an amount as `ops list`, `ops show` and `demo` do
+    (domain/currencies.format_amount): major units, then the API's minor units."""
+    stuck = await add_operation(
+        console.engine,
+        state=State.MANUAL_REVIEW,
+        next_action=NextAction.OPERATOR,
+        age=timedelta(hours=1),
+    )
+    queue = await console.client.get("/console/queue")
+    assert stuck in queue.text and "9.90 EUR (990)" in queue.text, queue.text
+    page = await console.client.get(f"/console/operations/{stuck}")
+    assert page.status_code == 200 and "9.90 EUR (990)" in page.text
+
+
+async def test_the_sign_in_page_says_the_cookie_holds_a_session_id(console: Console) -> None:
+    console.client.cookies.clear()
+    page = await console.client.get("/console/sign-in")
+    assert page.status_code == 200
+    text = " ".join(re.sub(r"<[^>]+>", " ", page.text).split())
+    assert "the cookie holds only that session's random id" in text, text
+    assert "The key is not kept in your browser" in text
+    assert "12 h at most" in text
 
 
 async def test_refunding_a_duplicate_offers_only_the_extra_charge_and_confirms_first(

@@ -22,6 +22,8 @@ def test_demo_brings_every_scenario_to_rest() -> None:
     rows = {line.split("│")[1].strip(): line for line in final.splitlines() if line.count("│") > 5}
     for scenario in SCENARIOS:
         assert scenario in rows, (scenario, final)
+        # Each pays 1000 EUR cents, shown as every display shows an amount.
+        assert "10.00 EUR (1000)" in rows[scenario], rows[scenario]
     assert "MANUAL_REVIEW → operator" in rows["pm_blackhole"]
     assert rows["pm_declined"].rstrip(" │").endswith("0")
     assert "KNOWN (succeeded)" in rows["pm_timeout_before_execute"]

@@ -240,6 +240,8 @@ async def test_a_private_or_plain_url_without_the_setting_is_refused_and_stores_
     assert response.status_code == 422, response.text
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["type"].endswith("/webhook-url-refused")
+    # A developer on loopback learns what lifts the refusal.
+    assert "INTENTLEDGER_WEBHOOK_ALLOW_PRIVATE=true" in response.json()["detail"], response.text
     assert await stored_endpoints(engine) == 0
     # The key was not used up: a corrected request with it succeeds.
     fixed = await client.post(

@@ -6,6 +6,8 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Annotated, Any, cast
 
 import typer
@@ -106,11 +108,18 @@ StripeApiBase = Annotated[
     str | None, typer.Option("--stripe-api-base", help="INTENTLEDGER_STRIPE_API_BASE")
 ]
 StripeSearchLag = Annotated[
+    str | None, typer.Option("--stripe-search-lag", help="INTENTLEDGER_STRIPE_SEARCH_LAG, e.g. 1m")
+]
+# Named so that a person who looks for it learns where the key goes: a command
+# line is visible to every user of the machine (`ps`), so it is refused here.
+StripeApiKey = Annotated[
     str | None,
     typer.Option(
-        "--stripe-search-lag",
-        help="INTENTLEDGER_STRIPE_SEARCH_LAG, e.g. 1m (INTENTLEDGER_STRIPE_API_KEY is read "
-        "from the environment only)",
+        "--stripe-api-key",
+        help="Not taken as a flag: the Stripe secret key is read from the environment only "
+        "(INTENTLEDGER_STRIPE_API_KEY), since every user of the machine can read a command "
+        "line (`ps`).",
+        show_default=False,
     ),
 ]
 WebhookAllowPrivate = Annotated[
@@ -180,6 +189,14 @@ MetricsPort = Annotated[
         help="INTENTLEDGER_METRICS_PORT: serve this worker's metrics at /metrics on this port",
     ),
 ]
+MetricsHost = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics-host",
+        help="INTENTLEDGER_METRICS_HOST: the address the worker's metrics listen on "
+        "(default 0.0.0.0, every interface), e.g. 127.0.0.1",
+    ),
+]
 SafetyRules = Annotated[
     str | None, typer.Option("--safety-rules", help="INTENTLEDGER_SAFETY_RULES: a TOML file")
 ]
@@ -194,6 +211,29 @@ def load_settings(**flags: Any) -> Settings:
             name = ".".join(str(part) for part in error["loc"])
             err.print(f"[red]invalid setting {name}:[/red] {error['msg']}")
         raise typer.Exit(2) from exc
+
+
+def _refuse_stripe_api_key_flag(given: str | None) -> None:
+    if given is not None:
+        err.print(
+            "[red]--stripe-api-key is not taken on the command line (every user of the "
+            "machine can read it with `ps`): set INTENTLEDGER_STRIPE_API_KEY in the "
+            "environment instead[/red]"
+        )
+        raise typer.Exit(2)
+
+
+def _log_stop_and_die_on(signals: tuple[signal.Signals, ...], what: str) -> None:
+    """Say that `what` stopped, then end by the signal as before (uvicorn gives
+    a signal it shut down for back to the handler it found: this one)."""
+
+    def stopped(number: int, _frame: object) -> None:
+        log.info("%s stopped (%s)", what, signal.Signals(number).name)
+        signal.signal(number, signal.SIG_DFL)
+        signal.raise_signal(number)
+
+    for sig in signals:
+        signal.signal(sig, stopped)
 
 
 def _configure_logging(settings: Settings) -> None:
@@ -272,6 +312,7 @@ def serve(
     safety_rules: SafetyRules = None,
     stripe_api_base: StripeApiBase = None,
     stripe_search_lag: StripeSearchLag = None,
+    stripe_api_key: StripeApiKey = None,
     header_timeout: HeaderTimeout = None,
     body_timeout: BodyTimeout = None,
     max_connections: MaxConnections = None,
@@ -293,6 +334,7 @@ def serve(
     from intentledger.http_server import server_options
     from intentledger.service import SANDBOX_MOUNT, build_service_app, mounts_sandbox
 
+    _refuse_stripe_api_key_flag(stripe_api_key)
     settings = load_settings(
         database_url=database_url,
         database_pooler=database_pooler,
@@ -349,6 +391,9 @@ def serve(
             "authentication: not for real money",
             SANDBOX_MOUNT,
         )
+    _log_stop_and_die_on(
+        (signal.SIGINT, signal.SIGTERM), f"intentledger serving on http://{host}:{port}"
+    )
     # A sandbox request may be withholding its answer on purpose: do not wait for it.
     eventloop.serve(
         service,
@@ -394,8 +439,11 @@ def worker(
     reap_interval: ReapInterval = None,
     replay_window: ReplayWindow = None,
     metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = None,
+    stripe_api_key: StripeApiKey = None,
 ) -> None:
     """Run the dispatcher alone (point --provider-url at a running provider)."""
+    _refuse_stripe_api_key_flag(stripe_api_key)
     from intentledger.engine.clock import system_clock
     from intentledger.service import build_worker, run_workers
     from intentledger.store.database import create_ledger_engine
@@ -430,6 +478,7 @@ def worker(
         reap_interval=reap_interval,
         replay_window=replay_window,
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
     _configure_logging(settings)
     _require_provider(settings)
@@ -443,23 +492,41 @@ def worker(
             err.print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from exc
         stop = asyncio.Event()
+        stopped_by: list[signal.Signals] = []
         loop = asyncio.get_running_loop()
+
+        def stop_on(sig: signal.Signals) -> None:
+            stopped_by.append(sig)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stop_on, sig)
         if settings.metrics_port is not None:
             from prometheus_client import start_http_server
 
             # prometheus_client's own server, in a thread: the worker's counters
             # only (the ledger's gauges come from the API's /metrics).
-            start_http_server(settings.metrics_port)
-            log.info("worker metrics at http://0.0.0.0:%s/metrics", settings.metrics_port)
+            start_http_server(settings.metrics_port, addr=settings.metrics_host)
+            log.info(
+                "worker metrics at http://%s/metrics",
+                _host_port(settings.metrics_host, settings.metrics_port),
+            )
         log.info("intentledger worker %s started", worker.worker_id)
         try:
             await run_workers(worker, settings, stop)
         finally:
             await engine.dispose()
+        log.info(
+            "intentledger worker %s stopped (%s)",
+            worker.worker_id,
+            stopped_by[0].name if stopped_by else "done",
+        )
 
     eventloop.run(main())
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @app.command()
@@ -557,7 +624,7 @@ def migrate(database_url: DatabaseUrl = None, database_pooler: DatabasePooler = 
     settings = load_settings(database_url=database_url, database_pooler=database_pooler)
     _configure_logging(settings)
     try:
-        upgrade(
+        before, after = upgrade(
             settings.database_url,
             retention=settings.record_retention,
             pooler=settings.database_pooler,
@@ -565,7 +632,12 @@ def migrate(database_url: DatabaseUrl = None, database_pooler: DatabasePooler = 
     except UnsupportedDatabase as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
-    err.print("schema is up to date")
+    if before is None:
+        err.print(f"created the schema (revision {after})")
+    elif before == after:
+        err.print(f"the schema is up to date (revision {after})")
+    else:
+        err.print(f"upgraded the schema from revision {before} to {after}")
 
 
 @keys_app.command("create")
@@ -594,13 +666,23 @@ def keys_create(
     except ValueError as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
-    from intentledger.api.auth import fingerprint
+    from intentledger.api.auth import hash_token
 
+    stored = hash_token(token)
+    [made] = _keys_work(
+        database_url,
+        lambda ledger, _now: _found(ledger.api_keys(), lambda row: row.token_hash == stored),
+    )
     err.print(
-        f"key {fingerprint(token)} created for actor {actor!r}"
-        f"{' (operator)' if operator else ''}; store it now:"
+        f"key {made.id} (fingerprint {stored[:12]}) created for actor {actor!r}"
+        f"{' (operator)' if operator else ''}; `intentledger keys revoke {made.id}` "
+        "revokes it. The token, shown this once; store it now:"
     )
     print(token)
+
+
+async def _found(rows: Awaitable[Sequence[Any]], wanted: Callable[[Any], bool]) -> list[Any]:
+    return [row for row in await rows if wanted(row)]
 
 
 def _keys_work(database_url: str | None, work: Any) -> Any:
@@ -626,38 +708,67 @@ def _keys_work(database_url: str | None, work: Any) -> Any:
 @keys_app.command("list")
 def keys_list(database_url: DatabaseUrl = None) -> None:
     """Every API key: id, fingerprint, actor, role, when made and revoked (never the token)."""
+    from rich import box
     from rich.table import Table
 
-    from intentledger.documents import json_value
+    from intentledger.ops_cli import print_table
 
     rows = _keys_work(database_url, lambda ledger, _now: ledger.api_keys())
-    table = Table(title="API keys")
-    for column in ("id", "fingerprint", "actor", "role", "created", "revoked"):
-        table.add_column(column)
+    table = Table(title="API keys", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    # What `keys revoke` takes is never cut; the rest gives way at 80 columns.
+    table.add_column("id", no_wrap=True)
+    table.add_column("fingerprint", no_wrap=True)
+    for column in ("actor", "role", "created", "revoked"):
+        table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(
             str(row.id),
             row.token_hash[:12],
             row.actor,
             "operator" if row.is_operator else "actor",
-            str(json_value(row.created_at)),
-            str(json_value(row.revoked_at)) if row.revoked_at else "",
+            _to_the_second(row.created_at),
+            _to_the_second(row.revoked_at) if row.revoked_at else "",
         )
-    Console().print(table)
+    print_table(table)
+
+
+def _to_the_second(at: datetime) -> str:
+    """UTC to the second: what a person compares, and narrow enough for 80 columns."""
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @keys_app.command("revoke")
 def keys_revoke(
-    key_id: Annotated[int, typer.Argument(help="The key's id, as `keys list` shows it.")],
+    key: Annotated[
+        str, typer.Argument(help="The key's id or its fingerprint, as `keys list` shows them.")
+    ],
     database_url: DatabaseUrl = None,
 ) -> None:
     """Revoke a key: it authenticates nothing once each API process's short auth
     cache (at most 60 s) has let it go."""
-    row = _keys_work(database_url, lambda ledger, now: ledger.revoke_api_key(key_id, now))
-    if row is None:
-        err.print(f"[red]no key {key_id}: see `intentledger keys list`[/red]")
+
+    async def revoke(ledger: Any, now: datetime) -> Any:
+        matches = await _found(ledger.api_keys(), lambda row: _names_key(key, row))
+        if len(matches) != 1:
+            return len(matches)
+        return await ledger.revoke_api_key(matches[0].id, now)
+
+    row = _keys_work(database_url, revoke)
+    if isinstance(row, int):
+        err.print(
+            f"[red]no key {key!r}: give its id or fingerprint from `intentledger keys list`[/red]"
+            if row == 0
+            else f"[red]{key!r} names {row} keys: give the id[/red]"
+        )
         raise typer.Exit(1)
-    err.print(f"key {key_id} ({row.token_hash[:12]}, actor {row.actor!r}) revoked")
+    err.print(f"key {row.id} (fingerprint {row.token_hash[:12]}, actor {row.actor!r}) revoked")
+
+
+def _names_key(given: str, row: Any) -> bool:
+    """A key is named by its id or its fingerprint (the first 12 characters of
+    the stored hash, as `keys create` and `keys list` print it)."""
+    given = given.strip()
+    return given == str(row.id) or (len(given) == 12 and row.token_hash.startswith(given.lower()))
 
 
 @app.command()

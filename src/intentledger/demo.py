@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 
 from intentledger.api.auth import create_api_key
+from intentledger.domain.currencies import format_amount
 from intentledger.engine.clock import system_clock
 from intentledger.ports import free_port
 from intentledger.store.database import create_ledger_engine
@@ -57,6 +58,7 @@ class Watched:
     outcome: str | None = None
     next_action: str = "submit"
     charges: int = 0
+    amount: str = ""
 
 
 async def _new_key(database_url: str) -> str:
@@ -75,6 +77,7 @@ def _table(watched: list[Watched], elapsed: float) -> Table:
         expand=True,
     )
     table.add_column("scenario", no_wrap=True)
+    table.add_column("amount", no_wrap=True)
     table.add_column("path through states", overflow="fold")
     table.add_column("decisions", overflow="fold")
     table.add_column("now", no_wrap=True)
@@ -82,7 +85,9 @@ def _table(watched: list[Watched], elapsed: float) -> Table:
     for item in watched:
         now = item.state + (f" ({item.outcome})" if item.outcome else f" → {item.next_action}")
         path = " → ".join(SHORT.get(state, state) for state in item.path)
-        table.add_row(item.scenario, path, ", ".join(item.decisions), now, str(item.charges))
+        table.add_row(
+            item.scenario, item.amount, path, ", ".join(item.decisions), now, str(item.charges)
+        )
     return table
 
 
@@ -96,6 +101,7 @@ def _refresh(client: httpx.Client, item: Watched) -> None:
         record["outcome"],
         record["next_action"],
     )
+    item.amount = format_amount(record["amount"], record["currency"])
     charges = client.get("/_sandbox/charges", params={"reference": item.operation_id})
     item.charges = len(charges.json()["data"])
 

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import os
+import socket
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from intentledger.documents import event_documents, json_value
+from intentledger.domain.currencies import format_amount
 from intentledger.domain.states import Outcome, State
 from intentledger.engine import operator, refunds
 from intentledger.engine.clock import system_clock
@@ -26,7 +31,8 @@ from intentledger.store.tables import ACTOR_LENGTH
 ops_app = typer.Typer(
     help="Investigate and resolve operations (operator actions).", no_args_is_help=True
 )
-out = Console()
+# Messages stay one line each, whatever the terminal's width (logs, CI, grep).
+out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
@@ -34,6 +40,17 @@ DatabaseUrl = Annotated[
     str | None, typer.Option("--database-url", help="INTENTLEDGER_DATABASE_URL")
 ]
 By = Annotated[str | None, typer.Option("--by", help="Who is acting (default: your login name).")]
+
+
+def print_table(table: Table) -> None:
+    """On a terminal, at its width (the columns say what may wrap). Off a
+    terminal (a pipe, a file), as wide as the table needs, whatever COLUMNS
+    says: nothing is wrapped or cut for a width no one is looking at."""
+    console = Console()
+    if not console.is_terminal:
+        widest = Measurement.get(console, console.options.update_width(10_000), table).maximum
+        console = Console(width=widest)
+    console.print(table)
 
 
 def _settings(database_url: str | None) -> Settings:
@@ -66,19 +83,44 @@ def _run(database_url: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
 
 
 def _who(by: str | None) -> str:
-    who = by or f"cli:{getpass.getuser()}"
+    who = by or f"cli:{_os_user()}"
     if len(who) > ACTOR_LENGTH or not who.isprintable():
         err.print(f"[red]--by is 1-{ACTOR_LENGTH} printable characters[/red]")
         raise typer.Exit(2)
     return who
 
 
-def _age(created_at: datetime) -> str:
-    seconds = int((datetime.now(UTC) - created_at).total_seconds())
+def _action(operation_id: str, by: str | None, reason: str) -> operator.OperatorAction:
+    """An action typed here: the declared name, and the OS user and host beside
+    it, since this command writes with the database's credentials and anyone
+    who has them may declare any name (docs/operations.md)."""
+    return operator.OperatorAction(
+        operation_id, _who(by), reason, os_user=_os_user(), host=socket.gethostname()
+    )
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except OSError:  # no login name for this uid (a container's arbitrary user)
+        return f"uid {os.getuid()}"
+
+
+def _age(since: datetime, now: datetime) -> str:
+    seconds = max(0, int((now - since).total_seconds()))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def _due(due_at: datetime | None, now: datetime) -> str:
+    """When a check is due, relative like the age: short enough for 80 columns."""
+    if due_at is None:
+        return ""
+    if due_at <= now:
+        return f"{_age(due_at, now)} ago"
+    return f"in {_age(now, due_at)}"
 
 
 @ops_app.command("list")
@@ -89,27 +131,35 @@ def list_(
 ) -> None:
     """A table of operations with their age, state and next action."""
     rows = _run(database_url, lambda engine: operator.list_operations(engine, state, limit))
-    table = Table(title=f"operations{f' in {state}' if state else ''}")
-    # Ids and states are what people copy and grep for: never cut them.
-    table.add_column("id", no_wrap=True)
-    table.add_column("actor", overflow="fold")
-    table.add_column("age", no_wrap=True)
-    table.add_column("state", no_wrap=True)
-    table.add_column("next_action", no_wrap=True)
-    for column in ("amount", "check due", "last check"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
+    table = Table(
+        title=f"operations{f' in {state}' if state else ''}",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+    )
+    # Two lines a row, so that 80 columns hold it. On a terminal the id column
+    # is exactly as wide as the ids, which people copy and grep for and so are
+    # never cut; the other columns give way (an amount wraps at its spaces, an
+    # actor folds). Off a terminal nothing gives way (print_table).
+    amounts = [format_amount(row.amount, row.currency) for row in rows]
+    ids_width = max((len(row.operation_id) for row in rows), default=None)
+    table.add_column(
+        "id\nactor", overflow="fold", width=ids_width if Console().is_terminal else None
+    )
+    table.add_column("amount", overflow="fold")
+    table.add_column("state\nnext action", overflow="fold")
+    table.add_column("age", overflow="fold")
+    table.add_column("check due\nlast check", overflow="fold")
+    now = datetime.now(UTC)
+    for row, amount in zip(rows, amounts, strict=True):
         table.add_row(
-            row.operation_id,
-            row.actor,
-            _age(row.created_at),
-            row.state,
-            row.next_action,
-            f"{row.amount} {row.currency}",
-            json_value(row.retry_after_at) or "",
-            row.reconciliation_status or "",
+            f"{row.operation_id}\n{row.actor}",
+            amount,
+            f"{row.state}\n{row.next_action}",
+            _age(row.created_at, now),
+            f"{_due(row.retry_after_at, now)}\n{row.reconciliation_status or ''}",
         )
-    out.print(table)
+    print_table(table)
 
 
 @ops_app.command()
@@ -118,13 +168,14 @@ def show(operation_id: str, database_url: DatabaseUrl = None) -> None:
     shown = _run(database_url, lambda engine: operator.show(engine, operation_id))
     op = shown["operation"]
     record = Table(show_header=False, title=operation_id)
+    record.add_column("field", no_wrap=True)
+    record.add_column("value", overflow="fold")
     for name in (
         "state",
         "outcome",
         "next_action",
         "actor",
         "amount",
-        "currency",
         "first_attempt_at",
         "last_observed_at",
         "retry_after_at",
@@ -134,15 +185,19 @@ def show(operation_id: str, database_url: DatabaseUrl = None) -> None:
         "provider_reference",
         "created_at",
     ):
-        value = json_value(getattr(op, name))
+        value = (
+            format_amount(op.amount, op.currency)
+            if name == "amount"
+            else json_value(getattr(op, name))
+        )
         record.add_row(name, "" if value is None else str(value))
-    out.print(record)
+    print_table(record)
     timeline = Table(title="timeline")
     for column in ("at", "type", "what", "why"):
         timeline.add_column(column, overflow="fold")
     for event in event_documents(shown["events"]):
         timeline.add_row(event["at"], event["type"], _what(event), event.get("reason") or "")
-    out.print(timeline)
+    print_table(timeline)
 
 
 def _what(event: dict[str, Any]) -> str:
@@ -150,8 +205,16 @@ def _what(event: dict[str, Any]) -> str:
         return f"{event['from_state'] or '-'} -> {event['to_state']} (next: {event['next_action']})"
     if event["type"] == "decision":
         age = event.get("key_age_at_decision")
-        return f"rule {event['rule']} -> {event['next_action']}" + (
-            f", key age {age:.0f}s" if age is not None else ""
+        inputs = event.get("inputs") or {}
+        typed_at = (
+            f", typed by OS user {inputs['os_user']} on {inputs['host']}"
+            if "os_user" in inputs and "host" in inputs
+            else ""
+        )
+        return (
+            f"rule {event['rule']} -> {event['next_action']}"
+            + (f", key age {age:.0f}s" if age is not None else "")
+            + typed_at
         )
     parts = [event["kind"], event.get("verdict") or ""]
     if event.get("http_status"):
@@ -177,7 +240,7 @@ def resolve(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Settle an unresolved operation on evidence you found."""
-    action = operator.OperatorAction(operation_id, _who(by), evidence)
+    action = _action(operation_id, by, evidence)
     _act(database_url, lambda ledger, now: operator.resolve(ledger, now, action, outcome))
 
 
@@ -189,7 +252,7 @@ def approve_resubmission(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Approve a deliberate new request (a new provider key) for an operation in MANUAL_REVIEW."""
-    action = operator.OperatorAction(operation_id, _who(by), reason)
+    action = _action(operation_id, by, reason)
     settings = _settings(database_url)
     policy_for = retention_policy_for(settings)
     _act(
@@ -206,7 +269,7 @@ def escalate(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Hand an unresolved operation to a person now (MANUAL_REVIEW)."""
-    action = operator.OperatorAction(operation_id, _who(by), reason)
+    action = _action(operation_id, by, reason)
     _act(database_url, lambda ledger, now: operator.escalate(ledger, now, action))
 
 
@@ -221,5 +284,5 @@ def refund_duplicate(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Refund a duplicate charge of a payment flagged duplicate_detected."""
-    action = operator.OperatorAction(operation_id, _who(by), reason)
+    action = _action(operation_id, by, reason)
     _act(database_url, lambda ledger, now: refunds.refund_duplicate(ledger, now, action, charge))

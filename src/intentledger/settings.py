@@ -108,9 +108,11 @@ class Settings(BaseSettings):
     reap_interval: Duration = timedelta(hours=1)
     # Logs (observability/logs.py): `text`, or `json` for one object per line.
     log_format: Literal["text", "json"] = "text"
-    # A worker process's own metrics server (prometheus_client's), on every
-    # interface at this port; unset: none. `serve` answers GET /metrics itself.
+    # A worker process's own metrics server (prometheus_client's), at this port
+    # on metrics_host (every interface unless narrowed); unset: none. `serve`
+    # answers GET /metrics itself.
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_host: str = "0.0.0.0"
     # Optional TOML file of per-provider safety rules (see safety_config.py).
     safety_rules: str | None = None
     # TEST ONLY: deliberately break the engine so the chaos harness can prove it

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from intentledger.domain import currencies
-from intentledger.domain.currencies import ISO_4217_CODES, MINOR_UNITS, normalise_currency
+from intentledger.domain.currencies import (
+    ISO_4217_CODES,
+    MINOR_UNITS,
+    format_amount,
+    normalise_currency,
+)
 
 ACTIVE = ["USD", "EUR", "GBP", "JPY", "CHF", "SEK", "XOF", "XAF", "ZWG", "SLE", "VES"]
 # Withdrawn currencies, and List One codes with no minor unit (metals, units of
@@ -89,3 +95,31 @@ def test_normalise_returns_a_listed_code_or_raises(text: str) -> None:
         assert code in ISO_4217_CODES
         assert text.isascii()
         assert code == text.upper()
+
+
+@pytest.mark.parametrize(
+    ("amount", "currency", "shown"),
+    [
+        (4200, "EUR", "42.00 EUR (4200)"),
+        (5, "EUR", "0.05 EUR (5)"),
+        (4200, "JPY", "4200 JPY (4200)"),
+        (1234, "KWD", "1.234 KWD (1234)"),
+        (1, "CLF", "0.0001 CLF (1)"),
+        (-1005, "USD", "-10.05 USD (-1005)"),
+        (0, "EUR", "0.00 EUR (0)"),
+        (42, "BGN", "42 BGN (minor units)"),  # withdrawn: no exponent guessed
+    ],
+)
+def test_an_amount_is_shown_in_major_units_then_the_minor_units(
+    amount: int, currency: str, shown: str
+) -> None:
+    assert format_amount(amount, currency) == shown
+
+
+@given(st.integers(min_value=-(10**15), max_value=10**15), st.sampled_from(sorted(MINOR_UNITS)))
+def test_the_major_units_shown_are_the_minor_units_moved_by_the_exponent(
+    amount: int, currency: str
+) -> None:
+    major, code, minor = format_amount(amount, currency).split(" ")
+    assert code == currency and minor == f"({amount})"
+    assert Decimal(major) == Decimal(amount).scaleb(-MINOR_UNITS[currency])

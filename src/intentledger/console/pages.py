@@ -29,6 +29,7 @@ from intentledger.api.problems import Problem, problem_response
 from intentledger.api.validation import valid_idempotency_key
 from intentledger.console.session import (
     CSRF_FIELD,
+    SESSION_LENGTH,
     begin,
     csrf_matches,
     csrf_token,
@@ -44,7 +45,7 @@ from intentledger.documents import (
     mandate_document,
     operation_document,
 )
-from intentledger.domain.currencies import MINOR_UNITS
+from intentledger.domain.currencies import format_amount
 from intentledger.domain.durations import parse_duration
 from intentledger.domain.safety import attempt_key
 from intentledger.domain.states import UNRESOLVED, NextAction, State
@@ -120,6 +121,7 @@ def _environment() -> Environment:
     env.filters["duration"] = human_duration
     env.filters["money"] = money
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True)
+    env.globals["session_length"] = human_duration(SESSION_LENGTH.total_seconds())
     return env
 
 
@@ -138,17 +140,12 @@ def human_duration(seconds: float | None) -> str:
 
 
 def money(amount: int | None, currency: str | None) -> str:
-    """Minor units as a person reads them (990 EUR -> 9.90 EUR)."""
+    """The domain's one way of showing an amount; a dash where there is none."""
     if amount is None:
         return "—"
     if currency is None:
         return str(amount)
-    exponent = MINOR_UNITS.get(currency, 0)
-    if exponent == 0:
-        return f"{amount} {currency}"
-    sign = "-" if amount < 0 else ""
-    whole, fraction = divmod(abs(amount), 10**exponent)
-    return f"{sign}{whole}.{fraction:0{exponent}d} {currency}"
+    return format_amount(amount, currency)
 
 
 templates = Jinja2Templates(env=_environment())

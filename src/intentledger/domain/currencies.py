@@ -19,7 +19,7 @@ When ISO publishes an amendment, edit the table below; nothing else reads the li
 
 from __future__ import annotations
 
-__all__ = ["ISO_4217_CODES", "MINOR_UNITS", "normalise_currency"]
+__all__ = ["ISO_4217_CODES", "MINOR_UNITS", "format_amount", "normalise_currency"]
 
 # Codes grouped by their minor unit: the number of digits after the decimal point
 # in an amount, which is what converting between major and minor units needs.
@@ -58,3 +58,20 @@ def normalise_currency(text: str) -> str:
             f"unknown currency {text!r}: expected an active ISO 4217 code such as USD or EUR"
         )
     return code
+
+
+def format_amount(amount: int, currency: str) -> str:
+    """An amount as every display shows it: major units in the currency's own
+    exponent, then the minor units the API speaks, so a person can read it and
+    copy the number a request carries: ``42.00 EUR (4200)``, ``4200 JPY (4200)``.
+
+    A code outside the table (a row older than an ISO amendment) is shown in
+    minor units only, rather than with a guessed exponent.
+    """
+    exponent = MINOR_UNITS.get(currency)
+    if exponent is None:
+        return f"{amount} {currency} (minor units)"
+    sign = "-" if amount < 0 else ""
+    whole, fraction = divmod(abs(amount), 10**exponent)
+    major = f"{whole}.{fraction:0{exponent}d}" if exponent else str(whole)
+    return f"{sign}{major} {currency} ({amount})"

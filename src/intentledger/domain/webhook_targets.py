@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from urllib.parse import SplitResult, urlsplit
 
 MAX_URL_LENGTH = 2048
+# What a refusal names, so that a developer on loopback knows what lifts it.
+ALLOW_PRIVATE_SETTING = "INTENTLEDGER_WEBHOOK_ALLOW_PRIVATE=true (--webhook-allow-private)"
 
 
 class TargetRefused(ValueError):
@@ -40,7 +42,11 @@ def parse_target(url: str, allow_private: bool) -> SplitResult:
     if parts.scheme not in allowed:
         raise TargetRefused(
             "the URL must use https"
-            + ("" if allow_private else " (http only with private targets allowed)")
+            + (
+                ""
+                if allow_private
+                else f" ({ALLOW_PRIVATE_SETTING} allows plain http, for development and tests only)"
+            )
         )
     if not parts.hostname:
         raise TargetRefused("the URL has no host")
@@ -105,6 +111,6 @@ def refuse_private(host: str, addresses: Iterable[str]) -> list[IP]:
     if not all(is_public(address) for address in resolved):
         raise TargetRefused(
             f"{host} is or resolves to an address that is not public "
-            "(INTENTLEDGER_WEBHOOK_ALLOW_PRIVATE=true allows it for development)"
+            f"({ALLOW_PRIVATE_SETTING} allows it, for development and tests only)"
         )
     return resolved

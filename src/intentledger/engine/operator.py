@@ -69,6 +69,17 @@ class OperatorAction:
     operation_id: str
     by: str
     reason: str
+    # Where an action from the CLI was typed. `intentledger ops` writes with the
+    # database's credentials and `by` is only what its user declared, so the
+    # record keeps what the machine says beside it (docs/operations.md). None
+    # through the API and console: there `by` is the authenticated key's actor.
+    os_user: str | None = None
+    host: str | None = None
+
+    def recorded_by(self) -> dict[str, str]:
+        """Who acted, as a decision's inputs record it."""
+        seen = {"os_user": self.os_user, "host": self.host}
+        return {"by": self.by} | {name: value for name, value in seen.items() if value is not None}
 
 
 async def _locked(
@@ -120,7 +131,7 @@ async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome
         inputs={
             "observation_id": observation_id,
             "evidence": evidence,
-            "by": action.by,
+            **action.recorded_by(),
             "outcome": outcome.value,
             "state_before": operation.state,
             "outcome_before": operation.outcome,
@@ -183,7 +194,7 @@ async def approve_resubmission(
         at=now,
         rule="operator_approved_new_request",
         inputs={
-            "by": action.by,
+            **action.recorded_by(),
             "reason": reason,
             "provider_idempotency_key": key,
             "same_key": False,
@@ -225,7 +236,7 @@ async def escalate(ledger: Ledger, now: datetime, action: OperatorAction) -> str
         operation_id=action.operation_id,
         at=now,
         rule="operator_escalation",
-        inputs={"by": action.by, "reason": reason, "state_before": operation.state},
+        inputs={**action.recorded_by(), "reason": reason, "state_before": operation.state},
         next_action=NextAction.OPERATOR,
         reason=f"{action.by} escalated it: {reason}",
         source=f"operator:{action.by}",

@@ -182,7 +182,7 @@ async def refund_duplicate(
         at=now,
         rule="operator_refund_duplicate",
         inputs={
-            "by": action.by,
+            **action.recorded_by(),
             "reason": reason,
             "charge": charge,
             "settled_charge": payment.provider_reference,

@@ -10,7 +10,12 @@ size of the ledger, through an index:
   states grow for ever; `intentledger_transitions_total` counts arrivals there);
 - flagged operations: the partial index of flagged rows (migration 0011);
 - the oldest due-but-unclaimed outbox row and merchant webhook delivery: the
-  partial indexes of pending rows by due time, read at their first entry.
+  partial indexes of pending rows by due time, read at their first entry;
+- operator actions by rule: the partial index of decisions a person made
+  (migration 0018). These are a counter read from the table rather than counted
+  in a process, because `intentledger ops` acts from a process no one scrapes:
+  the decision rows are where every operator action, from the console, the API
+  or the CLI, is written, and they are never reaped, so the count only rises.
 """
 
 from __future__ import annotations
@@ -19,13 +24,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.states import FINAL, State
-from intentledger.store.tables import operations, outbox, webhook_deliveries
+from intentledger.store.tables import (
+    OPERATOR_DECISION,
+    decisions,
+    operations,
+    outbox,
+    webhook_deliveries,
+)
 
 UNRESOLVED = tuple(state for state in State if state not in FINAL)
 # The partial index's predicate, written the same way so SQLite's planner uses it.
@@ -41,6 +52,8 @@ class LedgerState:
     flagged: dict[str, int] = field(default_factory=dict)
     outbox_due_seconds: float = 0.0
     webhook_due_seconds: float = 0.0
+    # rule -> operator actions ever recorded under it.
+    operator_actions: dict[str, int] = field(default_factory=dict)
 
 
 async def read_ledger_state(engine: AsyncEngine, now: datetime) -> LedgerState:
@@ -85,6 +98,12 @@ async def read_ledger_state(engine: AsyncEngine, now: datetime) -> LedgerState:
             )
         ).scalar_one()
         state.webhook_due_seconds = _age(now, oldest_delivery)
+        actions = await conn.execute(
+            select(decisions.c.rule, func.count())
+            .where(text(OPERATOR_DECISION))
+            .group_by(decisions.c.rule)
+        )
+        state.operator_actions = {rule: int(count) for rule, count in actions}
     return state
 
 
@@ -104,7 +123,7 @@ class LedgerCollector(Collector):
     def __init__(self, reading: LedgerState) -> None:
         self.reading = reading
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         reading = self.reading
         yield GaugeMetricFamily(
             "intentledger_ledger_readable",
@@ -149,3 +168,13 @@ class LedgerCollector(Collector):
             "How long the oldest due merchant webhook delivery has waited unclaimed.",
             value=reading.webhook_due_seconds,
         )
+        actions = CounterMetricFamily(
+            "intentledger_operator_actions",
+            "Operator actions recorded (a person's decision: resolve, approve a new request, "
+            "escalate, refund a duplicate), by rule, whoever took them: console, API or "
+            "`intentledger ops`. Read from the ledger's decisions at each scrape.",
+            labels=["rule"],
+        )
+        for rule, count in sorted(reading.operator_actions.items()):
+            actions.add_metric([rule], count)
+        yield actions

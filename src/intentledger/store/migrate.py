@@ -7,9 +7,11 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy.exc import DBAPIError
 
 from intentledger.store.database import Pooler, create_sync_engine, dialect_of, require_utf8
@@ -34,13 +36,32 @@ def upgrade(
     retention: timedelta | None = None,
     *,
     pooler: Pooler = "none",
-) -> None:
+) -> Migrated:
     """Migrate to `revision`; on PostgreSQL, make the answers' partitions ahead
     for `retention` (the record retention; months when None)."""
     require_utf8(database_url)
+    before = current_revision(database_url, pooler)
     command.upgrade(alembic_config(database_url, pooler), revision)
     if dialect_of(database_url) == "postgresql":
         _ensure_partitions(database_url, retention, pooler)
+    return Migrated(before, current_revision(database_url, pooler))
+
+
+class Migrated(NamedTuple):
+    """The schema's revision before and after `upgrade` (None: no schema yet)."""
+
+    before: str | None
+    after: str | None
+
+
+def current_revision(database_url: str, pooler: Pooler = "none") -> str | None:
+    """The revision the database is at, as Alembic recorded it; None if it has none."""
+    engine = create_sync_engine(database_url, pooler=pooler)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
 
 
 def _ensure_partitions(database_url: str, retention: timedelta | None, pooler: Pooler) -> None:

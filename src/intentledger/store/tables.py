@@ -83,6 +83,10 @@ REAPABLE_PREDICATE = "reaped_at IS NULL AND state IN ('OUTCOME_KNOWN', 'CANCELLE
 # Every operation the console's work queue can ever show (which of them it shows
 # depends on their age): domain/work_queue.py's reasons, as SQL. Repeated
 # verbatim in the queue's queries, which SQLite needs to use the partial index.
+# A decision a person made (engine/operator.py writes their source so), through
+# the console, the API or `intentledger ops`. Repeated verbatim in the query
+# that counts them, which SQLite needs to use the partial index.
+OPERATOR_DECISION = "source LIKE 'operator:%'"
 WORK_QUEUE_PREDICATE = (
     "next_action = 'operator' OR duplicate_detected OR outcome_contradicted "
     "OR state IN ('UNKNOWN', 'RECONCILIATION_DUE', 'SAFETY_REVIEW')"
@@ -224,6 +228,14 @@ decisions = Table(
     Column("key_age_at_decision", Interval, nullable=True),
     Column("source", String(SOURCE_LENGTH), nullable=False),
     Index(None, "operation_id", "id"),
+    # A person's decisions, few among the engine's: /metrics counts them at
+    # each scrape (observability/ledger_gauges.py).
+    Index(
+        "ix_decisions_by_operator",
+        "rule",
+        sqlite_where=text(OPERATOR_DECISION),
+        postgresql_where=text(OPERATOR_DECISION),
+    ),
 )
 
 attempts = Table(
