@@ -18,8 +18,9 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,13 @@ DOCUMENTED_LEDGER = "127.0.0.1:8000"
 
 
 def documented_terminals() -> list[list[str]]:
-    """The commands of each console block under "Trying it locally", a command
-    with its backslash continuations kept as written."""
-    text = (ROOT / "docs" / "providers.md").read_text()
-    start = text.index(f"\n{TRYING_IT}\n")
-    section = text[start : text.index("\n### ", start + len(TRYING_IT))]
+    """The commands of each console block under "Trying it locally"."""
+    return documented_blocks(documented_section(TRYING_IT))
+
+
+def documented_blocks(section: str) -> list[list[str]]:
+    """Each console block's commands, a command with its backslash continuations
+    kept as written."""
     terminals = []
     for block in re.findall(r"```console\n(.*?)```", section, re.S):
         commands: list[str] = []
@@ -135,15 +138,92 @@ def run_in_terminal(commands: list[str], cwd: Path) -> str:
     return done.stdout
 
 
-def test_the_documented_commands_settle_a_pm_card_visa_payment_through_the_fake(
-    tmp_path: Path,
-) -> None:
-    fake_terminal, ledger_terminal, shop_terminal = documented_terminals()
+def documented_section(heading: str) -> str:
+    text = (ROOT / "docs" / "providers.md").read_text()
+    start = text.index(f"\n{heading}\n")
+    return text[start : text.index("\n### ", start + len(heading))]
+
+
+@dataclass
+class Tryout:
+    """The fake's terminal and a running `intentledger serve`, as the docs start them."""
+
+    fake: subprocess.Popen[bytes]
+    fake_log: Path
+    ledger_log: Path
+    token: str
+    truth_base: str
+    workdir: Path
+    here: Callable[[list[str]], list[str]]
+
+    def shop(self, command: str) -> str:
+        """`command` in the third terminal, the token set as the docs say."""
+        return run_in_terminal(self.here([f"TOKEN={self.token}", command]), self.workdir)
+
+    def operation(self, look: str, op_id: str) -> dict[str, Any]:
+        shown: dict[str, Any] = json.loads(self.shop(look.replace("op_...", op_id)))
+        return shown
+
+    def intents_of(self, op_id: str) -> list[Any]:
+        """What localstripe holds under our reference, read with the official SDK."""
+        truth = stripe.StripeClient(
+            "sk_test_fake", base_addresses={"api": self.truth_base}, max_network_retries=0
+        )
+        listed = truth.v1.payment_intents.list(params={"limit": 100})
+        return [
+            intent
+            for intent in listed.auto_paging_iter()
+            if intent.metadata.to_dict().get("intentledger_reference") == op_id
+        ]
+
+
+@contextmanager
+def tried(fake_commands: list[str], ledger_commands: list[str], workdir: Path) -> Iterator[Tryout]:
     stripe_port, ledger_port = free_port(), free_port()
 
     def here(commands: list[str]) -> list[str]:
         return [as_run_here(c, stripe_port, ledger_port) for c in commands]
 
+    fake_log, ledger_log = workdir / "fake.log", workdir / "ledger.log"
+    with (
+        terminal(here(fake_commands), ROOT, fake_log) as fake,
+        terminal(here(ledger_commands), workdir, ledger_log) as ledger,
+    ):
+        wait_for_line(fake_log, r"^(Ctrl-C stops both\.)$", fake, "the fake's banner")
+        banner = fake_log.read_text()
+        api_base = f"http://127.0.0.1:{stripe_port}"
+        assert f"INTENTLEDGER_STRIPE_API_BASE={api_base} intentledger serve" in banner
+        truth_base = wait_for_line(
+            fake_log, r"localstripe itself \(the truth, no faults\): (\S+)", fake, "localstripe"
+        )
+        token = wait_for_line(ledger_log, r"^(il_\S+)$", ledger, "the key's token")
+
+        def healthy() -> bool:
+            assert ledger.poll() is None, ledger_log.read_text()
+            try:
+                url = f"http://127.0.0.1:{ledger_port}/healthz"
+                return httpx.get(url, timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, 60, "intentledger serve to answer")
+        yield Tryout(fake, fake_log, ledger_log, token, truth_base, workdir, here)
+
+
+def paid(tryout: Tryout, pay: str) -> str:
+    """The documented payment's operation id, after checking its 202."""
+    answer = tryout.shop(pay)
+    head, _, body = answer.replace("\r\n", "\n").partition("\n\n")
+    assert head.startswith("HTTP/1.1 202"), answer
+    accepted = json.loads(body)
+    assert accepted["state"] == "ACCEPTED"
+    return str(accepted["id"])
+
+
+def test_the_documented_commands_settle_a_pm_card_visa_payment_through_the_fake(
+    tmp_path: Path,
+) -> None:
+    fake_terminal, ledger_terminal, shop_terminal = documented_terminals()
     assert "python -m tests.stripe_fake serve --port 12111" in fake_terminal
     serve_line = ledger_terminal[-1]
     for setting in (
@@ -157,63 +237,58 @@ def test_the_documented_commands_settle_a_pm_card_visa_payment_through_the_fake(
     assert token_line.startswith("TOKEN=il_...")
     assert '"payment_method": "pm_card_visa"' in pay
 
-    fake_log, ledger_log = tmp_path / "fake.log", tmp_path / "ledger.log"
-    with (
-        terminal(here(fake_terminal), ROOT, fake_log) as fake,
-        terminal(here(ledger_terminal), tmp_path, ledger_log) as ledger,
-    ):
-        api_base = f"http://127.0.0.1:{stripe_port}"
-        wait_for_line(fake_log, r"^(Ctrl-C stops both\.)$", fake, "the fake's banner")
-        banner = fake_log.read_text()
-        assert f"INTENTLEDGER_STRIPE_API_BASE={api_base} intentledger serve" in banner
-        truth_base = re.search(r"localstripe itself \(the truth, no faults\): (\S+)", banner)
-        assert truth_base is not None, banner
-        token = wait_for_line(ledger_log, r"^(il_\S+)$", ledger, "the key's token")
-        url = f"http://127.0.0.1:{ledger_port}"
-
-        def healthy() -> bool:
-            assert ledger.poll() is None, ledger_log.read_text()
-            try:
-                return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(healthy, 60, "intentledger serve to answer")
-
-        answer = run_in_terminal(here([f"TOKEN={token}", pay]), tmp_path)
-        head, _, body = answer.replace("\r\n", "\n").partition("\n\n")
-        assert head.startswith("HTTP/1.1 202"), answer
-        accepted = json.loads(body)
-        assert accepted["state"] == "ACCEPTED"
-        op_id = accepted["id"]
-
+    with tried(fake_terminal, ledger_terminal, tmp_path) as tryout:
+        op_id = paid(tryout, pay)
         operation: dict[str, Any] = {}
 
         def settled() -> bool:
-            shown = run_in_terminal(
-                here([f"TOKEN={token}", look.replace("op_...", op_id)]), tmp_path
-            )
-            operation.update(json.loads(shown))
+            operation.update(tryout.operation(look, op_id))
             return operation["state"] == "OUTCOME_KNOWN"
 
         wait_until(settled, 30, f"{op_id} to settle", interval=0.3)
         assert operation["outcome"] == "succeeded", operation
-
-        truth = stripe.StripeClient(
-            "sk_test_fake", base_addresses={"api": truth_base.group(1)}, max_network_retries=0
-        )
-        intents = [
-            intent
-            for intent in truth.v1.payment_intents.list(params={"limit": 100}).auto_paging_iter()
-            if intent.metadata.to_dict().get("intentledger_reference") == op_id
-        ]
+        intents = tryout.intents_of(op_id)
         assert [(i.status, i.amount, i.currency) for i in intents] == [("succeeded", 1250, "eur")]
+        assert operation["provider_reference"] == intents[0].id
 
         # Ctrl-C in the fake's terminal: the whole group gets SIGINT.
-        os.killpg(fake.pid, signal.SIGINT)
-        fake.wait(timeout=15)
-        wait_until(lambda: not group_alive(fake.pid), 10, "the fake's processes to end")
-        assert "Stripe fake stopped" in fake_log.read_text()
+        os.killpg(tryout.fake.pid, signal.SIGINT)
+        tryout.fake.wait(timeout=15)
+        wait_until(lambda: not group_alive(tryout.fake.pid), 10, "the fake's processes to end")
+        assert "Stripe fake stopped" in tryout.fake_log.read_text()
+
+
+def test_the_fakes_documented_webhook_forwarding_reaches_serve(tmp_path: Path) -> None:
+    """docs/providers.md, "Webhooks": the fake started with a secret and a
+    forwarding URL, `serve` with that secret; localstripe's signed event for
+    the payment is stored as evidence on the operation."""
+    _, ledger_terminal, (_, pay, look) = documented_terminals()
+    listen, forwarding = documented_blocks(documented_section("### Webhooks"))
+    assert listen[0].startswith("stripe listen --forward-to")
+    fake_command, serve_line = forwarding
+    assert "--forward-webhooks-to http://127.0.0.1:8000/v1/provider-webhooks/stripe" in (
+        fake_command
+    )
+    assert "INTENTLEDGER_STRIPE_WEBHOOK_SECRET=whsec_local" in serve_line
+
+    with tried([fake_command], [*ledger_terminal[:-1], serve_line], tmp_path) as tryout:
+        op_id = paid(tryout, pay)
+        events: list[dict[str, Any]] = []
+
+        def forwarded() -> bool:
+            timeline = tryout.shop(look.replace("op_...", f"{op_id}/events"))
+            events[:] = [
+                e
+                for e in json.loads(timeline)["data"]
+                if e["type"] == "observation" and e["source"] == "webhook:stripe"
+            ]
+            return bool(events)
+
+        wait_until(forwarded, 30, "localstripe's event to reach serve", interval=0.3)
+        (event,) = events
+        assert event["kind"] == "provider_event" and event["verdict"] == "succeeded"
+        assert event["detail"]["type"] == "payment_intent.succeeded"
+        assert tryout.operation(look, op_id)["outcome"] == "succeeded"
 
 
 def start_fake(port: int, log: Path) -> subprocess.Popen[bytes]:
