@@ -20,11 +20,14 @@ The proxy and localstripe run as their own OS processes, so a dropped connection
 or a refused port is a real one. A control port, which stays up while the public
 port refuses, configures the proxy and reads its log.
 
+    python -m tests.stripe_fake serve [--port 12111] [--forward-webhooks-to URL]
     python -m tests.stripe_fake localstripe --port L --pickle PATH
     python -m tests.stripe_fake proxy --port P --control-port C --upstream http://127.0.0.1:L
 
-Tests use `StripeFake` (a context manager that runs both) or the `stripe_fake`
-and `fresh_stripe` fixtures.
+`serve` is the fake for a person trying the Stripe path without an account
+(docs/providers.md, "Trying it locally"): both processes until Ctrl-C or
+SIGTERM, then neither. Tests use `StripeFake` (a context manager that runs
+both) or the `stripe_fake` and `fresh_stripe` fixtures.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
+import logging
 import os
 import random
 import re
@@ -44,6 +49,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,7 +60,6 @@ from urllib.parse import parse_qsl, urlencode
 
 import aiohttp
 import httpx
-import pytest
 from aiohttp import web
 
 from intentledger.ports import free_port
@@ -62,8 +67,23 @@ from intentledger.ports import free_port
 if TYPE_CHECKING:
     import stripe
 
+# A checkout with the runtime dependencies only (`make run`) lacks the test
+# tools this module is built on: say which install brings them.
+NEEDS_DEV_EXTRA = (
+    "the Stripe fake is a test tool: install the dev extra first "
+    "(`pip install -e '.[dev]'`, which `make test` does)"
+)
+try:
+    import pytest
+except ModuleNotFoundError as missing:  # pragma: no cover - only outside a dev install
+    raise SystemExit(NEEDS_DEV_EXTRA) from missing
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FAKE_API_KEY = "sk_test_fake"
+# stripe-mock's port: where a Stripe fake is usually looked for.
+LOCAL_PORT = 12111
+# The events localstripe sends for a PaymentIntent (it sends no refund events).
+LOCALSTRIPE_EVENTS = ("payment_intent.succeeded", "payment_intent.payment_failed")
 
 FAULTS = (
     "none",
@@ -753,8 +773,13 @@ def run_localstripe(port: int, pickle_path: Path) -> None:
 
     resources.Store.try_load_from_disk = load
     resources.Store.dump_to_disk = dump
-    sys.argv = ["localstripe", "--port", str(port), "--from-scratch"]
-    server.start()
+    # localstripe's own start() listens on every interface; a fake with no
+    # authentication stays on loopback, like the proxy in front of it.
+    listener = socket.create_server(("127.0.0.1", port))
+    access_log = logging.getLogger("aiohttp.access")  # localstripe logs its webhooks here too
+    access_log.setLevel(logging.DEBUG)
+    access_log.addHandler(logging.StreamHandler())
+    web.run_app(server.app, sock=listener, access_log=access_log)
 
 
 # -- the Python side, for tests ------------------------------------------------
@@ -763,13 +788,19 @@ def run_localstripe(port: int, pickle_path: Path) -> None:
 class StripeFake:
     """localstripe plus the proxy, as two subprocesses on free ports."""
 
-    def __init__(self, workdir: Path | None = None, startup_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        startup_timeout: float = 20.0,
+        public_port: int | None = None,
+        control_port: int | None = None,
+    ) -> None:
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="stripe-fake-"))
         self.startup_timeout = startup_timeout
         self.localstripe_port = free_port()
-        self.public_port = free_port()
-        self.control_port = free_port()
+        self.public_port = public_port or free_port()
+        self.control_port = control_port or free_port()
         self.api_base = f"http://127.0.0.1:{self.public_port}"
         self.truth_base = f"http://127.0.0.1:{self.localstripe_port}"
         self.control_base = f"http://127.0.0.1:{self.control_port}"
@@ -864,6 +895,13 @@ class StripeFake:
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def ended(self) -> str | None:
+        """The first of the two processes that is no longer running, with its exit code."""
+        for popen, log in self._processes:
+            if popen.poll() is not None:
+                return f"{log.stem} (exit code {popen.returncode})"
+        return None
+
     def output(self) -> str:
         """Both processes' logs, for a failing test's message."""
         return "\n".join(
@@ -890,6 +928,13 @@ class StripeFake:
 
     def expire_keys(self) -> None:
         self._control("POST", "/_proxy/expire-keys")
+
+    def forward_webhooks(self, url: str, secret: str, hook: str = "forward") -> None:
+        """Have localstripe sign its PaymentIntent events with `secret` and POST them to `url`."""
+        body = {"url": url, "secret": secret, "events": list(LOCALSTRIPE_EVENTS)}
+        response = httpx.post(f"{self.truth_base}/_config/webhooks/{hook}", json=body, timeout=10)
+        if response.status_code != 200:
+            raise RuntimeError(f"localstripe refused the webhook: {response.text}")
 
     def log(self) -> list[dict[str, Any]]:
         entries: list[dict[str, Any]] = self._control("GET", "/_proxy/log")["data"]
@@ -923,9 +968,81 @@ def fresh_stripe(stripe_fake: StripeFake) -> Iterator[StripeFake]:
     yield stripe_fake
 
 
+# -- the fake for a person -------------------------------------------------
+
+
+def serve_locally(
+    port: int, control_port: int | None, forward_to: str | None, webhook_secret: str
+) -> int:
+    """Both processes until SIGINT (Ctrl-C) or SIGTERM, then neither; the exit code."""
+    if importlib.util.find_spec("localstripe") is None:
+        print(NEEDS_DEV_EXTRA, file=sys.stderr)
+        return 1
+    stopping = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda _signum, _frame: stopping.set())
+    fake = StripeFake(public_port=port, control_port=control_port)
+    try:
+        try:
+            fake.start()
+            if forward_to:
+                fake.forward_webhooks(forward_to, webhook_secret)
+        except (RuntimeError, httpx.HTTPError) as exc:
+            if stopping.is_set():
+                return 0  # Ctrl-C while starting: the children were told too
+            print(f"the Stripe fake did not start: {exc}", file=sys.stderr)
+            return 1
+        print(_banner(fake, forward_to, webhook_secret), flush=True)
+        while not stopping.wait(0.2):
+            if (ended := fake.ended()) is not None:
+                print(f"{ended} stopped on its own:\n{fake.output()}", file=sys.stderr)
+                return 1
+        print("Stripe fake stopped", flush=True)
+        return 0
+    finally:
+        fake.stop()
+
+
+def _banner(fake: StripeFake, forward_to: str | None, webhook_secret: str) -> str:
+    lines = [
+        f"Stripe fake at {fake.api_base} (localstripe behind intentledger's proxy).",
+        "Run intentledger against it:",
+        f"  INTENTLEDGER_PROVIDER=stripe INTENTLEDGER_STRIPE_API_KEY={FAKE_API_KEY} \\",
+        f"    INTENTLEDGER_STRIPE_API_BASE={fake.api_base} intentledger serve",
+    ]
+    if forward_to:
+        lines += [
+            f"with INTENTLEDGER_STRIPE_WEBHOOK_SECRET={webhook_secret} added: localstripe",
+            f"  signs {' and '.join(LOCALSTRIPE_EVENTS)}",
+            f"  and sends them to {forward_to}.",
+        ]
+    lines += [
+        f"localstripe itself (the truth, no faults): {fake.truth_base}",
+        f"the proxy's faults, search lag and log:   {fake.control_base}/_proxy/",
+        "Ctrl-C stops both.",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.stripe_fake")
     commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve", help="localstripe and the proxy until Ctrl-C (docs/providers.md)"
+    )
+    serve.add_argument("--port", type=int, default=LOCAL_PORT, help="the Stripe API's port")
+    serve.add_argument("--control-port", type=int, help="the proxy's control port (default: free)")
+    serve.add_argument(
+        "--forward-webhooks-to",
+        metavar="URL",
+        help="where localstripe sends its signed PaymentIntent events, e.g. "
+        "http://127.0.0.1:8000/v1/provider-webhooks/stripe",
+    )
+    serve.add_argument(
+        "--webhook-secret",
+        default=f"whsec_{secrets.token_hex(16)}",
+        help="the secret those events are signed with (default: a new one, printed)",
+    )
     ls = commands.add_parser("localstripe", help="run localstripe with its own store file")
     ls.add_argument("--port", type=int, required=True)
     ls.add_argument("--pickle", type=Path, required=True)
@@ -934,6 +1051,12 @@ def main(argv: list[str] | None = None) -> None:
     proxy.add_argument("--control-port", type=int, required=True)
     proxy.add_argument("--upstream", required=True)
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        sys.exit(
+            serve_locally(
+                args.port, args.control_port, args.forward_webhooks_to, args.webhook_secret
+            )
+        )
     if args.command == "localstripe":
         run_localstripe(args.port, args.pickle)
     else:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from intentledger.api.webhook_routes import PROVIDER_WEBHOOKS
+from intentledger.providers.stripe import PAYMENT_INTENT_EVENTS, REFUND_EVENTS
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)#\s]+)")
@@ -27,3 +30,21 @@ def test_no_document_points_outside_the_repository() -> None:
             resolved = (doc.parent / target).resolve()
             assert resolved.is_relative_to(ROOT), f"{doc.name} links outside: {target}"
             assert resolved.exists(), f"{doc.name} links to a missing {target}"
+
+
+def section(doc: Path, heading: str) -> str:
+    """The text under `heading` up to the next heading of the same or a higher level."""
+    text = doc.read_text()
+    level = heading.split(" ")[0]
+    start = text.index(f"\n{heading}\n") + len(heading) + 2
+    end = re.search(rf"^#{{1,{len(level)}}} ", text[start:], re.M)
+    return text[start : start + end.start()] if end else text[start:]
+
+
+def test_the_stripe_webhook_section_lists_every_event_the_adapter_reads() -> None:
+    webhooks = section(ROOT / "docs" / "providers.md", "### Webhooks")
+    listed = set(re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \|", webhooks, re.M))
+    assert listed == PAYMENT_INTENT_EVENTS | REFUND_EVENTS
+    (subscribed,) = re.findall(r"--events (\S+)", webhooks)
+    assert set(subscribed.split(",")) == PAYMENT_INTENT_EVENTS | REFUND_EVENTS
+    assert f"--forward-to http://127.0.0.1:8000{PROVIDER_WEBHOOKS}stripe " in webhooks
