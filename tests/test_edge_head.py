@@ -143,3 +143,20 @@ def test_trickled_huge_heads_do_not_grow_the_process(server: tuple[Process, int]
         assert sent[sock] < OFFERED, "answered only once the whole head was sent"
         _assert_431(answer)
     assert after - before < 8 * 1024, f"RSS grew from {before} KiB to {after} KiB"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"9" * 30 + b"\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+        b"GET /he\x00althz HTTP/1.1\r\nHost: x\r\n\r\n",
+    ],
+    ids=["Content-Length past 64 bits", "a field without a colon", "NUL in the target"],
+)
+def test_what_is_not_http_is_a_problem_too(server: tuple[Process, int], head: bytes) -> None:
+    answer = _exchange(server[1], head)
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"content-type: application/problem+json" in rest.lower()
+    assert json.loads(rest.partition(b"\r\n\r\n")[2])["type"].endswith("/malformed-request")

@@ -16,8 +16,10 @@ took a process from 130 MB to 320 MB. `HeadGuard` therefore counts what
 arrives before a head is complete: more than `MAX_HEAD_BYTES` (as received, so
 before httptools could gather it) or more than `MAX_HEADER_FIELDS` fields is
 answered 431 Request Header Fields Too Large (RFC 6585) and the connection
-closed; what the client still sends meanwhile is read and dropped, briefly, so
-that closing does not reset the connection before the client reads the answer.
+closed; what the client still sends meanwhile is read and dropped, briefly,
+so that closing does not reset the connection before the client reads the
+answer. Both this answer and the 400 for what httptools cannot parse are
+problem+json, like every other refusal.
 
 uvicorn writes a response's head and its body as they come, each a system call
 and a TCP segment of its own. `CoalescingTransport` sends what one turn of the
@@ -43,18 +45,14 @@ MAX_HEADER_FIELDS = 100
 LINGER_SECONDS = 1.0
 
 
-def _head_too_large_answer() -> bytes:
+def _problem_answer(status: int, title: str, slug: str, detail: str) -> bytes:
+    """A whole problem+json answer that closes the connection, for refusals
+    made before any request reaches the application."""
     body = json.dumps(
-        {
-            "type": PROBLEM_BASE + "request-head-too-large",
-            "title": "Request Header Fields Too Large",
-            "status": 431,
-            "detail": f"a request head may hold at most {MAX_HEAD_BYTES} bytes "
-            f"and {MAX_HEADER_FIELDS} header fields",
-        }
+        {"type": PROBLEM_BASE + slug, "title": title, "status": status, "detail": detail}
     ).encode()
     head = (
-        "HTTP/1.1 431 Request Header Fields Too Large\r\n"
+        f"HTTP/1.1 {status} {title}\r\n"
         f"content-type: {PROBLEM_JSON}\r\n"
         f"content-length: {len(body)}\r\n"
         "connection: close\r\n\r\n"
@@ -62,7 +60,17 @@ def _head_too_large_answer() -> bytes:
     return head.encode("ascii") + body
 
 
-_HEAD_TOO_LARGE = _head_too_large_answer()
+_HEAD_TOO_LARGE = _problem_answer(
+    431,
+    "Request Header Fields Too Large",
+    "request-head-too-large",
+    f"a request head may hold at most {MAX_HEAD_BYTES} bytes and {MAX_HEADER_FIELDS} header fields",
+)
+# What httptools cannot parse (a malformed request line, a Content-Length past
+# 64 bits): uvicorn's own answer is text/plain.
+_NOT_HTTP = _problem_answer(
+    400, "Bad Request", "malformed-request", "the request is not valid HTTP/1.1"
+)
 
 
 class CoalescingTransport:
@@ -188,6 +196,10 @@ def guarded_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            self.transport.write(_NOT_HTTP)
+            self.transport.close()
 
         def _refuse_head(self) -> None:
             self._disarm()
