@@ -16,8 +16,11 @@ and happen *before* a body is read or a route writes anything:
    `application/json` (charset utf-8 or none) -> 415; then one strict JSON
    parse (UTF-8 only, no byte-order mark, no duplicate keys, no NaN or
    Infinity, integers of at most 40 digits, at most 32 levels of nesting, no
-   NUL in any string) -> 400. The parsed value travels to the route in the
-   request's state, and the bytes are replayed to routes that read them again.
+   NUL in any string) -> 400. A number whose value is whole (`1.0`, `1e2`) is
+   that integer, as JSON Schema counts it; its text decides, not a float's
+   rounding, so `1.0000000000000001` stays a fraction. The parsed value
+   travels to the route in the request's state, and the bytes are replayed to
+   routes that read them again.
 
 Every refusal is an `application/problem+json` answer and writes nothing.
 """
@@ -28,6 +31,7 @@ import asyncio
 import json
 import math
 import re
+from decimal import Decimal
 from typing import Any
 
 from starlette.requests import Request
@@ -231,6 +235,16 @@ def _integer(text: str) -> int:
     return int(text)
 
 
+def _number(text: str) -> int | float:
+    """A number written with a fraction or an exponent. JSON has one number
+    type and JSON Schema's `integer` admits 1.0, so a whole value is an int;
+    decided on the exact decimal, never on a float that rounded it."""
+    exact = Decimal(text)
+    if exact.adjusted() < MAX_INTEGER_DIGITS and exact == exact.to_integral_value():
+        return int(exact)
+    return _finite(text)
+
+
 def _finite(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
@@ -246,7 +260,7 @@ def _constant(text: str) -> Any:
 _STRICT_DECODER = json.JSONDecoder(
     object_pairs_hook=_no_duplicates,
     parse_int=_integer,
-    parse_float=_finite,
+    parse_float=_number,
     parse_constant=_constant,
 )
 

@@ -8,8 +8,8 @@ the generated document once, when it is first asked for:
 - its success answers carry the schema of what it returns, with the statuses
   it really uses (202/200 for a payment, 201/202/200 for a synchronous write);
 - every error it can answer is documented as `application/problem+json` with
-  the RFC 9457 shape, including the edge's (400, 401, 404, 408, 413, 415) and a
-  database outage's 503;
+  the RFC 9457 shape, including the edge's (400, 401, 404, 408, 413, 415), an
+  oversized request head's 431 (http_server.py) and a database outage's 503;
 - `Idempotency-Key` is a required header of every mutation, and path ids have
   the pattern the edge enforces.
 
@@ -337,8 +337,9 @@ SUCCESS_WORDS = {
     201: "Created: the provider's answer was definite",
     202: "Accepted: durable; for a synchronous write, the provider's answer was lost (UNKNOWN)",
 }
-# Errors every /v1 route can answer (the edge's, authentication, an outage).
-COMMON_ERRORS = (400, 401, 404, 422, 503)
+# Errors every /v1 route can answer (the edge's, an oversized request head,
+# authentication, an outage).
+COMMON_ERRORS = (400, 401, 404, 422, 431, 503)
 # Errors of routes that take a body and an Idempotency-Key.
 MUTATION_ERRORS = (408, 409, 413, 415)
 
@@ -356,7 +357,7 @@ def _problem(status: int) -> dict[str, Any]:
 
 # A provider's webhook: signed, not authenticated by a token, no Idempotency-Key
 # (the event's id is its idempotency).
-WEBHOOK_ERRORS = (400, 404, 408, 413, 415, 503)
+WEBHOOK_ERRORS = (400, 404, 408, 413, 415, 431, 503)
 
 
 def _complete_webhook(operation: dict[str, Any]) -> None:

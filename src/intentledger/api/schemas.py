@@ -11,6 +11,10 @@ from intentledger.domain.currencies import normalise_currency
 # Stripe's own ceiling on a charge amount is 99,999,999 minor units; we allow
 # far more, but not beyond what every database integer type holds exactly.
 MAX_AMOUNT = 10**15
+# The largest row id an INTEGER column holds (int4 on PostgreSQL). An id the
+# client sends back (a page cursor) is bounded by it: beyond it PostgreSQL
+# refuses the comparison itself, while no row could have such an id.
+MAX_ROW_ID = 2**31 - 1
 
 # Documented as three letters (a superset of what normalise_currency accepts),
 # so the OpenAPI document is never stricter than the API, nor much looser.
@@ -27,7 +31,12 @@ MetadataValue = Annotated[str, StringConstraints(max_length=500)]
 class PaymentRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    amount: int = Field(gt=0, le=MAX_AMOUNT, description="Amount in minor units (cents).")
+    amount: int = Field(
+        gt=0,
+        le=MAX_AMOUNT,
+        description="Amount in minor units (cents): a whole number, so 1250.0 is 1250 "
+        "and 12.5 is refused.",
+    )
     currency: Currency = Field(
         description="ISO 4217 alphabetic code, e.g. EUR (case-insensitive).", examples=["EUR"]
     )

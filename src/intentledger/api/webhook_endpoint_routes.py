@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
 from intentledger.api.problems import Problem, invalid_body_response
+from intentledger.api.schemas import MAX_ROW_ID
 from intentledger.api.validation import valid_idempotency_key
 from intentledger.documents import json_value
 from intentledger.domain.canonical import request_hash
@@ -161,7 +162,7 @@ async def list_deliveries(
     principal: Authenticated,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     starting_after: Annotated[
-        int | None, Query(ge=1, le=2**62, description="A delivery id: list older ones")
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="A delivery id: list older ones")
     ] = None,
 ) -> JSONResponse:
     page = await webhook_endpoints.deliveries_page(

@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import ipaddress
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -97,8 +98,14 @@ async def end(request: Request, response: Response) -> None:
 
 
 def _loopback(host: str) -> bool:
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    name = name.strip("[]")
+    """Whether a Host header (`name`, `name:port`, `[v6]:port`) names this
+    machine's loopback; urlsplit knows where an IPv6 literal's brackets end."""
+    try:
+        name = urlsplit(f"//{host}").hostname
+    except ValueError:  # unbalanced brackets: names nothing
+        return False
+    if name is None:
+        return False
     if name == "localhost":
         return True
     try:
