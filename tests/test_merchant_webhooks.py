@@ -321,12 +321,23 @@ async def test_creation_is_idempotent_and_the_secret_is_never_read_back(
         "id": endpoint_id,
         "deleted": True,
     }
+    # Deleted, it reads back as what it is (a replay of its creation answers
+    # with it), leaves the list, and a second DELETE changes nothing.
+    read = await client.get(f"/v1/webhook-endpoints/{endpoint_id}", headers=auth)
+    assert read.status_code == 200 and read.json()["deleted_at"], read.text
+    listed = await client.get("/v1/webhook-endpoints", headers=auth)
+    assert endpoint_id not in [e["id"] for e in listed.json()["data"]]
+    replayed = await client.post(
+        "/v1/webhook-endpoints", json=body, headers={**auth, "Idempotency-Key": "k3"}
+    )
     assert (
-        await client.get(f"/v1/webhook-endpoints/{endpoint_id}", headers=auth)
-    ).status_code == 404
-    assert (
-        await client.delete(f"/v1/webhook-endpoints/{endpoint_id}", headers=auth)
-    ).status_code == 404
+        replayed.status_code == 200 and replayed.json()["deleted_at"] == read.json()["deleted_at"]
+    )
+    again = await client.delete(f"/v1/webhook-endpoints/{endpoint_id}", headers=auth)
+    assert again.status_code == 200 and again.json() == {"id": endpoint_id, "deleted": True}
+    assert (await client.get(f"/v1/webhook-endpoints/{endpoint_id}", headers=auth)).json()[
+        "deleted_at"
+    ] == read.json()["deleted_at"]
 
 
 def test_the_client_registers_an_endpoint_and_verifies_what_it_receives(merchant: Served) -> None:

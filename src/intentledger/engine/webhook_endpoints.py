@@ -189,8 +189,12 @@ async def list_endpoints(engine: AsyncEngine, actor: str) -> Sequence[Record]:
 
 
 async def read_endpoint(engine: AsyncEngine, actor: str, endpoint_id: str) -> Record | None:
+    """The actor's endpoint, deleted ones included (with their `deleted_at`): a
+    replayed creation answers with a deleted endpoint, which must then read back
+    as what it is rather than as missing. Another actor's is None."""
     async with engine.connect() as conn:
-        return await WebhookStore(conn).endpoint(actor, endpoint_id)
+        found = await WebhookStore(conn).endpoint_by_id(endpoint_id)
+    return found if found is not None and found.actor == actor else None
 
 
 async def delete_endpoint(engine: AsyncEngine, clock: Clock, actor: str, endpoint_id: str) -> bool:

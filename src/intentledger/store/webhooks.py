@@ -83,12 +83,17 @@ class WebhookStore:
 
     async def delete_endpoint(self, actor: str, endpoint_id: str, now: datetime) -> bool:
         """Stop the endpoint and cancel what it has not yet received; False if
-        the actor has no such live endpoint.
+        the actor has no such endpoint. Deleting a deleted endpoint changes
+        nothing and is True: DELETE is idempotent (RFC 9110, 9.2.2), so a
+        client whose first answer was lost can ask again.
 
         Deliveries first, then the endpoint: the order a claim locks them in,
         so a deletion and a claim can never wait for each other in a circle."""
-        if await self.endpoint(actor, endpoint_id) is None:
+        found = await self.endpoint_by_id(endpoint_id)
+        if found is None or found.actor != actor:
             return False
+        if found.deleted_at is not None:
+            return True
         await self.conn.execute(
             update(webhook_deliveries)
             .where(
