@@ -14,7 +14,8 @@ The client does what a careful caller of a payments API must:
 - answers come back as typed objects, problem documents as typed errors; an
   operation whose outcome is UNKNOWN is returned as what it is, never raised;
 - `wait` returns when an operation's outcome is known or a person is needed;
-- `verify_webhook` checks a merchant webhook's Standard Webhooks signature.
+- `verify_webhook` checks a merchant webhook's Standard Webhooks signature,
+  and `is_newer` tells a stale or repeated one (by its object's `version`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, Literal, TypeVar
+from urllib.parse import quote, urlencode
 
 import httpx
 
@@ -44,6 +46,9 @@ WEBHOOK_TOLERANCE_SECONDS = STANDARD_TOLERANCE_SECONDS
 
 @dataclass(frozen=True)
 class Operation:
+    """A payment, a refund or a synchronous write (a beneficiary, a card action),
+    as `GET /v1/operations/{id}` shows it."""
+
     id: str
     state: str
     kind: str
@@ -54,6 +59,13 @@ class Operation:
     currency: str | None
     duplicate_detected: bool
     outcome_contradicted: bool
+    # Counts the operation's changes: a later look with a higher version is newer.
+    version: int
+    # Payments only: what has been refunded, and what still can be.
+    amount_refunded: int | None
+    amount_refundable: int | None
+    # Refunds only: the payment refunded.
+    payment_id: str | None
     raw: dict[str, Any] = field(repr=False, compare=False)
     replayed: bool = False
 
@@ -78,6 +90,10 @@ class Operation:
             currency=document.get("currency"),
             duplicate_detected=bool(document.get("duplicate_detected")),
             outcome_contradicted=bool(document.get("outcome_contradicted")),
+            version=_integer(document["version"]),
+            amount_refunded=document.get("amount_refunded"),
+            amount_refundable=document.get("amount_refundable"),
+            payment_id=document.get("payment_id"),
             raw=document,
             replayed=replayed,
         )
@@ -92,10 +108,12 @@ class Mandate:
     total_limit: int
     reserved: int
     spent: int
+    version: int
     raw: dict[str, Any] = field(repr=False, compare=False)
+    replayed: bool = False
 
     @classmethod
-    def of(cls, document: dict[str, Any]) -> Mandate:
+    def of(cls, document: dict[str, Any], replayed: bool = False) -> Mandate:
         return cls(
             id=document["id"],
             status=document["status"],
@@ -104,7 +122,9 @@ class Mandate:
             total_limit=document["total_limit"],
             reserved=document.get("reserved", 0),
             spent=document.get("spent", 0),
+            version=_integer(document["version"]),
             raw=document,
+            replayed=replayed,
         )
 
 
@@ -116,20 +136,145 @@ class WebhookEndpoint:
     # Only in the creation's answer (and its idempotent replay): keep it.
     secret: str | None = field(repr=False)
     raw: dict[str, Any] = field(repr=False, compare=False)
+    replayed: bool = False
 
     @classmethod
-    def of(cls, document: dict[str, Any]) -> WebhookEndpoint:
+    def of(cls, document: dict[str, Any], replayed: bool = False) -> WebhookEndpoint:
         return cls(
             id=document["id"],
             url=document["url"],
             events=document["events"],
             secret=document.get("secret"),
             raw=document,
+            replayed=replayed,
         )
 
 
-def _endpoint_body(url: str, events: list[str] | None) -> dict[str, Any]:
-    return {"url": url} if events is None else {"url": url, "events": events}
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One entry of an operation's timeline: a `transition`, an `observation`
+    (what was seen) or a `decision` (what was decided, and why)."""
+
+    type: str
+    at: str
+    source: str | None
+    reason: str | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> TimelineEvent:
+        return cls(
+            type=document["type"],
+            at=document["at"],
+            source=document.get("source"),
+            reason=document.get("reason"),
+            raw=document,
+        )
+
+
+@dataclass(frozen=True)
+class DeliveryAttempt:
+    at: str
+    duration_ms: int
+    http_status: int | None
+    error: str | None
+    delivered: bool
+    next_attempt_at: str | None
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> DeliveryAttempt:
+        return cls(
+            at=document["at"],
+            duration_ms=document["duration_ms"],
+            http_status=document.get("http_status"),
+            error=document.get("error"),
+            delivered=bool(document["delivered"]),
+            next_attempt_at=document.get("next_attempt_at"),
+        )
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One event sent (or being sent) to one endpoint, with every attempt."""
+
+    id: int
+    event_id: str
+    type: str
+    object_id: str
+    status: str  # pending | delivered | failed | cancelled
+    in_flight: bool
+    next_attempt_at: str | None
+    attempts: list[DeliveryAttempt]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> Delivery:
+        return cls(
+            id=_integer(document["id"]),
+            event_id=document["event_id"],
+            type=document["type"],
+            object_id=document["object_id"],
+            status=document["status"],
+            in_flight=bool(document.get("in_flight")),
+            next_attempt_at=document.get("next_attempt_at"),
+            attempts=[DeliveryAttempt.of(a) for a in document["attempts"]],
+            raw=document,
+        )
+
+
+@dataclass(frozen=True)
+class DeliveryPage:
+    """Deliveries newest first; while `has_more`, pass `next_starting_after` as
+    `starting_after` for the older ones."""
+
+    deliveries: list[Delivery]
+    has_more: bool
+
+    @property
+    def next_starting_after(self) -> int | None:
+        return self.deliveries[-1].id if self.has_more and self.deliveries else None
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> DeliveryPage:
+        return cls([Delivery.of(d) for d in document["data"]], bool(document["has_more"]))
+
+
+@dataclass(frozen=True)
+class Card:
+    id: str
+    label: str | None
+    status: str  # pending | active | frozen | not_issued
+    # True while an operation on the card has no known outcome.
+    indeterminate: bool
+    pending_operation_id: str | None
+    provider_card_id: str | None
+    version: int
+    # The write that answered with this card (an issue, a freeze...); None on a read.
+    operation: Operation | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+    replayed: bool = False
+
+    @classmethod
+    def of(cls, document: dict[str, Any], replayed: bool = False) -> Card:
+        written = document.get("operation")
+        return cls(
+            id=document["id"],
+            label=document.get("label"),
+            status=document["status"],
+            indeterminate=bool(document["indeterminate"]),
+            pending_operation_id=document.get("pending_operation_id"),
+            provider_card_id=document.get("provider_card_id"),
+            version=_integer(document["version"]),
+            operation=None if written is None else Operation.of(written, replayed),
+            raw=document,
+            replayed=replayed,
+        )
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -237,14 +382,18 @@ def _problem(response: httpx.Response) -> dict[str, Any]:
     return body if isinstance(body, dict) else {"detail": str(body)[:500]}
 
 
-def _result(response: httpx.Response, key: str | None = None) -> dict[str, Any]:
+def _document(response: httpx.Response, key: str | None, has_id: bool = True) -> dict[str, Any]:
     if response.status_code >= 400:
         raise _error_for(response.status_code, _problem(response), key)
     try:
         body = response.json()
     except ValueError:
         body = None
-    if not 200 <= response.status_code < 300 or not isinstance(body, dict) or "id" not in body:
+    if (
+        not 200 <= response.status_code < 300
+        or not isinstance(body, dict)
+        or (has_id and "id" not in body)
+    ):
         raise BadAnswer(response.status_code, {"detail": response.text[:500]}, key)
     return body
 
@@ -256,30 +405,147 @@ def _read(kind: Callable[[dict[str, Any]], T], body: dict[str, Any], key: str | 
         raise BadAnswer(200, {"detail": f"missing or malformed field: {exc}"}, key) from exc
 
 
+def _replayed(response: httpx.Response) -> bool:
+    return bool(response.headers.get("idempotent-replayed") == "true")
+
+
 def new_key() -> str:
     return "il-" + secrets.token_urlsafe(18)
 
 
-def _payment(
+# -- the calls: what each method sends and how its answer reads (shared by both clients) ---------
+
+
+@dataclass(frozen=True)
+class _Call(Generic[T]):
+    method: str
+    path: str
+    read: Callable[[dict[str, Any], bool], T]  # the document, and whether it was replayed
+    body: Any = None
+    # A write's Idempotency-Key: sent on the first attempt and on every retry.
+    key: str | None = None
+    # A list's answer is {"data": [...]}, with no id of its own.
+    has_id: bool = True
+
+    def answer(self, response: httpx.Response) -> T:
+        document = _document(response, self.key, self.has_id)
+        return _read(lambda d: self.read(d, _replayed(response)), document, self.key)
+
+
+def _keyed(
+    path: str, read: Callable[[dict[str, Any], bool], T], body: Any, key: str | None
+) -> _Call[T]:
+    return _Call("POST", path, read, body, key or new_key())
+
+
+def _get(path: str, read: Callable[[dict[str, Any]], T]) -> _Call[T]:
+    return _Call("GET", path, lambda document, _replayed: read(document))
+
+
+def _get_list(path: str, read: Callable[[dict[str, Any]], T]) -> _Call[list[T]]:
+    return _Call(
+        "GET",
+        path,
+        lambda document, _replayed: [read(item) for item in document["data"]],
+        None,
+        None,
+        has_id=False,
+    )
+
+
+def _id(value: str) -> str:
+    # An id is one path segment, whatever it holds.
+    return quote(value, safe="")
+
+
+def _present(**fields: Any) -> dict[str, Any]:
+    """The fields given: an omitted one takes the API's default."""
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def _pay(
     amount: int,
     currency: str,
     payment_method: str,
     description: str | None,
     metadata: Mapping[str, str] | None,
     mandate_id: str | None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "amount": amount,
-        "currency": currency,
-        "payment_method": payment_method,
-    }
-    if description is not None:
-        body["description"] = description
-    if metadata:
-        body["metadata"] = dict(metadata)
-    if mandate_id is not None:
-        body["mandate_id"] = mandate_id
-    return body
+    key: str | None,
+) -> _Call[Operation]:
+    body = _present(
+        amount=amount,
+        currency=currency,
+        payment_method=payment_method,
+        description=description,
+        metadata=dict(metadata) if metadata else None,
+        mandate_id=mandate_id,
+    )
+    return _keyed("/v1/payments", Operation.of, body, key)
+
+
+def _refund(
+    payment_id: str,
+    amount: int | None,
+    reason: str | None,
+    sandbox_scenario: str | None,
+    key: str | None,
+) -> _Call[Operation]:
+    body = _present(amount=amount, reason=reason, sandbox_scenario=sandbox_scenario)
+    return _keyed(f"/v1/payments/{_id(payment_id)}/refunds", Operation.of, body, key)
+
+
+def _create_mandate(
+    currency: str, max_amount: int, total_limit: int, key: str | None
+) -> _Call[Mandate]:
+    body = {"currency": currency, "max_amount": max_amount, "total_limit": total_limit}
+    return _keyed("/v1/mandates", Mandate.of, body, key)
+
+
+MandateAction = Literal["suspend", "resume", "revoke"]
+
+
+def _change_mandate(mandate_id: str, action: MandateAction, key: str | None) -> _Call[Mandate]:
+    return _keyed(f"/v1/mandates/{_id(mandate_id)}/{action}", Mandate.of, None, key)
+
+
+def _create_webhook_endpoint(
+    url: str, events: list[str] | None, key: str | None
+) -> _Call[WebhookEndpoint]:
+    body = _present(url=url, events=events)
+    return _keyed("/v1/webhook-endpoints", WebhookEndpoint.of, body, key)
+
+
+def _delete_webhook_endpoint(endpoint_id: str) -> _Call[None]:
+    return _Call("DELETE", f"/v1/webhook-endpoints/{_id(endpoint_id)}", lambda _d, _r: None)
+
+
+def _deliveries(endpoint_id: str, limit: int, starting_after: int | None) -> _Call[DeliveryPage]:
+    query = urlencode(_present(limit=limit, starting_after=starting_after))
+    path = f"/v1/webhook-endpoints/{_id(endpoint_id)}/deliveries?{query}"
+    return _Call("GET", path, lambda document, _replayed: DeliveryPage.of(document), has_id=False)
+
+
+def _create_beneficiary(
+    name: str, iban: str, sandbox_scenario: str | None, key: str | None
+) -> _Call[Operation]:
+    body = _present(name=name, iban=iban, sandbox_scenario=sandbox_scenario)
+    return _keyed("/v1/beneficiaries", Operation.of, body, key)
+
+
+def _issue_card(label: str | None, sandbox_scenario: str | None, key: str | None) -> _Call[Card]:
+    return _keyed(
+        "/v1/cards", Card.of, _present(label=label, sandbox_scenario=sandbox_scenario), key
+    )
+
+
+CardAction = Literal["freeze", "unfreeze"]
+
+
+def _change_card(
+    card_id: str, action: CardAction, sandbox_scenario: str | None, key: str | None
+) -> _Call[Card]:
+    body = _present(sandbox_scenario=sandbox_scenario)
+    return _keyed(f"/v1/cards/{_id(card_id)}/{action}", Card.of, body, key)
 
 
 # -- the sync client ----------------------------------------------------------------------------
@@ -289,6 +555,9 @@ NO_ANSWER = (httpx.TransportError, httpx.DecodingError)
 
 
 class Client:
+    """Every write takes an optional `idempotency_key` (one is made otherwise)
+    and sends it on each retry; an error raised carries it, to call again with."""
+
     def __init__(
         self,
         base_url: str,
@@ -315,6 +584,8 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
+    # payments and refunds
+
     def pay(
         self,
         amount: int,
@@ -326,39 +597,35 @@ class Client:
         mandate_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> Operation:
-        body = _payment(amount, currency, payment_method, description, metadata, mandate_id)
-        key = idempotency_key or new_key()
-        response = self._send("POST", "/v1/payments", body, key)
-        return _read(lambda d: Operation.of(d, _replayed(response)), _result(response, key), key)
+        call = _pay(
+            amount, currency, payment_method, description, metadata, mandate_id, idempotency_key
+        )
+        return self._call(call)
 
-    def create_mandate(
+    def refund(
         self,
-        currency: str,
-        max_amount: int,
-        total_limit: int,
+        payment_id: str,
+        amount: int | None = None,
         *,
+        reason: str | None = None,
+        sandbox_scenario: str | None = None,
         idempotency_key: str | None = None,
-    ) -> Mandate:
-        body = {"currency": currency, "max_amount": max_amount, "total_limit": total_limit}
-        key = idempotency_key or new_key()
-        response = self._send("POST", "/v1/mandates", body, key)
-        return _read(Mandate.of, _result(response, key), key)
+    ) -> Operation:
+        """Refund a succeeded payment: `amount` minor units, or (None) all that is
+        still refundable. The refund is an operation of kind `refund`: `wait` for it."""
+        return self._call(_refund(payment_id, amount, reason, sandbox_scenario, idempotency_key))
 
-    def create_webhook_endpoint(
-        self, url: str, events: list[str] | None = None, *, idempotency_key: str | None = None
-    ) -> WebhookEndpoint:
-        """Register where this actor's events go; the answer carries the signing secret."""
-        key = idempotency_key or new_key()
-        response = self._send("POST", "/v1/webhook-endpoints", _endpoint_body(url, events), key)
-        return _read(WebhookEndpoint.of, _result(response, key), key)
+    def refunds(self, payment_id: str) -> list[Operation]:
+        """A payment's refunds, oldest first."""
+        return self._call(_get_list(f"/v1/payments/{_id(payment_id)}/refunds", Operation.of))
 
     def operation(self, operation_id: str) -> Operation:
-        return _read(
-            Operation.of, _result(self._send("GET", f"/v1/operations/{operation_id}")), None
-        )
+        return self._call(_get(f"/v1/operations/{_id(operation_id)}", Operation.of))
 
-    def mandate(self, mandate_id: str) -> Mandate:
-        return _read(Mandate.of, _result(self._send("GET", f"/v1/mandates/{mandate_id}")), None)
+    def events(self, operation_id: str) -> list[TimelineEvent]:
+        """The operation's timeline, in time order."""
+        path = f"/v1/operations/{_id(operation_id)}/events"
+        return self._call(_get_list(path, TimelineEvent.of))
 
     def wait(self, operation_id: str, timeout: float, poll: float = 0.5) -> Operation:
         """The operation once its outcome is known or a person is needed; at
@@ -370,9 +637,11 @@ class Client:
         while True:
             left = deadline - time.monotonic()
             try:
-                response = self._http.get(f"/v1/operations/{operation_id}", timeout=max(0.1, left))
+                response = self._http.get(
+                    f"/v1/operations/{_id(operation_id)}", timeout=max(0.1, left)
+                )
                 if not _retryable(response):
-                    seen = _read(Operation.of, _result(response), None)
+                    seen = _read(Operation.of, _document(response, None), None)
                     if seen.settled or seen.needs_a_person:
                         return seen
             except NO_ANSWER as exc:
@@ -383,6 +652,104 @@ class Client:
                     raise GaveUp("(none: a read)", RuntimeError("no readable answer in time"))
                 return seen
             time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+    # mandates
+
+    def create_mandate(
+        self,
+        currency: str,
+        max_amount: int,
+        total_limit: int,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Mandate:
+        return self._call(_create_mandate(currency, max_amount, total_limit, idempotency_key))
+
+    def mandate(self, mandate_id: str) -> Mandate:
+        return self._call(_get(f"/v1/mandates/{_id(mandate_id)}", Mandate.of))
+
+    def suspend_mandate(self, mandate_id: str, *, idempotency_key: str | None = None) -> Mandate:
+        """Suspend; payments under it not yet submitted are cancelled."""
+        return self._call(_change_mandate(mandate_id, "suspend", idempotency_key))
+
+    def resume_mandate(self, mandate_id: str, *, idempotency_key: str | None = None) -> Mandate:
+        return self._call(_change_mandate(mandate_id, "resume", idempotency_key))
+
+    def revoke_mandate(self, mandate_id: str, *, idempotency_key: str | None = None) -> Mandate:
+        """Revoke for good; payments under it not yet submitted are cancelled."""
+        return self._call(_change_mandate(mandate_id, "revoke", idempotency_key))
+
+    # webhook endpoints
+
+    def create_webhook_endpoint(
+        self, url: str, events: list[str] | None = None, *, idempotency_key: str | None = None
+    ) -> WebhookEndpoint:
+        """Register where this actor's events go; the answer carries the signing secret."""
+        return self._call(_create_webhook_endpoint(url, events, idempotency_key))
+
+    def webhook_endpoints(self) -> list[WebhookEndpoint]:
+        return self._call(_get_list("/v1/webhook-endpoints", WebhookEndpoint.of))
+
+    def webhook_endpoint(self, endpoint_id: str) -> WebhookEndpoint:
+        return self._call(_get(f"/v1/webhook-endpoints/{_id(endpoint_id)}", WebhookEndpoint.of))
+
+    def delete_webhook_endpoint(self, endpoint_id: str) -> None:
+        """Stop sending to it; what it has not received is cancelled. NotFound
+        if it is not (or no longer) live, as on a retry whose first answer was lost."""
+        self._call(_delete_webhook_endpoint(endpoint_id))
+
+    def deliveries(
+        self, endpoint_id: str, *, limit: int = 20, starting_after: int | None = None
+    ) -> DeliveryPage:
+        """One page of the events sent to an endpoint, newest first."""
+        return self._call(_deliveries(endpoint_id, limit, starting_after))
+
+    # beneficiaries and cards (the provider answers within the request)
+
+    def create_beneficiary(
+        self,
+        name: str,
+        iban: str,
+        *,
+        sandbox_scenario: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Operation:
+        """The creation's operation: OUTCOME_KNOWN, or UNKNOWN if the provider's
+        answer was lost (then reconciled like a payment)."""
+        return self._call(_create_beneficiary(name, iban, sandbox_scenario, idempotency_key))
+
+    def issue_card(
+        self,
+        label: str | None = None,
+        *,
+        sandbox_scenario: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Card:
+        return self._call(_issue_card(label, sandbox_scenario, idempotency_key))
+
+    def card(self, card_id: str) -> Card:
+        return self._call(_get(f"/v1/cards/{_id(card_id)}", Card.of))
+
+    def freeze_card(
+        self,
+        card_id: str,
+        *,
+        sandbox_scenario: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Card:
+        return self._call(_change_card(card_id, "freeze", sandbox_scenario, idempotency_key))
+
+    def unfreeze_card(
+        self,
+        card_id: str,
+        *,
+        sandbox_scenario: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Card:
+        return self._call(_change_card(card_id, "unfreeze", sandbox_scenario, idempotency_key))
+
+    def _call(self, call: _Call[T]) -> T:
+        return call.answer(self._send(call.method, call.path, call.body, call.key))
 
     def _send(
         self, method: str, path: str, body: Any = None, key: str | None = None
@@ -439,6 +806,8 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    # payments and refunds
+
     async def pay(
         self,
         amount: int,
@@ -450,40 +819,33 @@ class AsyncClient:
         mandate_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> Operation:
-        body = _payment(amount, currency, payment_method, description, metadata, mandate_id)
-        key = idempotency_key or new_key()
-        response = await self._send("POST", "/v1/payments", body, key)
-        return _read(lambda d: Operation.of(d, _replayed(response)), _result(response, key), key)
+        call = _pay(
+            amount, currency, payment_method, description, metadata, mandate_id, idempotency_key
+        )
+        return await self._call(call)
 
-    async def create_mandate(
+    async def refund(
         self,
-        currency: str,
-        max_amount: int,
-        total_limit: int,
+        payment_id: str,
+        amount: int | None = None,
         *,
+        reason: str | None = None,
+        sandbox_scenario: str | None = None,
         idempotency_key: str | None = None,
-    ) -> Mandate:
-        body = {"currency": currency, "max_amount": max_amount, "total_limit": total_limit}
-        key = idempotency_key or new_key()
-        response = await self._send("POST", "/v1/mandates", body, key)
-        return _read(Mandate.of, _result(response, key), key)
+    ) -> Operation:
+        """As `Client.refund`."""
+        call = _refund(payment_id, amount, reason, sandbox_scenario, idempotency_key)
+        return await self._call(call)
 
-    async def create_webhook_endpoint(
-        self, url: str, events: list[str] | None = None, *, idempotency_key: str | None = None
-    ) -> WebhookEndpoint:
-        """Register where this actor's events go; the answer carries the signing secret."""
-        key = idempotency_key or new_key()
-        body = _endpoint_body(url, events)
-        response = await self._send("POST", "/v1/webhook-endpoints", body, key)
-        return _read(WebhookEndpoint.of, _result(response, key), key)
+    async def refunds(self, payment_id: str) -> list[Operation]:
+        return await self._call(_get_list(f"/v1/payments/{_id(payment_id)}/refunds", Operation.of))
 
     async def operation(self, operation_id: str) -> Operation:
-        response = await self._send("GET", f"/v1/operations/{operation_id}")
-        return _read(Operation.of, _result(response), None)
+        return await self._call(_get(f"/v1/operations/{_id(operation_id)}", Operation.of))
 
-    async def mandate(self, mandate_id: str) -> Mandate:
-        response = await self._send("GET", f"/v1/mandates/{mandate_id}")
-        return _read(Mandate.of, _result(response), None)
+    async def events(self, operation_id: str) -> list[TimelineEvent]:
+        path = f"/v1/operations/{_id(operation_id)}/events"
+        return await self._call(_get_list(path, TimelineEvent.of))
 
     async def wait(self, operation_id: str, timeout: float, poll: float = 0.5) -> Operation:  # noqa: ASYNC109
         """As `Client.wait`."""
@@ -493,10 +855,10 @@ class AsyncClient:
             left = deadline - time.monotonic()
             try:
                 response = await self._http.get(
-                    f"/v1/operations/{operation_id}", timeout=max(0.1, left)
+                    f"/v1/operations/{_id(operation_id)}", timeout=max(0.1, left)
                 )
                 if not _retryable(response):
-                    seen = _read(Operation.of, _result(response), None)
+                    seen = _read(Operation.of, _document(response, None), None)
                     if seen.settled or seen.needs_a_person:
                         return seen
             except NO_ANSWER as exc:
@@ -507,6 +869,109 @@ class AsyncClient:
                     raise GaveUp("(none: a read)", RuntimeError("no readable answer in time"))
                 return seen
             await asyncio.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+    # mandates
+
+    async def create_mandate(
+        self,
+        currency: str,
+        max_amount: int,
+        total_limit: int,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Mandate:
+        call = _create_mandate(currency, max_amount, total_limit, idempotency_key)
+        return await self._call(call)
+
+    async def mandate(self, mandate_id: str) -> Mandate:
+        return await self._call(_get(f"/v1/mandates/{_id(mandate_id)}", Mandate.of))
+
+    async def suspend_mandate(
+        self, mandate_id: str, *, idempotency_key: str | None = None
+    ) -> Mandate:
+        return await self._call(_change_mandate(mandate_id, "suspend", idempotency_key))
+
+    async def resume_mandate(
+        self, mandate_id: str, *, idempotency_key: str | None = None
+    ) -> Mandate:
+        return await self._call(_change_mandate(mandate_id, "resume", idempotency_key))
+
+    async def revoke_mandate(
+        self, mandate_id: str, *, idempotency_key: str | None = None
+    ) -> Mandate:
+        return await self._call(_change_mandate(mandate_id, "revoke", idempotency_key))
+
+    # webhook endpoints
+
+    async def create_webhook_endpoint(
+        self, url: str, events: list[str] | None = None, *, idempotency_key: str | None = None
+    ) -> WebhookEndpoint:
+        """Register where this actor's events go; the answer carries the signing secret."""
+        return await self._call(_create_webhook_endpoint(url, events, idempotency_key))
+
+    async def webhook_endpoints(self) -> list[WebhookEndpoint]:
+        return await self._call(_get_list("/v1/webhook-endpoints", WebhookEndpoint.of))
+
+    async def webhook_endpoint(self, endpoint_id: str) -> WebhookEndpoint:
+        path = f"/v1/webhook-endpoints/{_id(endpoint_id)}"
+        return await self._call(_get(path, WebhookEndpoint.of))
+
+    async def delete_webhook_endpoint(self, endpoint_id: str) -> None:
+        """As `Client.delete_webhook_endpoint`."""
+        await self._call(_delete_webhook_endpoint(endpoint_id))
+
+    async def deliveries(
+        self, endpoint_id: str, *, limit: int = 20, starting_after: int | None = None
+    ) -> DeliveryPage:
+        return await self._call(_deliveries(endpoint_id, limit, starting_after))
+
+    # beneficiaries and cards
+
+    async def create_beneficiary(
+        self,
+        name: str,
+        iban: str,
+        *,
+        sandbox_scenario: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Operation:
+        call = _create_beneficiary(name, iban, sandbox_scenario, idempotency_key)
+        return await self._call(call)
+
+    async def issue_card(
+        self,
+        label: str | None = None,
+        *,
+        sandbox_scenario: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Card:
+        return await self._call(_issue_card(label, sandbox_scenario, idempotency_key))
+
+    async def card(self, card_id: str) -> Card:
+        return await self._call(_get(f"/v1/cards/{_id(card_id)}", Card.of))
+
+    async def freeze_card(
+        self,
+        card_id: str,
+        *,
+        sandbox_scenario: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Card:
+        call = _change_card(card_id, "freeze", sandbox_scenario, idempotency_key)
+        return await self._call(call)
+
+    async def unfreeze_card(
+        self,
+        card_id: str,
+        *,
+        sandbox_scenario: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Card:
+        call = _change_card(card_id, "unfreeze", sandbox_scenario, idempotency_key)
+        return await self._call(call)
+
+    async def _call(self, call: _Call[T]) -> T:
+        return call.answer(await self._send(call.method, call.path, call.body, call.key))
 
     async def _send(
         self, method: str, path: str, body: Any = None, key: str | None = None
@@ -529,10 +994,6 @@ class AsyncClient:
                 return response
             await asyncio.sleep(wait)
         raise GaveUp(key or "(none: a read)", last or RuntimeError("no answer"))
-
-
-def _replayed(response: httpx.Response) -> bool:
-    return bool(response.headers.get("idempotent-replayed") == "true")
 
 
 # -- merchant webhooks ----------------------------------------------------------------------------
@@ -571,3 +1032,18 @@ def verify_webhook(
         return json.loads(body)
     except ValueError as exc:
         raise WebhookRefused("the signed body is not JSON") from exc
+
+
+def is_newer(event: Mapping[str, Any], last_seen_version: int | None) -> bool:
+    """Whether a merchant event (the payload `verify_webhook` returns) shows its
+    object at a later version than the last one acted on (None: none yet).
+
+    Deliveries are not ordered and are retried, so an event may arrive after a
+    newer one about the same object: keep, per object id, the highest `version`
+    acted on and drop an event that is not newer. Events of one change share
+    its version (and its `data`): act on that data once."""
+    try:
+        version = _integer(event["data"]["version"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"the event carries no integer data.version: {exc}") from exc
+    return last_seen_version is None or version > last_seen_version

@@ -112,6 +112,8 @@ def mandate_document(mandate: Record) -> dict[str, Any]:
         "total_limit": mandate.total_limit,
         "reserved": mandate.reserved,
         "spent": mandate.spent,
+        # Counts changes, as an operation's does: a receiver drops an older event by it.
+        "version": mandate.version,
         "created_at": json_value(mandate.created_at),
         "updated_at": json_value(mandate.updated_at),
     }
@@ -125,6 +127,7 @@ def card_document(card: Record) -> dict[str, Any]:
         "indeterminate": card.indeterminate,
         "pending_operation_id": card.pending_operation_id,
         "provider_card_id": card.provider_card_id,
+        "version": card.version,
         "created_at": json_value(card.created_at),
         "updated_at": json_value(card.updated_at),
     }

@@ -4,7 +4,9 @@ An event is news about one of the actor's objects: an operation whose outcome
 became known (or that ended cancelled, never sent), became UNKNOWN, went to a
 person, or was flagged; a mandate or card whose public representation
 changed. A state move that is not news — SUBMITTING, a check falling due, a
-safety review that decides to wait — tells nobody anything.
+safety review that decides to wait — tells nobody anything. Each event shows
+the object with its `version`, which every change raises: deliveries are not
+ordered, and a receiver drops one that is not newer than what it acted on.
 
 A delivery that fails is tried again after a capped exponential delay, less a
 random part of it (so endpoints that failed together do not all come back at
