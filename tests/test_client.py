@@ -430,8 +430,12 @@ async def test_every_route_through_the_client(hooked: Served, flavour: str) -> N
             assert (read.url, read.events, read.secret) == (other.url, ["card.updated"], None)
             await client.delete_webhook_endpoint(other.id)
             assert [e.id for e in await client.webhook_endpoints()] == [endpoint.id]
+            # A retried delete (its first answer lost) succeeds and changes nothing.
+            deleted = await client.webhook_endpoint(other.id)
+            await client.delete_webhook_endpoint(other.id)
+            assert deleted.deleted_at and (await client.webhook_endpoint(other.id)) == deleted
             with pytest.raises(NotFound):
-                await client.delete_webhook_endpoint(other.id)
+                await client.delete_webhook_endpoint("we_" + "0" * 24)
 
         # Beneficiaries and cards: the provider answers within the request.
         beneficiary = await client.create_beneficiary("Ada Lovelace", IBAN)

@@ -137,6 +137,8 @@ class WebhookEndpoint:
     secret: str | None = field(repr=False)
     raw: dict[str, Any] = field(repr=False, compare=False)
     replayed: bool = False
+    # When it was deleted: a deleted endpoint still reads back, and is never sent to.
+    deleted_at: str | None = None
 
     @classmethod
     def of(cls, document: dict[str, Any], replayed: bool = False) -> WebhookEndpoint:
@@ -144,6 +146,7 @@ class WebhookEndpoint:
             id=document["id"],
             url=document["url"],
             events=document["events"],
+            deleted_at=document.get("deleted_at"),
             secret=document.get("secret"),
             raw=document,
             replayed=replayed,
@@ -694,8 +697,9 @@ class Client:
         return self._call(_get(f"/v1/webhook-endpoints/{_id(endpoint_id)}", WebhookEndpoint.of))
 
     def delete_webhook_endpoint(self, endpoint_id: str) -> None:
-        """Stop sending to it; what it has not received is cancelled. NotFound
-        if it is not (or no longer) live, as on a retry whose first answer was lost."""
+        """Stop sending to it; what it has not received is cancelled. Deleting
+        a deleted endpoint changes nothing, so a retry whose first answer was
+        lost succeeds; NotFound if the actor never had it."""
         self._call(_delete_webhook_endpoint(endpoint_id))
 
     def deliveries(

@@ -67,12 +67,19 @@ ATTEMPT = {
         "provider_reference": NULLABLE_STRING,
     },
 }
+VERSION = {
+    "type": "integer",
+    "minimum": 1,
+    "description": "Rises with every change; a receiver of events drops one whose version "
+    "is not above the last it applied (docs/webhooks.md)",
+}
 OPERATION = {
     "type": "object",
     "description": "The ledger record of an operation.",
-    "required": ["id", "operation_id", "state", "next_action", "kind", "attempts"],
+    "required": ["id", "operation_id", "state", "next_action", "kind", "attempts", "version"],
     "properties": {
         "id": {"type": "string"},
+        "version": VERSION,
         "operation_id": {"type": "string"},
         "idempotency_key": {"type": "string"},
         "state": {
@@ -136,9 +143,13 @@ EVENTS = {
 }
 MANDATE = {
     "type": "object",
-    "required": ["id", "status", "currency", "max_amount", "total_limit", "reserved", "spent"],
+    "required": [
+        *("id", "status", "currency", "max_amount", "total_limit", "reserved", "spent"),
+        "version",
+    ],
     "properties": {
         "id": {"type": "string"},
+        "version": VERSION,
         "status": {"type": "string", "enum": ["active", "suspended", "revoked"]},
         "currency": {"type": "string"},
         "max_amount": {"type": "integer"},
@@ -151,9 +162,10 @@ MANDATE = {
 }
 CARD = {
     "type": "object",
-    "required": ["id", "status", "indeterminate"],
+    "required": ["id", "status", "indeterminate", "version"],
     "properties": {
         "id": {"type": "string"},
+        "version": VERSION,
         "label": NULLABLE_STRING,
         "status": {"type": "string", "enum": ["pending", "active", "frozen", "not_issued"]},
         "indeterminate": {"type": "boolean"},
