@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import getpass
 import os
 import pty
+import pwd
 import signal
 import socket
 import struct
@@ -29,7 +29,7 @@ from intentledger.cli import app
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import system_clock
-from intentledger.engine.intake import PaymentIntent, accept_payment
+from intentledger.engine.intake import Intent, PaymentIntent, accept, accept_payment
 from intentledger.ports import free_port
 from intentledger.settings import Settings
 from intentledger.store.database import create_ledger_engine
@@ -302,6 +302,38 @@ def test_ops_list_and_show_show_amounts_one_way_whole_in_a_pipe_and_at_80_column
     [amount_line] = [line for line in detail.stdout.splitlines() if " amount " in line]
     assert shown in amount_line and "currency" not in detail.stdout, detail.stdout
 
+    # An operation that moves no money (a beneficiary) has a dash, not "None None".
+    beneficiary = asyncio.run(_accept_beneficiary(database_url))
+    listed = run("ops", "list", "--database-url", database_url)
+    [line] = [line for line in listed.stdout.splitlines() if beneficiary in line]
+    assert "—" in line and "None" not in listed.stdout, listed.stdout
+    shown_alone = run("ops", "show", beneficiary, "--database-url", database_url)
+    [amount_line] = [line for line in shown_alone.stdout.splitlines() if " amount " in line]
+    assert "—" in amount_line and "None" not in shown_alone.stdout, shown_alone.stdout
+
+
+async def _accept_beneficiary(database_url: str) -> str:
+    body = {"name": "Ada Lovelace", "iban": "GB82WEST12345698765432"}
+    route = "POST /v1/beneficiaries"
+    engine = create_ledger_engine(database_url)
+    try:
+        accepted = await accept(
+            engine,
+            system_clock,
+            Intent(
+                actor="dora",
+                route=route,
+                idempotency_key=f"b-{time.time_ns()}",
+                request_hash=request_hash("dora", route, body),
+                body=body,
+                provider="sandbox",
+                kind="beneficiary",
+            ),
+        )
+        return str(accepted.operation["operation_id"])
+    finally:
+        await engine.dispose()
+
 
 # -- small things a newcomer met --------------------------------------------------------------
 
@@ -455,25 +487,32 @@ def test_a_cli_action_records_the_os_user_and_host_and_is_counted_with_the_conso
     for operation_id in (by_cli, by_console):
         asyncio.run(_make_unknown(database_url, operation_id))
 
-    escalated = run(
-        "ops",
-        "escalate",
-        by_cli,
-        "--reason",
-        "the provider's status page is red",
-        "--by",
-        "Kim on call",
-        "--database-url",
-        database_url,
+    # The environment is the caller's to set: the record must not believe it.
+    escalated = subprocess.run(
+        [
+            *(*INTENTLEDGER, "ops", "escalate", by_cli),
+            *("--reason", "the provider's status page is red", "--by", "Kim on call"),
+            *("--database-url", database_url),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "USER": "mallory", "LOGNAME": "mallory", "USERNAME": "mallory"},
     )
     assert escalated.returncode == 0, escalated
     [decision] = asyncio.run(_decisions_of(database_url, by_cli))
-    assert decision.source == "operator:Kim on call"
-    assert decision.inputs["by"] == "Kim on call"  # declared: anyone may type any name
-    assert decision.inputs["os_user"] == getpass.getuser()  # what the machine says
+    # Declared (anyone may type any name), and marked as typed at the CLI so
+    # the console never shows it as a signed-in operator's.
+    assert decision.source == "operator:cli:Kim on call"
+    assert decision.inputs["by"] == "cli:Kim on call"
+    effective = pwd.getpwuid(os.geteuid()).pw_name  # what the machine says
+    assert decision.inputs["os_user"].split(" ")[0] == effective != "mallory"
     assert decision.inputs["host"] == socket.gethostname()
     shown = run("ops", "show", by_cli, "--database-url", database_url)
-    assert f"typed by OS user {getpass.getuser()} on {socket.gethostname()}" in shown.stdout
+    assert f"typed by OS user {decision.inputs['os_user']} on {socket.gethostname()}" in (
+        shown.stdout
+    )
 
     # The API process never saw the CLI's action, and counts it with its own.
     exposition = asyncio.run(_escalate_through_the_api_and_scrape(database_url, by_console))

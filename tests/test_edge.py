@@ -86,6 +86,19 @@ BODIES: list[tuple[str, bytes, dict[str, str], int]] = [
         {},
         400,
     ),
+    # Past what a decimal holds: the exact reading of whole numbers must not be a 500.
+    (
+        "an exponent past any decimal",
+        b'{"amount": 1e999999999999999999999, "currency": "EUR", "payment_method": "pm_ok"}',
+        {},
+        400,
+    ),
+    (
+        "a negative exponent past any decimal",
+        b'{"amount": 1.5e-9999999999999999999, "currency": "EUR", "payment_method": "pm_ok"}',
+        {},
+        400,
+    ),
     ("text/plain", json.dumps(PAYMENT).encode(), {"Content-Type": "text/plain"}, 415),
     ("no Content-Type", json.dumps(PAYMENT).encode(), {"Content-Type": ""}, 415),
     ("application/xml", json.dumps(PAYMENT).encode(), {"Content-Type": "application/xml"}, 415),

@@ -73,6 +73,29 @@ def test_a_head_within_the_bounds_is_served(server: tuple[Process, int]) -> None
     assert _exchange(port, _head(*fields)).startswith(b"HTTP/1.1 200 ")
 
 
+def test_the_bound_is_per_request_on_a_kept_alive_connection(
+    server: tuple[Process, int],
+) -> None:
+    # Three heads of about 12 KiB on one connection (36 KiB together, each
+    # within the bound): the second trickled across reads in small pieces, the
+    # third pipelined behind it in the same send. All three are served.
+    _, port = server
+    fields = [f"X-Filler-{n}: {'v' * 120}" for n in range(90)]
+    kept = "\r\n".join(["GET /healthz HTTP/1.1", "Host: 127.0.0.1", *fields, "", ""]).encode()
+    last = _head(*fields)
+    assert len(kept) < MAX_HEAD_BYTES < 2 * len(kept)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(kept)
+        for start in range(0, len(kept) - 100, 700):
+            sock.sendall(kept[start : start + 700])
+        sock.sendall(kept[start + 700 :] + last)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    assert received.count(b"HTTP/1.1 200 ") == 3, received[:600]
+    assert b" 431 " not in received
+
+
 @pytest.mark.parametrize(
     ("case", "fields"),
     [

@@ -78,3 +78,26 @@ def test_signing_in_over_plain_http_on_loopback(
             headers={"Origin": "http://attacker.example"},
         )
         assert foreign.status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1:8000", True),
+        ("[::1]:8000", True),
+        ("localhost", True),
+        ("shop.example", False),
+        # Not a Host a browser sends: a name with credentials, a path, a query,
+        # a fragment or a backslash is no name of this machine.
+        ("x@127.0.0.1", False),
+        ("127.0.0.1/x", False),
+        ("127.0.0.1?x", False),
+        ("127.0.0.1#x", False),
+        ("evil.example\\@127.0.0.1", False),
+        ("[::1", False),
+    ],
+)
+def test_only_a_plain_loopback_host_counts_as_this_machine(host: str, loopback: bool) -> None:
+    from intentledger.console.session import _loopback
+
+    assert _loopback(host) is loopback

@@ -351,6 +351,30 @@ async def test_deleting_an_endpoint_cancels_what_it_has_not_received(engine: Asy
     assert await webhook_endpoints.deliveries_page(engine, "bob", endpoint_id, 10, None) is None
 
 
+async def test_a_delete_that_waits_for_another_of_the_same_endpoint_succeeds(
+    engine: AsyncEngine,
+) -> None:
+    # A client retrying its own slow first DELETE: the retry reads the endpoint
+    # live, waits for the first one's lock, and finds it deleted once it may
+    # write — which is what it asked for, not a 404.
+    clock = ControlledClock()
+    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
+    await pending_deliveries(engine, clock, endpoint_id, 2)
+    async with engine.connect() as first:
+        transaction = await first.begin()
+        assert await WebhookStore(first).delete_endpoint("ana", endpoint_id, clock())
+        retry = asyncio.create_task(
+            webhook_endpoints.delete_endpoint(engine, clock, "ana", endpoint_id)
+        )
+        await asyncio.sleep(0.5)
+        assert not retry.done(), "the retry waits for the first delete's transaction"
+        await transaction.commit()
+        assert await retry is True
+    read = await webhook_endpoints.read_endpoint(engine, "ana", endpoint_id)
+    assert read is not None and read.deleted_at is not None
+    assert await webhook_endpoints.read_endpoint(engine, "bob", endpoint_id) is None
+
+
 async def test_a_delivery_queued_as_its_endpoint_was_deleted_is_cancelled_not_sent(
     engine: AsyncEngine,
 ) -> None:

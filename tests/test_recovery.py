@@ -270,7 +270,7 @@ async def test_an_operator_escalates_an_unknown_payment(
     op = await operation(engine, op_id)
     assert (op.state, op.next_action) == ("MANUAL_REVIEW", "operator")
     [decision] = await rows(engine, decisions, op_id)
-    assert (decision.rule, decision.source) == ("operator_escalation", "operator:olive")
+    assert (decision.rule, decision.source) == ("operator_escalation", "operator:cli:olive")
     again = subprocess.run(
         [*INTENTLEDGER, "ops", "escalate", op_id, "--database-url", database_url],
         capture_output=True,

@@ -157,7 +157,7 @@ def test_blackhole_goes_to_a_person_and_an_operator_settles_it(served: Served) -
     assert (op["state"], op["outcome"], op["next_action"]) == ("OUTCOME_KNOWN", "failed", "none")
     events = served.events(op_id)
     [note] = [e for e in events if e["type"] == "observation" and e["kind"] == "operator"]
-    assert (note["reason"], note["source"]) == (evidence, "operator:olive")
+    assert (note["reason"], note["source"]) == (evidence, "operator:cli:olive")
     assert events[-1]["type"] == "transition" and "olive" in events[-1]["reason"]
     shown = subprocess.run(
         [*INTENTLEDGER, "ops", "show", op_id, "--database-url", served.database_url],

@@ -59,9 +59,12 @@ class Operation:
     currency: str | None
     duplicate_detected: bool
     outcome_contradicted: bool
-    # Counts the operation's changes: a later look with a higher version is newer.
+    # Counts the changes of the operation's own record (state, outcome, flags):
+    # a later look with a higher version is newer in those.
     version: int
-    # Payments only: what has been refunded, and what still can be.
+    # Payments only: what has been refunded, and what still can be. Read from
+    # the payment's refunds when it is looked at; a refund does not change the
+    # payment's version (each refund is an operation with its own).
     amount_refunded: int | None
     amount_refundable: int | None
     # Refunds only: the payment refunded.
@@ -775,7 +778,7 @@ class Client:
                 assert response is not None
                 return response  # asked to wait longer than we will: the caller hears it
             time.sleep(wait)
-        raise GaveUp(key or "(none: a read)", last or RuntimeError("no answer"))
+        raise GaveUp(key or "(none: a read or a delete)", last or RuntimeError("no answer"))
 
 
 # -- the async client ---------------------------------------------------------------------------
@@ -997,7 +1000,7 @@ class AsyncClient:
                 assert response is not None
                 return response
             await asyncio.sleep(wait)
-        raise GaveUp(key or "(none: a read)", last or RuntimeError("no answer"))
+        raise GaveUp(key or "(none: a read or a delete)", last or RuntimeError("no answer"))
 
 
 # -- merchant webhooks ----------------------------------------------------------------------------

@@ -108,10 +108,12 @@ def test_normalise_returns_a_listed_code_or_raises(text: str) -> None:
         (-1005, "USD", "-10.05 USD (-1005)"),
         (0, "EUR", "0.00 EUR (0)"),
         (42, "BGN", "42 BGN (minor units)"),  # withdrawn: no exponent guessed
+        (None, None, "—"),  # a beneficiary or a card moves no money
+        (None, "EUR", "—"),
     ],
 )
 def test_an_amount_is_shown_in_major_units_then_the_minor_units(
-    amount: int, currency: str, shown: str
+    amount: int | None, currency: str | None, shown: str
 ) -> None:
     assert format_amount(amount, currency) == shown
 

@@ -239,7 +239,10 @@ def _number(text: str) -> int | float:
     """A number written with a fraction or an exponent. JSON has one number
     type and JSON Schema's `integer` admits 1.0, so a whole value is an int;
     decided on the exact decimal, never on a float that rounded it."""
-    exact = Decimal(text)
+    try:
+        exact = Decimal(text)
+    except ArithmeticError as exc:  # an exponent past what any decimal holds
+        raise _malformed(f"the number {text} is out of range") from exc
     if exact.adjusted() < MAX_INTEGER_DIGITS and exact == exact.to_integral_value():
         return int(exact)
     return _finite(text)

@@ -70,8 +70,9 @@ ATTEMPT = {
 VERSION = {
     "type": "integer",
     "minimum": 1,
-    "description": "Rises with every change; a receiver of events drops one whose version "
-    "is not above the last it applied (docs/webhooks.md)",
+    "description": "Rises with every change of this object's own record (a payment's "
+    "refund totals are read from its refunds, each versioned itself); a receiver of events "
+    "drops one whose version is not above the last it applied (docs/webhooks.md)",
 }
 OPERATION = {
     "type": "object",

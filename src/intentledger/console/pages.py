@@ -119,7 +119,7 @@ def _environment() -> Environment:
         undefined=StrictUndefined,
     )
     env.filters["duration"] = human_duration
-    env.filters["money"] = money
+    env.filters["money"] = format_amount  # a dash where there is none
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True)
     env.globals["session_length"] = human_duration(SESSION_LENGTH.total_seconds())
     return env
@@ -137,15 +137,6 @@ def human_duration(seconds: float | None) -> str:
             parts.append(f"{whole // size} {unit}")
             whole %= size
     return " ".join(parts[:2])
-
-
-def money(amount: int | None, currency: str | None) -> str:
-    """The domain's one way of showing an amount; a dash where there is none."""
-    if amount is None:
-        return "—"
-    if currency is None:
-        return str(amount)
-    return format_amount(amount, currency)
 
 
 templates = Jinja2Templates(env=_environment())

@@ -99,7 +99,11 @@ async def end(request: Request, response: Response) -> None:
 
 def _loopback(host: str) -> bool:
     """Whether a Host header (`name`, `name:port`, `[v6]:port`) names this
-    machine's loopback; urlsplit knows where an IPv6 literal's brackets end."""
+    machine's loopback; urlsplit knows where an IPv6 literal's brackets end.
+    A Host is a name and a port and nothing else: credentials, a path, a query
+    or a fragment would make urlsplit read past what the browser sent."""
+    if any(mark in host for mark in "@/?#\\"):
+        return False
     try:
         name = urlsplit(f"//{host}").hostname
     except ValueError:  # unbalanced brackets: names nothing

@@ -60,14 +60,22 @@ def normalise_currency(text: str) -> str:
     return code
 
 
-def format_amount(amount: int, currency: str) -> str:
+NO_AMOUNT = "—"
+
+
+def format_amount(amount: int | None, currency: str | None) -> str:
     """An amount as every display shows it: major units in the currency's own
     exponent, then the minor units the API speaks, so a person can read it and
     copy the number a request carries: ``42.00 EUR (4200)``, ``4200 JPY (4200)``.
 
     A code outside the table (a row older than an ISO amendment) is shown in
-    minor units only, rather than with a guessed exponent.
+    minor units only, rather than with a guessed exponent. An operation that
+    moves no money (a beneficiary, a card) has no amount: a dash.
     """
+    if amount is None:
+        return NO_AMOUNT
+    if currency is None:
+        return f"{amount} (minor units)"
     exponent = MINOR_UNITS.get(currency)
     if exponent is None:
         return f"{amount} {currency} (minor units)"

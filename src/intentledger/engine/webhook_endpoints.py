@@ -193,8 +193,7 @@ async def read_endpoint(engine: AsyncEngine, actor: str, endpoint_id: str) -> Re
     replayed creation answers with a deleted endpoint, which must then read back
     as what it is rather than as missing. Another actor's is None."""
     async with engine.connect() as conn:
-        found = await WebhookStore(conn).endpoint_by_id(endpoint_id)
-    return found if found is not None and found.actor == actor else None
+        return await WebhookStore(conn).endpoint_of(actor, endpoint_id)
 
 
 async def delete_endpoint(engine: AsyncEngine, clock: Clock, actor: str, endpoint_id: str) -> bool:
@@ -216,8 +215,7 @@ async def deliveries_page(
     no such endpoint (deleted ones included: their history stays readable)."""
     async with engine.connect() as conn:
         store = WebhookStore(conn)
-        endpoint = await store.endpoint_by_id(endpoint_id)
-        if endpoint is None or endpoint.actor != actor:
+        if await store.endpoint_of(actor, endpoint_id) is None:
             return None
         rows = await store.deliveries(endpoint_id, limit + 1, starting_after)
         page = rows[:limit]

@@ -101,6 +101,9 @@ async def read_ledger_state(engine: AsyncEngine, now: datetime) -> LedgerState:
         actions = await conn.execute(
             select(decisions.c.rule, func.count())
             .where(text(OPERATOR_DECISION))
+            # What a person's action leads to later (a duplicate's refund
+            # settling, recorded under their name) is not another action.
+            .where(decisions.c.rule.startswith("operator_", autoescape=True))
             .group_by(decisions.c.rule)
         )
         state.operator_actions = {rule: int(count) for rule, count in actions}

@@ -80,13 +80,13 @@ ACTOR_LENGTH = 255
 SOURCE_LENGTH = ACTOR_LENGTH + 32
 # Settled and not yet reaped: the only operations `reap` ever looks at.
 REAPABLE_PREDICATE = "reaped_at IS NULL AND state IN ('OUTCOME_KNOWN', 'CANCELLED')"
-# Every operation the console's work queue can ever show (which of them it shows
-# depends on their age): domain/work_queue.py's reasons, as SQL. Repeated
-# verbatim in the queue's queries, which SQLite needs to use the partial index.
 # A decision a person made (engine/operator.py writes their source so), through
 # the console, the API or `intentledger ops`. Repeated verbatim in the query
 # that counts them, which SQLite needs to use the partial index.
 OPERATOR_DECISION = "source LIKE 'operator:%'"
+# Every operation the console's work queue can ever show (which of them it shows
+# depends on their age): domain/work_queue.py's reasons, as SQL. Repeated
+# verbatim in the queue's queries, which SQLite needs to use the partial index.
 WORK_QUEUE_PREDICATE = (
     "next_action = 'operator' OR duplicate_detected OR outcome_contradicted "
     "OR state IN ('UNKNOWN', 'RECONCILIATION_DUE', 'SAFETY_REVIEW')"

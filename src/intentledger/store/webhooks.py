@@ -54,18 +54,11 @@ class WebhookStore:
     async def insert_endpoint(self, **values: Any) -> None:
         await self.conn.execute(insert(webhook_endpoints).values(**values))
 
-    async def endpoint(self, actor: str, endpoint_id: str) -> Record | None:
-        """The actor's live endpoint; another actor's is as missing as a deleted one."""
-        found: Record | None = (
-            await self.conn.execute(
-                select(webhook_endpoints).where(
-                    webhook_endpoints.c.endpoint_id == endpoint_id,
-                    webhook_endpoints.c.actor == actor,
-                    webhook_endpoints.c.deleted_at.is_(None),
-                )
-            )
-        ).first()
-        return found
+    async def endpoint_of(self, actor: str, endpoint_id: str) -> Record | None:
+        """The actor's endpoint, deleted or not (its history stays readable);
+        another actor's is as missing as one never made."""
+        found = await self.endpoint_by_id(endpoint_id)
+        return found if found is not None and found.actor == actor else None
 
     async def endpoint_by_id(self, endpoint_id: str) -> Record | None:
         """Deleted or not (an idempotent replay of a creation finds it so)."""
@@ -89,8 +82,8 @@ class WebhookStore:
 
         Deliveries first, then the endpoint: the order a claim locks them in,
         so a deletion and a claim can never wait for each other in a circle."""
-        found = await self.endpoint_by_id(endpoint_id)
-        if found is None or found.actor != actor:
+        found = await self.endpoint_of(actor, endpoint_id)
+        if found is None:
             return False
         if found.deleted_at is not None:
             return True
@@ -102,7 +95,10 @@ class WebhookStore:
             )
             .values(status="cancelled", finished_at=now, lease_owner=None)
         )
-        result = await self.conn.execute(
+        # Updating no row is no failure: a concurrent DELETE of the same
+        # endpoint (a client retrying its own slow first request) committed
+        # first, and deleted is deleted.
+        await self.conn.execute(
             update(webhook_endpoints)
             .where(
                 webhook_endpoints.c.endpoint_id == endpoint_id,
@@ -111,7 +107,7 @@ class WebhookStore:
             )
             .values(deleted_at=now)
         )
-        return bool(result.rowcount == 1)
+        return True
 
     # -- what a merchant may read back ----------------------------------------
 
