@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.api.app import create_app
 from intentledger.api.auth import create_api_key, hash_token
-from intentledger.console.pages import human_duration, money
+from intentledger.console.pages import human_duration, templates
 from intentledger.console.session import COOKIE, csrf_token
 from intentledger.domain.states import NextAction, State
 from intentledger.domain.work_queue import QueueFacts, needs
@@ -444,12 +444,13 @@ async def test_mandate_and_card_pages_show_reservations_and_indeterminate_projec
 
 
 def test_amounts_read_in_major_units_beside_the_minor_units() -> None:
+    money = templates.env.filters["money"]  # the domain's format_amount
     assert (money(990, "EUR"), money(5, "JPY"), money(-1005, "USD")) == (
         "9.90 EUR (990)",
         "5 JPY (5)",
         "-10.05 USD (-1005)",
     )
-    assert (money(None, "EUR"), money(12, None)) == ("—", "12")
+    assert (money(None, "EUR"), money(12, None)) == ("—", "12 (minor units)")
 
 
 async def test_the_queue_and_an_operation_show_amounts_the_one_way(console: Console) -> None:
