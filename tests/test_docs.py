@@ -48,3 +48,37 @@ def test_the_stripe_webhook_section_lists_every_event_the_adapter_reads() -> Non
     (subscribed,) = re.findall(r"--events (\S+)", webhooks)
     assert set(subscribed.split(",")) == PAYMENT_INTENT_EVENTS | REFUND_EVENTS
     assert f"--forward-to http://127.0.0.1:8000{PROVIDER_WEBHOOKS}stripe " in webhooks
+
+
+SOURCES = sorted((ROOT / "src").rglob("*.py")) + sorted((ROOT / "tests").rglob("*.py"))
+
+
+def anchor(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, no punctuation, hyphens for spaces."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_cited_design_rule_has_its_heading() -> None:
+    design = ROOT / "docs" / "design.md"
+    anchors = {anchor(h) for h in re.findall(r"^#+ (.+)$", design.read_text(), re.M)}
+    cited = {
+        (path.name, target)
+        for path in [*SOURCES, *DOCS]
+        for target in re.findall(r"design\.md#([\w-]+)", path.read_text())
+    }
+    own_links = re.findall(r"\]\(#([\w-]+)\)", design.read_text())
+    cited |= {("design.md", target) for target in own_links}
+    missing = sorted((name, target) for name, target in cited if target not in anchors)
+    assert not missing, f"cited rules with no heading in docs/design.md: {missing}"
+
+
+def test_every_decision_the_code_cites_is_written_down() -> None:
+    decisions = (ROOT / "docs" / "decisions").glob("[0-9][0-9][0-9][0-9]-*.md")
+    written = {path.name[:4] for path in decisions}
+    cited = {
+        (path.relative_to(ROOT).as_posix(), number)
+        for path in SOURCES
+        for number in re.findall(r"(?:ADR|[Dd]ecisions?/?) ?(\d{4})\b", path.read_text())
+    }
+    missing = sorted((name, number) for name, number in cited if number not in written)
+    assert not missing, f"decisions cited but not in docs/decisions/: {missing}"
