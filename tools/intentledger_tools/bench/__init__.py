@@ -5,6 +5,6 @@ Register the command with `app.command("bench")(bench_command)`.
 
 from __future__ import annotations
 
-from intentledger.bench.cli import bench_command
+from intentledger_tools.bench.cli import bench_command
 
 __all__ = ["bench_command"]
