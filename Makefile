@@ -8,8 +8,12 @@ PIP := $(BIN)/pip install --disable-pip-version-check
 RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
 BENCH := $(VENV)/.installed-bench
+TOOLS := $(VENV)/.installed-tools
+# bench, chaos and demo: a distribution of their own (tools/), so that the
+# service's wheel carries none of them. Every set but the runtime adds it.
+WITH_TOOLS := -e tools/
 
-.PHONY: run test setup lint typecheck chaos bench clean
+.PHONY: run test setup lint typecheck chaos demo bench clean
 
 $(BIN)/python:
 	@echo "make: creating the virtual environment $(VENV) with $(PYTHON)"
@@ -23,14 +27,21 @@ $(RUNTIME): pyproject.toml | $(BIN)/python
 
 # The suite also runs a quick benchmark against the peers and type-checks
 # them, so testing needs the bench extra beside the dev one.
-$(DEV): pyproject.toml | $(BIN)/python
+$(DEV): pyproject.toml tools/pyproject.toml | $(BIN)/python
 	@echo "make: installing intentledger with the test tools and benchmark peers (extras dev, bench) into $(VENV)"
-	$(PIP) -e '.[dev,bench]'
+	@echo "make: and intentledger-tools (tools/: bench, chaos, demo)"
+	$(PIP) -e '.[dev,bench]' $(WITH_TOOLS)
 	@touch $@
 
-$(BENCH): pyproject.toml | $(BIN)/python
+$(BENCH): pyproject.toml tools/pyproject.toml | $(BIN)/python
 	@echo "make: installing intentledger with the benchmark peers (the bench extra) into $(VENV)"
-	$(PIP) -e '.[bench]'
+	@echo "make: and intentledger-tools (tools/: bench, chaos, demo)"
+	$(PIP) -e '.[bench]' $(WITH_TOOLS)
+	@touch $@
+
+$(TOOLS): pyproject.toml tools/pyproject.toml | $(BIN)/python
+	@echo "make: installing intentledger and intentledger-tools (tools/: bench, chaos, demo) into $(VENV)"
+	$(PIP) -e . $(WITH_TOOLS)
 	@touch $@
 
 setup: $(RUNTIME)
@@ -43,8 +54,8 @@ run: $(RUNTIME)
 	$(BIN)/intentledger serve
 
 lint: $(DEV)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests tools
+	$(BIN)/ruff format --check src tests tools
 
 typecheck: $(DEV)
 	$(BIN)/mypy
@@ -59,8 +70,12 @@ test: lint typecheck
 	scripts/with-postgres sh -c '$(BIN)/python -m pytest -n 2 --dist worksteal -m "not alone" && $(BIN)/python -m pytest -m alone'
 
 # The full fault run of docs/reliability.md, on a throwaway PostgreSQL server.
-chaos: $(RUNTIME)
+chaos: $(TOOLS)
 	scripts/with-postgres sh -c '$(BIN)/intentledger chaos --database-url "$$INTENTLEDGER_TEST_POSTGRES_URL" --restart-db-cmd "$$INTENTLEDGER_TEST_POSTGRES_RESTART"'
+
+# One payment per sandbox scenario, watched live (README).
+demo: $(TOOLS)
+	$(BIN)/intentledger demo
 
 # Issue 6's and 18's benchmarks on a throwaway, durable PostgreSQL server (fsync
 # and synchronous_commit on; docs/benchmarks.md); BENCH_ARGS=--quick for a short

@@ -19,10 +19,10 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.bench.pgbouncer import PgBouncer, running_pgbouncer
 from intentledger.ports import free_port
 from intentledger.store.database import create_ledger_engine
 from intentledger.store.migrate import upgrade
+from intentledger_tools.bench.pgbouncer import PgBouncer, running_pgbouncer
 from tests.support import Process
 
 BACKENDS = [

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from intentledger.bench.report import REQUIRED_KEYS
 from intentledger.store.database import libpq_url
+from intentledger_tools.bench.report import REQUIRED_KEYS
 from tests.conftest import BACKENDS, Databases
 from tests.support import INTENTLEDGER
 

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from intentledger.bench.emptying import empty_tables
 from intentledger.store.database import libpq_url
+from intentledger_tools.bench.emptying import empty_tables
 from tests.conftest import BACKENDS, Databases
 
 pytestmark = pytest.mark.skipif(

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from intentledger.bench.report import GOALS, table, with_goals
-from intentledger.bench.runner import drain_end
+from intentledger_tools.bench.report import GOALS, table, with_goals
+from intentledger_tools.bench.runner import drain_end
 
 
 def figures(fsync: str = "on", synchronous_commit: str = "on") -> dict[str, Any]:

@@ -10,13 +10,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from intentledger.bench.tools import (
+from intentledger.store.database import libpq_url
+from intentledger_tools.bench.tools import (
     PgbenchTimedOut,
     end_pgbench_sessions,
     find_pgbench,
     run_pgbench,
 )
-from intentledger.store.database import libpq_url
 from tests.conftest import BACKENDS, Databases
 
 pytestmark = pytest.mark.skipif(

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from intentledger.bench.pgbouncer import PgBouncer
-from intentledger.chaos import VIOLATIONS, restart_database
+from intentledger_tools.bench.pgbouncer import PgBouncer
+from intentledger_tools.chaos import VIOLATIONS, restart_database
 from tests.conftest import BACKENDS, Databases
 from tests.stripe_fake import StripeFake, stripe_fake  # noqa: F401
 from tests.support import INTENTLEDGER, wait_until
@@ -159,7 +159,7 @@ def test_chaos_catches_a_blind_retry_bug(databases: Databases) -> None:
         "90",
         "--seed",
         "3",
-        "--break-for-tests",
+        "--mutation",
         "blind-retry",
     )
     assert code == 1, (report, log)

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert
 
-from intentledger import chaos
-from intentledger.chaos import ChaosConfig, Fleet, Tally, Truth
 from intentledger.store import tables
 from intentledger.store.database import create_sync_engine
+from intentledger_tools import chaos
+from intentledger_tools.chaos import ChaosConfig, Fleet, Tally, Truth
 from tests.test_cli import run
 from tests.test_partitions import AT
 

@@ -167,7 +167,6 @@ def _flags(command: str) -> set[str]:
         (
             "serve",
             {
-                "break_for_tests",
                 "short_retention_for_tests",
                 "stripe_api_key",
                 "stripe_webhook_secret",
@@ -178,7 +177,6 @@ def _flags(command: str) -> set[str]:
         (
             "worker",
             {
-                "break_for_tests",
                 "short_retention_for_tests",
                 "stripe_api_key",
                 "stripe_webhook_secret",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from intentledger.demo import SCENARIOS
+from intentledger_tools.demo import SCENARIOS
 from tests.support import INTENTLEDGER
 
 

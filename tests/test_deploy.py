@@ -199,7 +199,8 @@ def pip_installs(lines: list[str]) -> list[str]:
 
 
 def test_make_run_installs_the_runtime_dependencies_only_and_says_so(tmp_path: Path) -> None:
-    for name in ("Makefile", "pyproject.toml"):
+    for name in ("Makefile", "pyproject.toml", "tools/pyproject.toml"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
     run = make_dry_run(tmp_path, "run")
     (install,) = pip_installs(run)
@@ -216,6 +217,11 @@ def test_make_run_installs_the_runtime_dependencies_only_and_says_so(tmp_path: P
     assert "'.[dev,bench]'" in test_install
     (bench_install,) = pip_installs(make_dry_run(tmp_path, "bench"))
     assert "'.[bench]'" in bench_install
+    # The tools (bench, chaos, demo) come with testing and benchmarking, not running.
+    assert "tools/" not in install
+    assert test_install.split()[-2:] == bench_install.split()[-2:] == ["-e", "tools/"]
+    (chaos_install,) = pip_installs(make_dry_run(tmp_path, "chaos"))
+    assert chaos_install.split()[-4:] == ["-e", ".", "-e", "tools/"], chaos_install
 
 
 @pytest.fixture

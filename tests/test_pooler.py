@@ -14,9 +14,9 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import text
 
-from intentledger.bench.pgbouncer import PgBouncer, running_pgbouncer
 from intentledger.settings import Settings
 from intentledger.store.database import Pooler, UnsupportedDatabase, create_sync_engine
+from intentledger_tools.bench.pgbouncer import PgBouncer, running_pgbouncer
 from tests.conftest import BACKENDS, PG_ENV, Databases
 
 

@@ -10,10 +10,10 @@ import httpx
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.bench.pgbouncer import PgBouncer
 from intentledger.engine.clock import system_clock
 from intentledger.store.database import create_ledger_engine
 from intentledger.store.tables import attempts, observations, operations
+from intentledger_tools.bench.pgbouncer import PgBouncer
 from tests.conftest import Databases
 from tests.support import Process, wait_until
 from tests.test_dispatch import accept

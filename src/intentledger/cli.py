@@ -1,4 +1,5 @@
-"""`intentledger`: serve, worker, migrate, keys, sandbox."""
+"""`intentledger`: serve, worker, migrate, keys, sandbox, ops; bench, chaos and demo come
+with the tools (tools/)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Annotated, Any, cast
+from importlib.metadata import entry_points
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -790,164 +792,16 @@ def sandbox(
     eventloop.serve(build_standalone_sandbox(settings), host=host, port=port, log_level="warning")
 
 
-@app.command()
-def demo(
-    timeout: Annotated[float, typer.Option(help="Give up watching after this many seconds.")] = 90,
-    keep: Annotated[bool, typer.Option("--keep", help="Keep the temporary ledger.")] = False,
-) -> None:
-    """Send one payment per sandbox scenario to a throwaway service and watch each path."""
-    from intentledger.demo import run_demo
-
-    raise typer.Exit(run_demo(Console(), timeout, keep))
+def _register_tool_commands() -> None:
+    """`bench`, `chaos` and `demo` come from the intentledger-tools distribution
+    (tools/), which only the dev and bench installs have: the service's own wheel
+    carries no workshop code, so without the tools these commands do not exist."""
+    for command in entry_points(group="intentledger.commands"):
+        app.command(command.name)(command.load())
 
 
-@app.command()
-def chaos(
-    database_url: Annotated[
-        str, typer.Option("--database-url", help="A PostgreSQL URL (required).")
-    ],
-    operations: Annotated[int, typer.Option(help="Payments to send.")] = 2000,
-    workers: Annotated[int, typer.Option(help="Worker processes.")] = 3,
-    api: Annotated[int, typer.Option(help="API processes.")] = 2,
-    kill_every: Annotated[float, typer.Option(help="Seconds between SIGKILLs (randomised).")] = 2,
-    restart_db_cmd: Annotated[
-        str | None, typer.Option(help="Shell command that restarts the database, run once.")
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 1,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            help="Seconds the whole run may take, load and drain: it never runs past them."
-        ),
-    ] = 600,
-    break_for_tests: Annotated[str | None, typer.Option(hidden=True)] = None,
-    provider: Annotated[
-        str, typer.Option(help="sandbox (started by the run) or stripe (--stripe-api-base).")
-    ] = "sandbox",
-    stripe_api_base: Annotated[
-        str | None, typer.Option(help="Where a stripe fleet sends (INTENTLEDGER_STRIPE_API_KEY).")
-    ] = None,
-    stripe_truth_base: Annotated[
-        str | None,
-        typer.Option(help="Where the checker lists Stripe's PaymentIntents (default: API base)."),
-    ] = None,
-    database_pooler: Annotated[
-        str,
-        typer.Option(
-            envvar="INTENTLEDGER_DATABASE_POOLER",
-            help="INTENTLEDGER_DATABASE_POOLER: none, or pgbouncer (--database-url is a "
-            "PgBouncer in transaction mode).",
-        ),
-    ] = "none",
-    rate: Annotated[
-        float | None,
-        typer.Option(min=0.1, help="Payments a second, steadily (a soak); default: bursts."),
-    ] = None,
-    retention: Annotated[
-        str | None,
-        typer.Option(
-            help="A soak's record retention and replay window, e.g. 5m (test-only floors "
-            "lifted): the fleet reaps as it goes and the report samples the tables' sizes."
-        ),
-    ] = None,
-    load_seconds: Annotated[
-        float | None,
-        typer.Option(
-            min=0.1,
-            help="Spread the bursts over at least this many seconds (kills come only "
-            "while the load runs); default: as fast as the fleet takes them.",
-        ),
-    ] = None,
-    sandbox_key_retention: Annotated[
-        str,
-        typer.Option(
-            help="The sandbox's idempotency-key retention, e.g. 24h: short (the default) "
-            "so that late cases reach the safety review's 'a person decides' within a run; "
-            "production-like to see how much settles without a person."
-        ),
-    ] = "30s",
-) -> None:
-    """Payments under SIGKILLs, a database restart and provider faults, checked against
-    the provider's truth. The last line is a JSON report; any violation exits 1."""
-    from intentledger.chaos import ChaosConfig, print_report, run_chaos
-    from intentledger.store.database import Pooler, dialect_of
+_register_tool_commands()
 
-    if dialect_of(database_url) != "postgresql":
-        err.print("[red]chaos runs on PostgreSQL: pass --database-url postgresql://...[/red]")
-        raise typer.Exit(2)
-    from intentledger.domain.durations import parse_duration
-
-    try:
-        kept_for = parse_duration(retention) if retention is not None else None
-    except ValueError as exc:
-        err.print(f"[red]--retention: {exc}[/red]")
-        raise typer.Exit(2) from exc
-    try:
-        key_retention = parse_duration(sandbox_key_retention)
-    except ValueError as exc:
-        err.print(f"[red]--sandbox-key-retention: {exc}[/red]")
-        raise typer.Exit(2) from exc
-    if not key_retention:
-        err.print("[red]--sandbox-key-retention must be more than 0[/red]")
-        raise typer.Exit(2)
-    from intentledger.settings import SHORTEST_TEST_REPLAY_WINDOW
-
-    if kept_for is not None and kept_for < SHORTEST_TEST_REPLAY_WINDOW:
-        err.print(
-            f"[red]--retention must be at least {format_duration(SHORTEST_TEST_REPLAY_WINDOW)}: "
-            "the client retries a lost answer for up to 2 minutes[/red]"
-        )
-        raise typer.Exit(2)
-    if database_pooler not in ("none", "pgbouncer"):
-        err.print("[red]--database-pooler is none or pgbouncer[/red]")
-        raise typer.Exit(2)
-    if provider not in ("sandbox", "stripe") or (provider == "stripe") != bool(stripe_api_base):
-        err.print("[red]--provider is sandbox, or stripe with --stripe-api-base[/red]")
-        raise typer.Exit(2)
-    config = ChaosConfig(
-        database_url,
-        operations,
-        workers,
-        api,
-        kill_every,
-        restart_db_cmd,
-        seed,
-        timeout,
-        break_for_tests,
-        provider,
-        stripe_api_base,
-        stripe_truth_base,
-        cast(Pooler, database_pooler),  # one of the two, checked above
-        rate,
-        kept_for,
-        load_seconds,
-        key_retention,
-    )
-
-    async def main() -> dict[str, Any]:
-        # SIGTERM cancels the run like Ctrl-C: run_chaos's cleanup then stops
-        # every process it started before this one exits.
-        task = asyncio.current_task()
-        assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-        return await run_chaos(config, Console(stderr=True))
-
-    try:
-        report = asyncio.run(main())
-    except (asyncio.CancelledError, KeyboardInterrupt) as exc:
-        err.print("chaos stopped; every process it started has been stopped")
-        raise typer.Exit(130) from exc
-    print_report(report, Console(stderr=True))
-    raise typer.Exit(1 if report["violations"] else 0)
-
-
-def _register_bench() -> None:
-    from intentledger.bench import bench_command
-
-    app.command("bench", help="Benchmarks against pgbench and a peer, in one run.")(bench_command)
-
-
-_register_bench()
 
 if __name__ == "__main__":  # pragma: no cover
     app()

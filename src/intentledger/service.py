@@ -78,7 +78,6 @@ def build_worker(
             retention_policy_for(settings),
             load_safety_rules(settings.safety_rules),
             identity,
-            blind_retry_for_tests=settings.break_for_tests == "blind-retry",
         ),
         Sweeper(engine, clock, settings.stale_submitting, settings.recheck_backoff, identity),
         build_webhook_sender(settings, engine, clock, identity),

@@ -115,10 +115,6 @@ class Settings(BaseSettings):
     metrics_host: str = "0.0.0.0"
     # Optional TOML file of per-provider safety rules (see safety_config.py).
     safety_rules: str | None = None
-    # TEST ONLY: deliberately break the engine so the chaos harness can prove it
-    # catches real bugs. "blind-retry" resends UNKNOWN operations on a timer with
-    # a fresh key and no decision. Never set this outside that test.
-    break_for_tests: Literal["blind-retry"] | None = None
     # TEST ONLY: lift the replay window's floor (and so the retention's), for
     # the soak that reaps with a retention of minutes (`chaos --retention`).
     short_retention_for_tests: bool = False

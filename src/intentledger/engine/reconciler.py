@@ -31,7 +31,7 @@ from intentledger.domain.transport import LookupAnswer, judge_lookup
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
 from intentledger.engine.safety_review import PolicyFor, RulesFor, run_safety_review
-from intentledger.providers.base import Provider, ProviderLookup, ProviderRequest
+from intentledger.providers.base import Provider, ProviderLookup
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -73,9 +73,7 @@ class Reconciler:
         rules_for: RulesFor,
         worker_id: str,
         jitter: Callable[[], float] = random.random,
-        blind_retry_for_tests: bool = False,
     ) -> None:
-        self.blind_retry_for_tests = blind_retry_for_tests
         self.engine = engine
         self.provider = provider
         self.clock = clock
@@ -89,9 +87,7 @@ class Reconciler:
         begun = await self._begin_check(row)
         if begun is None:
             return
-        operation, query = begun
-        if self.blind_retry_for_tests:
-            await self._blind_retry(operation)
+        _, query = begun
         looked_at = self.clock()
         lookup = await self.provider.lookup(query)
         await self._record_lookup(row, lookup, kind="lookup_result", looked_at=looked_at)
@@ -113,16 +109,6 @@ class Reconciler:
         looked_at = self.clock()
         lookup = await self.provider.lookup(query)
         await self._record_lookup(row, lookup, kind="audit_lookup", looked_at=looked_at)
-
-    async def _blind_retry(self, operation: Record) -> None:
-        """THE BUG the chaos harness must catch (settings.break_for_tests): a timer
-        resends an UNKNOWN operation with a new key and records nothing."""
-        body = {k: v for k, v in operation.request_context["body"].items() if k != "mandate_id"}
-        await self.provider.submit(
-            ProviderRequest(
-                operation.kind, operation.operation_id, f"{operation.operation_id}:blind", body
-            )
-        )
 
     async def _begin_check(self, row: Record) -> tuple[Record, ProviderLookup] | None:
         async with self.engine.begin() as conn:

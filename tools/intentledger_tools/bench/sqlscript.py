@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from intentledger.bench.capture import Statement
+from intentledger_tools.bench.capture import Statement
 
 _PGBENCH_VARIABLE = re.compile(r":(?=[A-Za-z_])")
 

@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from intentledger.bench.capture import DispatchCapture, IntakeCapture, payment_body
-from intentledger.bench.sqlscript import (
+from intentledger_tools.bench.capture import DispatchCapture, IntakeCapture, payment_body
+from intentledger_tools.bench.sqlscript import (
     Expr,
     insert_select,
     pipelined,

@@ -26,8 +26,8 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from intentledger.bench.tools import apt_install
 from intentledger.ports import free_port
+from intentledger_tools.bench.tools import apt_install
 
 
 def find_pgbouncer() -> str:

@@ -1,10 +1,10 @@
 """`intentledger bench`: the benchmarks of docs/benchmarks.md, side by side with pgbench and a peer.
 
-Register the command with `app.command("bench")(bench_command)`.
+The `intentledger.commands` entry point of tools/pyproject.toml registers the command.
 """
 
 from __future__ import annotations
 
-from intentledger.bench.cli import bench_command
+from intentledger_tools.bench.cli import bench_command
 
 __all__ = ["bench_command"]

@@ -1,4 +1,4 @@
-"""`intentledger bench`: the command (register with `app.command("bench")(bench_command)`)."""
+"""`intentledger bench`: the command (registered by the `intentledger.commands` entry point)."""
 
 from __future__ import annotations
 
@@ -53,14 +53,16 @@ def bench_command(
         ),
     ] = False,
 ) -> None:
-    """Throughput against pgbench running our own SQL, Procrastinate and DBOS peers, recovery scan
+    """Benchmarks against pgbench and a peer, in one run.
+
+    Throughput against pgbench running our own SQL, Procrastinate and DBOS peers, recovery scan
     and memory, each judged against its goal (docs/benchmarks.md). Prints a table; the last
     line is one JSON object."""
     # Imported here: every `intentledger` process (workers too) loads this module.
-    from intentledger.bench.processes import ProcessFailed
-    from intentledger.bench.report import json_line, table, with_goals
-    from intentledger.bench.runner import PHASES, Bench, BenchConfig, BenchError
-    from intentledger.bench.tools import ToolMissing
+    from intentledger_tools.bench.processes import ProcessFailed
+    from intentledger_tools.bench.report import json_line, table, with_goals
+    from intentledger_tools.bench.runner import PHASES, Bench, BenchConfig, BenchError
+    from intentledger_tools.bench.tools import ToolMissing
 
     err = Console(stderr=True)
     try:

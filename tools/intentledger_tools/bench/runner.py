@@ -45,8 +45,14 @@ from rich.console import Console
 from sqlalchemy.engine import make_url
 
 from intentledger.api.auth import create_api_key
-from intentledger.bench import profiling, workloads
-from intentledger.bench.capture import (
+from intentledger.engine.clock import system_clock
+from intentledger.ports import free_port
+from intentledger.store.database import create_ledger_engine, libpq_url
+from intentledger.store.ledger import Ledger
+from intentledger.store.migrate import upgrade
+from intentledger.store.tables import metadata
+from intentledger_tools.bench import profiling, workloads
+from intentledger_tools.bench.capture import (
     BENCH_ACTOR,
     DispatchCapture,
     IntakeCapture,
@@ -54,9 +60,9 @@ from intentledger.bench.capture import (
     capture_intake,
     payment_body,
 )
-from intentledger.bench.emptying import empty_tables
-from intentledger.bench.pgbouncer import running_pgbouncer
-from intentledger.bench.processes import (
+from intentledger_tools.bench.emptying import empty_tables
+from intentledger_tools.bench.pgbouncer import running_pgbouncer
+from intentledger_tools.bench.processes import (
     Fleet,
     Proc,
     cpu_seconds,
@@ -66,9 +72,9 @@ from intentledger.bench.processes import (
     process_tree_cpu_seconds,
     runqueue_wait_seconds,
 )
-from intentledger.bench.report import fast_server_settings
-from intentledger.bench.sqlscript import Expr
-from intentledger.bench.tools import (
+from intentledger_tools.bench.report import fast_server_settings
+from intentledger_tools.bench.sqlscript import Expr
+from intentledger_tools.bench.tools import (
     WRK_SCRIPT,
     PgbenchResult,
     PgbenchTimedOut,
@@ -79,12 +85,6 @@ from intentledger.bench.tools import (
     start_wrk,
     wrk_result,
 )
-from intentledger.engine.clock import system_clock
-from intentledger.ports import free_port
-from intentledger.store.database import create_ledger_engine, libpq_url
-from intentledger.store.ledger import Ledger
-from intentledger.store.migrate import upgrade
-from intentledger.store.tables import metadata
 
 LEDGER_TABLES = [table.name for table in metadata.sorted_tables]
 # Outbox ids from here on are unmistakable among a recorded statement's values.
@@ -1033,7 +1033,7 @@ class Bench:
             port = free_port()
             slow = fleet.start(
                 "slow-sandbox",
-                "intentledger.bench.slow_sandbox",
+                "intentledger_tools.bench.slow_sandbox",
                 [
                     "--port",
                     str(port),
@@ -1123,7 +1123,7 @@ class Bench:
         cfg = self.config
         n = cfg.peer_payments
         try:
-            from intentledger.bench import peer
+            from intentledger_tools.bench import peer
         except ImportError as exc:
             self.say(
                 f"[yellow]peer skipped: {exc}; install the bench extra "
@@ -1148,7 +1148,7 @@ class Bench:
                 workers = [
                     fleet.start(
                         f"peer{k}",
-                        "intentledger.bench.peer",
+                        "intentledger_tools.bench.peer",
                         [
                             "--database-url",
                             self.libpq,
@@ -1205,7 +1205,7 @@ class Bench:
         cfg = self.config
         n = cfg.peer_payments
         try:
-            from intentledger.bench import peer_dbos
+            from intentledger_tools.bench import peer_dbos
         except ImportError as exc:
             self.say(
                 f"[yellow]DBOS peer skipped: {exc}; install the bench extra "
@@ -1227,7 +1227,7 @@ class Bench:
                 workers = [
                     fleet.start(
                         f"dbos{k}",
-                        "intentledger.bench.peer_dbos",
+                        "intentledger_tools.bench.peer_dbos",
                         [
                             "--database-url",
                             self.libpq,

@@ -9,7 +9,7 @@ the workflow's outcome in its system tables. The payments table lives in the
 schema `bench_dbos`, DBOS's system tables in `bench_dbos_sys`, both in the
 bench's database and both dropped afterwards.
 
-    python -m intentledger.bench.peer_dbos --database-url URL --sandbox-url URL \\
+    python -m intentledger_tools.bench.peer_dbos --database-url URL --sandbox-url URL \\
         --concurrency 128 --executor-id dbos0
 
 Workflows run as DBOS runs plain functions: each on a thread of its executor,
@@ -34,7 +34,7 @@ import psycopg_pool  # type: ignore[import-not-found,unused-ignore]
 import sqlalchemy as sa
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions
 
-from intentledger.bench.peer_payments import PAYMENTS_TABLE
+from intentledger_tools.bench.peer_payments import PAYMENTS_TABLE
 
 SCHEMA = "bench_dbos"
 SYSTEM_SCHEMA = "bench_dbos_sys"

@@ -103,6 +103,11 @@ VIOLATIONS = (
 )
 
 
+# The broken builds a run can give its workers: the module each is started
+# with instead of intentledger.cli (it takes the same arguments).
+MUTATIONS = {"blind-retry": "intentledger_tools.blind_retry"}
+
+
 @dataclass
 class ChaosConfig:
     database_url: str
@@ -113,7 +118,9 @@ class ChaosConfig:
     restart_db_cmd: str | None = None
     seed: int = 1
     timeout: float = 600.0
-    break_for_tests: str | None = None
+    # Set: the workers run this deliberately broken build (MUTATIONS), which
+    # the run must catch; the service itself has no switch to break it.
+    mutation: str | None = None
     provider: str = "sandbox"
     # Where the Stripe fleet sends (Stripe, or a fake behind a fault proxy), and
     # where the checker reads Stripe's truth (default: the same base).
@@ -182,8 +189,6 @@ class Fleet:
             "INTENTLEDGER_SANDBOX_KEY_RETENTION": format_duration(config.sandbox_key_retention),
             "INTENTLEDGER_SANDBOX_DATABASE": str(workdir / "sandbox.db"),
         }
-        if config.break_for_tests:
-            self.env["INTENTLEDGER_BREAK_FOR_TESTS"] = config.break_for_tests
         if config.retention is not None:
             self.env.update(
                 {
@@ -226,6 +231,8 @@ class Fleet:
         if name.startswith("api"):
             port = self.api_ports[int(name.removeprefix("api"))]
             return [*cli, "serve", "--no-workers", "--port", str(port)]
+        if self.config.mutation is not None:
+            cli = [sys.executable, "-m", MUTATIONS[self.config.mutation]]
         return [*cli, "worker", "--concurrency", "16"]
 
     def start(self, name: str) -> None:

@@ -5,7 +5,7 @@ loads the payment, POSTs the charge to the sandbox with an idempotency key and
 records the answer. It lives in its own PostgreSQL schema (`bench_peer`) of
 the bench's database, with Procrastinate's schema applied there.
 
-    python -m intentledger.bench.peer --database-url URL --sandbox-url URL --concurrency 16
+    python -m intentledger_tools.bench.peer --database-url URL --sandbox-url URL --concurrency 16
 
 Procrastinate is a bench-only extra (`pip install -e '.[bench]'`), never a
 runtime dependency of intentledger.
@@ -26,7 +26,7 @@ import psycopg
 import psycopg_pool  # type: ignore[import-not-found,unused-ignore]
 
 from intentledger import eventloop
-from intentledger.bench.peer_payments import PAYMENTS_TABLE
+from intentledger_tools.bench.peer_payments import PAYMENTS_TABLE
 
 SCHEMA = "bench_peer"
 TASK = "charge_payment"

@@ -1,6 +1,6 @@
 """A sandbox provider whose `pm_slow` answers after a chosen delay (the CLI fixes 1 s).
 
-python -m intentledger.bench.slow_sandbox --port P --database FILE --slow-seconds 0.2
+python -m intentledger_tools.bench.slow_sandbox --port P --database FILE --slow-seconds 0.2
 """
 
 from __future__ import annotations
