@@ -44,7 +44,6 @@ import psycopg
 from rich.console import Console
 from sqlalchemy.engine import make_url
 
-from intentledger.api.auth import create_api_key
 from intentledger.bench import profiling, workloads
 from intentledger.bench.capture import (
     BENCH_ACTOR,
@@ -79,6 +78,7 @@ from intentledger.bench.tools import (
     start_wrk,
     wrk_result,
 )
+from intentledger.engine.api_keys import create_api_key
 from intentledger.engine.clock import system_clock
 from intentledger.ports import free_port
 from intentledger.store.database import create_ledger_engine, libpq_url
