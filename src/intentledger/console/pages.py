@@ -1,8 +1,8 @@
 """The operator console: server-rendered pages over the ledger, and the
 operator actions behind a confirmation step.
 
-Reads go through the engine's queries; every action goes through the code the
-operator API runs too (web/operator_actions.py) under an Idempotency-Key the confirmation
+Reads go through the engine's queries; every action runs the code the operator
+API runs (web/operator_actions.py) under an Idempotency-Key the confirmation
 page made, so a form sent twice (a double click, a reload) does one thing, and
 the record says who did it and why, exactly as when the API is used.
 """

@@ -1,9 +1,8 @@
 """The reads the entry points render: the API's documents and the console's
 pages ask here, so neither opens a connection nor builds a repository itself.
 
-Each function reads in one connection, so what it returns is one consistent
-view (on PostgreSQL each statement sees committed data; the parts of one view
-are read back to back, as the pages always did).
+Each function reads its parts on one connection, back to back, as the routes
+and pages did when they read the store themselves.
 """
 
 from __future__ import annotations
