@@ -10,9 +10,10 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.api.app import create_app
-from intentledger.api.auth import Principal, PrincipalCache, create_api_key
+from intentledger.app import create_app
+from intentledger.engine.api_keys import Principal, create_api_key
 from intentledger.engine.clock import system_clock
+from intentledger.web.auth import PrincipalCache
 
 
 class StatementLog:

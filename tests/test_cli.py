@@ -23,11 +23,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 from typer.main import get_command
 
-from intentledger.api.app import create_app
-from intentledger.api.auth import create_api_key, hash_token
+from intentledger.app import create_app
 from intentledger.cli import app
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.states import NextAction, State
+from intentledger.engine.api_keys import create_api_key, hash_token
 from intentledger.engine.clock import system_clock
 from intentledger.engine.intake import Intent, PaymentIntent, accept, accept_payment
 from intentledger.ports import free_port

@@ -16,12 +16,12 @@ import pytest
 from sqlalchemy import event, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.api.app import create_app
-from intentledger.api.auth import create_api_key, hash_token
+from intentledger.app import create_app
 from intentledger.console.pages import human_duration, templates
 from intentledger.console.session import COOKIE, csrf_token
 from intentledger.domain.states import NextAction, State
 from intentledger.domain.work_queue import QueueFacts, needs
+from intentledger.engine.api_keys import create_api_key, hash_token
 from intentledger.store.console_sessions import find_key, open_session
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import attempts, cards, decisions, mandates, operations

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import insert, select
 
-from intentledger.api.auth import TOKEN_PREFIX, hash_token
+from intentledger.engine.api_keys import TOKEN_PREFIX, hash_token
 from intentledger.ports import free_port
 from intentledger.store.database import create_sync_engine
 from intentledger.store.tables import api_keys, idempotency_records, metadata, operations, outbox

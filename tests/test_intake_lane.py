@@ -14,8 +14,9 @@ from fastapi import FastAPI
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.api.app import LedgerApp, create_app
-from intentledger.api.auth import create_api_key
+from intentledger.api.app import LedgerApp
+from intentledger.app import create_app
+from intentledger.engine.api_keys import create_api_key
 from intentledger.engine.clock import system_clock
 from intentledger.engine.group_intake import IntakeGroups
 

@@ -18,9 +18,9 @@ import standardwebhooks
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.api.app import create_app
-from intentledger.api.auth import create_api_key
+from intentledger.app import create_app
 from intentledger.client import Client, ValidationFailed, WebhookRefused, verify_webhook
+from intentledger.engine.api_keys import create_api_key
 from intentledger.engine.clock import system_clock
 from intentledger.engine.webhook_endpoints import new_secret
 from intentledger.store.tables import webhook_endpoints

@@ -12,7 +12,7 @@ webhook secrets and the IBAN in each of its written forms.
 It can fail: the IBAN is asserted present where it belongs (the operation's
 request, kept to send it again; the sandbox's truth), so the search looks for
 the form that flows. To check the test itself, log a token (e.g. in
-api/auth.py) and watch it fail.
+web/auth.py) and watch it fail.
 """
 
 from __future__ import annotations

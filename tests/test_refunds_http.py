@@ -13,10 +13,10 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.api.app import create_app
-from intentledger.api.auth import create_api_key
+from intentledger.app import create_app
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.retention import sandbox_policy
+from intentledger.engine.api_keys import create_api_key
 from intentledger.engine.clock import system_clock
 from intentledger.engine.intake import Intent
 from intentledger.engine.operator import (

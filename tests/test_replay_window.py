@@ -16,13 +16,13 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.api.app import create_app
-from intentledger.api.auth import create_api_key
+from intentledger.app import create_app
 from intentledger.domain.replay_window import (
     DEFAULT_REPLAY_WINDOW,
     SHORTEST_REPLAY_WINDOW,
     replay_window_passed,
 )
+from intentledger.engine.api_keys import create_api_key
 from intentledger.settings import Settings
 from intentledger.store import tables
 from intentledger.store.group_statement import group_statement_for

@@ -254,9 +254,10 @@ def _require_provider(settings: Settings) -> None:
     """Refuse an unknown provider or its missing configuration (a Stripe key)
     at start-up, in one line, before anything is served or sent."""
     from intentledger.providers.registry import ProviderNotConfigured, check_provider
+    from intentledger.service import provider_config
 
     try:
-        check_provider(settings)
+        check_provider(provider_config(settings))
     except ProviderNotConfigured as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
@@ -599,14 +600,15 @@ def providers() -> None:
     from rich.table import Table
 
     from intentledger.providers.registry import plugins
+    from intentledger.service import provider_config
 
-    settings = load_settings()
+    config = provider_config(load_settings())
     table = Table(title="provider adapters (entry points: intentledger.providers)")
     for column in ("name", "kinds", "key retention", "lookup consistency"):
         table.add_column(column, overflow="fold")
     for plugin in plugins().values():
-        policy = plugin.retention(settings)
-        consistency = plugin.consistency(settings)
+        policy = plugin.retention(config)
+        consistency = plugin.consistency(config)
         lag = "strong" if consistency.lag is None else f"may lag {consistency.lag}"
         table.add_row(
             f"{plugin.name}\n{plugin.summary}",
@@ -649,7 +651,7 @@ def keys_create(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create an API key; its token is printed once, as the last line."""
-    from intentledger.api.auth import create_api_key
+    from intentledger.engine.api_keys import create_api_key
     from intentledger.engine.clock import system_clock
     from intentledger.store.database import create_ledger_engine
 
@@ -668,7 +670,7 @@ def keys_create(
     except ValueError as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
-    from intentledger.api.auth import hash_token
+    from intentledger.engine.api_keys import hash_token
 
     stored = hash_token(token)
     [made] = _keys_work(

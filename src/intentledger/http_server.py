@@ -34,7 +34,7 @@ from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from intentledger.api.problems import PROBLEM_BASE, PROBLEM_JSON
+from intentledger.web.problems import PROBLEM_BASE, PROBLEM_JSON
 
 # A request head (request line and header fields) beyond these is refused 431.
 # 16 KiB is h11's and Node's default; a bearer token, a console cookie and a

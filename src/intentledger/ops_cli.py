@@ -277,7 +277,10 @@ def approve_resubmission(
     """Approve a deliberate new request (a new provider key) for an operation in MANUAL_REVIEW."""
     action = _action(operation_id, by, reason)
     settings = _settings(database_url)
-    policy_for = retention_policy_for(settings)
+    # The composition root's, imported here: the rest of `ops` needs no service.
+    from intentledger.service import provider_config
+
+    policy_for = retention_policy_for(provider_config(settings))
     _act(
         database_url,
         lambda ledger, now: operator.approve_resubmission(ledger, now, action, policy_for),

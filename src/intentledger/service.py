@@ -8,13 +8,14 @@ import secrets
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from intentledger.api.app import create_app
+from intentledger.app import create_app
 from intentledger.domain.merchant_events import RetrySchedule
 from intentledger.engine.clock import Clock, system_clock
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings
@@ -25,8 +26,14 @@ from intentledger.engine.sync_writes import SyncWriter
 from intentledger.engine.webhook_sender import WebhookSender
 from intentledger.engine.worker import Worker, run_worker
 from intentledger.observability.logs import bind_log_context
+from intentledger.observability.provider_metrics import InstrumentedProvider
 from intentledger.providers.base import Provider, WebhookReader
-from intentledger.providers.registry import build_provider, plugin_for, retention_policy_for
+from intentledger.providers.registry import (
+    ProviderConfig,
+    build_provider,
+    plugin_for,
+    retention_policy_for,
+)
 from intentledger.providers.sandbox import create_sandbox_app
 from intentledger.providers.sandbox.webhooks import SandboxWebhooks
 from intentledger.safety_config import load_safety_rules
@@ -42,6 +49,30 @@ def worker_id(role: str) -> str:
     return f"{role}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
+def provider_config(settings: Settings) -> ProviderConfig:
+    """What the adapters read of the settings, as plain values."""
+    return ProviderConfig(
+        provider=settings.provider,
+        provider_url=settings.provider_url,
+        submit_timeout=settings.submit_timeout,
+        worker_concurrency=settings.worker_concurrency,
+        sandbox_key_retention=settings.sandbox_key_retention,
+        sandbox_webhook_secret=settings.sandbox_webhook_secret,
+        stripe_api_key=settings.stripe_api_key,
+        stripe_api_base=settings.stripe_api_base,
+        stripe_search_lag=settings.stripe_search_lag,
+        stripe_webhook_secret=settings.stripe_webhook_secret,
+    )
+
+
+def instrumented_provider(
+    settings: Settings, default_url: str | None, timeout: timedelta | None = None
+) -> Provider:
+    """The configured adapter, every call timed and counted in one place
+    (observability/provider_metrics.py)."""
+    return InstrumentedProvider(build_provider(provider_config(settings), default_url, timeout))
+
+
 def build_dispatcher(
     settings: Settings,
     engine: AsyncEngine,
@@ -52,7 +83,7 @@ def build_dispatcher(
 ) -> Dispatcher:
     return Dispatcher(
         engine,
-        provider or build_provider(settings, default_provider_url),
+        provider or instrumented_provider(settings, default_provider_url),
         clock,
         DispatchSettings(lease=settings.lease, recheck_backoff=settings.recheck_backoff),
         identity,
@@ -62,7 +93,7 @@ def build_dispatcher(
 def build_worker(
     settings: Settings, engine: AsyncEngine, clock: Clock, default_provider_url: str | None
 ) -> Worker:
-    provider = build_provider(settings, default_provider_url)
+    provider = instrumented_provider(settings, default_provider_url)
     identity = worker_id("worker")
     return Worker(
         engine,
@@ -75,7 +106,7 @@ def build_worker(
             provider,
             clock,
             settings.recheck_backoff,
-            retention_policy_for(settings),
+            retention_policy_for(provider_config(settings)),
             load_safety_rules(settings.safety_rules),
             identity,
         ),
@@ -137,7 +168,7 @@ def build_service_app(
         clock,
         sandbox_url,
         worker_id(REQUEST_PATH_OWNER),
-        build_provider(settings, sandbox_url, timeout=settings.request_path_timeout),
+        instrumented_provider(settings, sandbox_url, timeout=settings.request_path_timeout),
     )
     sync_writer = SyncWriter(engine, clock, sync_dispatcher, settings.lease)
 
@@ -165,7 +196,7 @@ def build_service_app(
         settings.provider,
         lifespan=lifespan,
         sync_writer=sync_writer,
-        policy_for=retention_policy_for(settings),
+        policy_for=retention_policy_for(provider_config(settings)),
         body_timeout=settings.body_timeout.total_seconds(),
         provider_kinds=plugin_for(settings.provider).kinds,
         webhook_readers=webhook_readers(settings),
@@ -188,7 +219,7 @@ def build_service_app(
 
 def webhook_readers(settings: Settings) -> dict[str, WebhookReader]:
     """The configured provider's webhook verifier, if its secret is set."""
-    reader = plugin_for(settings.provider).webhooks(settings)
+    reader = plugin_for(settings.provider).webhooks(provider_config(settings))
     return {settings.provider: reader} if reader is not None else {}
 
 

@@ -194,9 +194,11 @@ def test_what_is_stored_of_an_answer_holds_no_secret() -> None:
 def test_only_a_clean_secret_or_restricted_key_is_accepted(key: str) -> None:
     from pydantic import SecretStr
 
+    from intentledger.service import provider_config
     from intentledger.settings import Settings
 
-    problems = PLUGIN.problems(Settings(provider="stripe", stripe_api_key=SecretStr(key)))
+    config = provider_config(Settings(provider="stripe", stripe_api_key=SecretStr(key)))
+    problems = PLUGIN.problems(config)
     assert (problems == []) == (key in ("sk_test_ok", "rk_live_A1"))
     if len(key.strip()) > 3:  # "sk_" and "x" occur in the message's own words
         assert all(key.strip() not in problem for problem in problems)

@@ -38,9 +38,9 @@ from rich.live import Live
 from rich.table import Table
 from sqlalchemy import func, select, text
 
-from intentledger.api.auth import create_api_key
 from intentledger.domain.durations import format_duration
 from intentledger.domain.refunds import captured_by, refund_totals, view_of
+from intentledger.engine.api_keys import create_api_key
 from intentledger.engine.clock import system_clock
 from intentledger.ports import free_port
 from intentledger.store.database import Pooler, create_ledger_engine, create_sync_engine

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from intentledger.api.auth import create_api_key
 from intentledger.domain.currencies import format_amount
+from intentledger.engine.api_keys import create_api_key
 from intentledger.engine.clock import system_clock
 from intentledger.ports import free_port
 from intentledger.store.database import create_ledger_engine

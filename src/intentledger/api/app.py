@@ -1,4 +1,7 @@
-"""The HTTP API: intake, the ledger record and its timeline, health."""
+"""The HTTP API: intake, the ledger record and its timeline, health.
+
+`create_api` builds the API's app; the composition root (intentledger/app.py)
+mounts the operator console beside it."""
 
 from __future__ import annotations
 
@@ -13,29 +16,20 @@ import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import Receive, Scope, Send
 
-from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
 from intentledger.api.edge import DEFAULT_BODY_TIMEOUT, EdgeGuard, admit, refusal
 from intentledger.api.mandate_routes import router as mandate_router
 from intentledger.api.metrics_route import router as metrics_router
 from intentledger.api.openapi import install_openapi
 from intentledger.api.operator_routes import router as operator_router
-from intentledger.api.problems import (
-    Problem,
-    install_problem_handlers,
-    invalid_body_response,
-)
 from intentledger.api.refund_routes import router as refund_router
 from intentledger.api.resource_routes import router as resource_router
 from intentledger.api.schemas import PaymentRequest
-from intentledger.api.validation import valid_idempotency_key
 from intentledger.api.webhook_endpoint_routes import router as webhook_endpoint_router
 from intentledger.api.webhook_routes import router as webhook_router
-from intentledger.console.pages import install_console
 from intentledger.documents import event_documents, operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW
@@ -44,14 +38,20 @@ from intentledger.domain.retention import (
     RetentionPolicy,
     policy_for_provider,
 )
-from intentledger.domain.work_queue import DEFAULT_WAITING_THRESHOLD
+from intentledger.engine import queries
+from intentledger.engine.api_keys import Principal
 from intentledger.engine.clock import Clock
 from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.intake import PaymentIntent
 from intentledger.engine.sync_writes import SyncWriter
 from intentledger.providers.base import KINDS, WebhookReader
-from intentledger.store.group_statement import GroupStatement
-from intentledger.store.ledger import Ledger
+from intentledger.web.auth import authenticate
+from intentledger.web.problems import (
+    Problem,
+    install_problem_handlers,
+    invalid_body_response,
+)
+from intentledger.web.validation import valid_idempotency_key
 
 PAYMENTS_PATH = "/v1/payments"
 PAYMENTS_ROUTE = "POST " + PAYMENTS_PATH
@@ -132,15 +132,10 @@ class AcceptedIntent(JSONResponse):
 async def _load_document(
     engine: AsyncEngine, operation_id: str, actor: str | None = None
 ) -> dict[str, Any]:
-    async with engine.connect() as conn:
-        ledger = Ledger(conn)
-        operation = await ledger.get_operation(operation_id)
-        if operation is None or (actor is not None and operation.actor != actor):
-            raise _not_found(operation_id)
-        attempts = await ledger.attempts_of(operation_id)
-        results = await ledger.submit_results_of(operation_id)
-        refunds = await ledger.refunds_of(operation_id) if operation.kind == "payment" else ()
-    return operation_document(operation, attempts, results, refunds)
+    view = await queries.operation_view(engine, operation_id)
+    if view is None or (actor is not None and view.operation.actor != actor):
+        raise _not_found(operation_id)
+    return operation_document(view.operation, view.attempts, view.submit_results, view.refunds)
 
 
 def _not_found(operation_id: str) -> Problem:
@@ -160,20 +155,17 @@ async def get_operation(
 async def get_operation_events(
     operation_id: str, request: Request, principal: Authenticated
 ) -> JSONResponse:
-    async with request.app.state.engine.connect() as conn:
-        ledger = Ledger(conn)
-        operation = await ledger.get_operation(operation_id)
-        if operation is None or operation.actor != principal.actor:
-            raise _not_found(operation_id)
-        tagged = await ledger.events_of(operation_id)
+    found = await queries.operation_events(request.app.state.engine, operation_id)
+    if found is None or found[0].actor != principal.actor:
+        raise _not_found(operation_id)
+    _operation, tagged = found
     return JSONResponse({"data": event_documents(tagged)})
 
 
 @router.get("/healthz", summary="200 once the database answers")
 async def healthz(request: Request) -> JSONResponse:
     try:
-        async with request.app.state.engine.connect() as conn:
-            await conn.execute(text("SELECT 1"))
+        await queries.check_database(request.app.state.engine)
     except Exception as exc:
         raise Problem(
             503,
@@ -233,7 +225,7 @@ class LedgerApp(FastAPI):
         raise AssertionError("install_problem_handlers installs a handler for Exception")
 
 
-def create_app(
+def create_api(
     engine: AsyncEngine,
     clock: Clock,
     provider_name: str,
@@ -245,9 +237,8 @@ def create_app(
     webhook_readers: Mapping[str, WebhookReader] | None = None,
     recheck_backoff: timedelta = timedelta(seconds=30),
     webhook_allow_private: bool = False,
-    operator_queue_after: timedelta = DEFAULT_WAITING_THRESHOLD,
     replay_window: timedelta = DEFAULT_REPLAY_WINDOW,
-    group_statement: GroupStatement | None = None,
+    intake_groups: IntakeGroups | None = None,
 ) -> FastAPI:
     app = LedgerApp(
         lifespan=lifespan,
@@ -271,9 +262,8 @@ def create_app(
     app.state.recheck_backoff = recheck_backoff
     # Merchant webhook targets on loopback/private addresses (development only).
     app.state.webhook_allow_private = webhook_allow_private
-    # Concurrent payment intents share a commit (engine/group_intake.py), on
-    # PostgreSQL one autocommitted statement on `group_statement`'s connection.
-    app.state.intake_groups = IntakeGroups(engine, clock, group_statement=group_statement)
+    # Concurrent payment intents share a commit (engine/group_intake.py).
+    app.state.intake_groups = intake_groups or IntakeGroups(engine, clock)
     # How long an equal retry replays; after it a reused key is 409 key-expired.
     app.state.replay_window = replay_window
     # Beneficiary and card writes call the provider in the request path.
@@ -294,7 +284,6 @@ def create_app(
     app.include_router(webhook_router)
     app.include_router(webhook_endpoint_router)
     app.include_router(refund_router)
-    install_console(app, operator_queue_after)
     app.include_router(metrics_router)
     install_openapi(app)
     return app

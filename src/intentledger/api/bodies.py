@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import Request
 
 from intentledger.api.edge import JSON_STATE, NO_BODY
-from intentledger.api.problems import Problem
+from intentledger.web.problems import Problem
 
 
 async def read_json_body(request: Request) -> Any:

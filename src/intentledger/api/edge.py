@@ -38,8 +38,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from intentledger.api.auth import authenticate
-from intentledger.api.problems import Problem, problem_response
+from intentledger.web.auth import authenticate
+from intentledger.web.problems import Problem, problem_response
 
 MAX_BODY_BYTES = 64 * 1024
 DEFAULT_BODY_TIMEOUT = 30.0

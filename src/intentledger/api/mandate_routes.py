@@ -8,15 +8,16 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
-from intentledger.api.problems import Problem, invalid_body_response
 from intentledger.api.schemas import MAX_AMOUNT, Currency
-from intentledger.api.validation import valid_idempotency_key
 from intentledger.documents import mandate_document
 from intentledger.domain.canonical import request_hash
 from intentledger.engine import mandates
-from intentledger.store.tables import Record
+from intentledger.engine.api_keys import Principal
+from intentledger.engine.queries import Record
+from intentledger.web.auth import authenticate
+from intentledger.web.problems import Problem, invalid_body_response
+from intentledger.web.validation import valid_idempotency_key
 
 router = APIRouter(prefix="/v1/mandates", tags=["mandates"])
 Authenticated = Annotated[Principal, Depends(authenticate)]

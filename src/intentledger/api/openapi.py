@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from intentledger.api.problems import PROBLEM_JSON, TITLES
+from intentledger.web.problems import PROBLEM_JSON, TITLES
 
 ID_PATTERN = "^[A-Za-z0-9_-]{1,40}$"
 NO_NUL = "^[^\\x00]*$"

@@ -9,17 +9,18 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field, ValidationError
 
-from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
-from intentledger.api.problems import Problem, invalid_body_response
 from intentledger.api.resource_routes import ScenarioBody
 from intentledger.api.schemas import MAX_AMOUNT
-from intentledger.api.validation import valid_idempotency_key
 from intentledger.documents import operation_document
 from intentledger.domain.canonical import request_hash
+from intentledger.engine import queries
+from intentledger.engine.api_keys import Principal
 from intentledger.engine.intake import Intent
 from intentledger.engine.refunds import REFUND_ROUTE, accept_refund
-from intentledger.store.ledger import Ledger
+from intentledger.web.auth import authenticate
+from intentledger.web.problems import Problem, invalid_body_response
+from intentledger.web.validation import valid_idempotency_key
 
 router = APIRouter(tags=["refunds"])
 Authenticated = Annotated[Principal, Depends(authenticate)]
@@ -95,10 +96,8 @@ async def create_refund(
 
 @router.get("/v1/payments/{payment_id}/refunds", summary="A payment's refunds, oldest first")
 async def list_refunds(payment_id: str, request: Request, principal: Authenticated) -> JSONResponse:
-    async with request.app.state.engine.connect() as conn:
-        ledger = Ledger(conn)
-        payment = await ledger.get_operation(payment_id)
-        if payment is None or payment.actor != principal.actor or payment.kind != "payment":
-            raise _not_found(payment_id)
-        refunds = await ledger.refunds_of(payment_id)
+    found = await queries.payment_refunds(request.app.state.engine, payment_id)
+    if found is None or found[0].actor != principal.actor or found[0].kind != "payment":
+        raise _not_found(payment_id)
+    _payment, refunds = found
     return JSONResponse({"data": [operation_document(r) for r in refunds]})

@@ -14,18 +14,18 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
-from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
-from intentledger.api.problems import Problem, invalid_body_response
-from intentledger.api.validation import valid_idempotency_key
 from intentledger.documents import card_document, operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.iban import normalise_iban
 from intentledger.domain.states import State
-from intentledger.engine import cards
+from intentledger.engine import cards, queries
+from intentledger.engine.api_keys import Principal
 from intentledger.engine.intake import Intent, Prepare
 from intentledger.engine.sync_writes import SyncWriter, WriteResult
-from intentledger.store.ledger import Ledger
+from intentledger.web.auth import authenticate
+from intentledger.web.problems import Problem, invalid_body_response
+from intentledger.web.validation import valid_idempotency_key
 
 router = APIRouter(tags=["beneficiaries and cards"])
 Authenticated = Annotated[Principal, Depends(authenticate)]
@@ -152,8 +152,9 @@ async def create_beneficiary(
 
 
 async def _card_response(request: Request, result: WriteResult) -> JSONResponse:
-    async with request.app.state.engine.connect() as conn:
-        card = await Ledger(conn).get_card(result.operation.request_context["card_id"])
+    card = await queries.card_of(
+        request.app.state.engine, result.operation.request_context["card_id"]
+    )
     assert card is not None
     document = card_document(card)
     document["operation"] = operation_document(result.operation)
@@ -231,8 +232,7 @@ async def unfreeze_card(
 
 @router.get("/v1/cards/{card_id}", summary="A card's projection")
 async def get_card(card_id: str, request: Request, principal: Authenticated) -> JSONResponse:
-    async with request.app.state.engine.connect() as conn:
-        card = await Ledger(conn).get_card(card_id)
+    card = await queries.card_of(request.app.state.engine, card_id)
     if card is None or card.actor != principal.actor:
         raise Problem(404, "card-not-found", "Not Found", f"no card {card_id!r}")
     return JSONResponse(card_document(card))

@@ -9,18 +9,19 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from intentledger.api.auth import Principal, authenticate
 from intentledger.api.bodies import read_json_object
-from intentledger.api.problems import Problem, invalid_body_response
 from intentledger.api.schemas import MAX_ROW_ID
-from intentledger.api.validation import valid_idempotency_key
 from intentledger.documents import json_value
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.merchant_events import EVENT_TYPES
 from intentledger.domain.webhook_targets import MAX_URL_LENGTH
 from intentledger.engine import webhook_endpoints
+from intentledger.engine.api_keys import Principal
 from intentledger.engine.mandates import Keyed
-from intentledger.store.tables import Record
+from intentledger.engine.queries import Record
+from intentledger.web.auth import authenticate
+from intentledger.web.problems import Problem, invalid_body_response
+from intentledger.web.validation import valid_idempotency_key
 
 router = APIRouter(prefix="/v1/webhook-endpoints", tags=["merchant webhooks"])
 Authenticated = Annotated[Principal, Depends(authenticate)]

@@ -14,11 +14,11 @@ from collections import Counter
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from intentledger.api.problems import Problem
 from intentledger.domain.signatures import SignatureRefused
 from intentledger.engine.provider_events import receive
 from intentledger.observability.metrics import WEBHOOKS_IN
 from intentledger.providers.base import UnreadableEvent, WebhookReader
+from intentledger.web.problems import Problem
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["webhooks"])

@@ -1,8 +1,8 @@
 """The operator console: server-rendered pages over the ledger, and the
 operator actions behind a confirmation step.
 
-Reads go straight to the ledger; every action goes through the operator API's
-own code (api/operator_routes.py) under an Idempotency-Key the confirmation
+Reads go through the engine's queries; every action runs the code the operator
+API runs (web/operator_actions.py) under an Idempotency-Key the confirmation
 page made, so a form sent twice (a double click, a reload) does one thing, and
 the record says who did it and why, exactly as when the API is used.
 """
@@ -23,10 +23,6 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from pydantic import BaseModel, ValidationError
 
-from intentledger.api.auth import Principal
-from intentledger.api.operator_routes import ACTION_BODIES, perform_operator_action
-from intentledger.api.problems import Problem, problem_response
-from intentledger.api.validation import valid_idempotency_key
 from intentledger.console.session import (
     CSRF_FIELD,
     SESSION_LENGTH,
@@ -50,19 +46,13 @@ from intentledger.domain.durations import parse_duration
 from intentledger.domain.safety import attempt_key
 from intentledger.domain.states import UNRESOLVED, NextAction, State
 from intentledger.domain.work_queue import OPERATION_ID, Cursor, Need, QueueFacts, needs
-from intentledger.engine import operator
+from intentledger.engine import operator, queries
+from intentledger.engine.api_keys import Principal
+from intentledger.engine.queries import ACTOR_LENGTH, QueueFilter, Record
 from intentledger.engine.refusal import Refusal
-from intentledger.store.ledger import Ledger
-from intentledger.store.tables import ACTOR_LENGTH, Record
-from intentledger.store.work_queue import (
-    QueueFilter,
-    list_cards,
-    list_mandates,
-    merchant_events_of,
-    open_operations_of_mandate,
-    queue_providers,
-    work_queue,
-)
+from intentledger.web.operator_actions import ACTION_BODIES, perform_operator_action
+from intentledger.web.problems import Problem, problem_response
+from intentledger.web.validation import valid_idempotency_key
 
 PREFIX = "/console"
 PAGE_SIZE = 50
@@ -404,9 +394,9 @@ async def queue_page(
             raise _bad_filter("not a queue position") from exc
     now = request.app.state.clock()
     threshold: timedelta = request.app.state.console_waiting_threshold
-    async with request.app.state.engine.connect() as conn:
-        page = await work_queue(conn, now, threshold, chosen, cursor, PAGE_SIZE)
-        providers = await queue_providers(conn)
+    page, providers = await queries.queue(
+        request.app.state.engine, now, threshold, chosen, cursor, PAGE_SIZE
+    )
     rows = [
         {
             "row": row,
@@ -497,12 +487,8 @@ async def _operation_story(request: Request, operation_id: str) -> dict[str, Any
     document = operation_document(
         record, shown["attempts"], shown["submit_results"], shown["refunds"]
     )
-    async with request.app.state.engine.connect() as conn:
-        ledger = Ledger(conn)
-        events = await merchant_events_of(conn, operation_id)
-        mandate = await ledger.get_mandate(record.mandate_id) if record.mandate_id else None
-        card_id = record.request_context.get("card_id") if record.kind.startswith("card") else None
-        card = await ledger.get_card(card_id) if isinstance(card_id, str) else None
+    around = await queries.surroundings(request.app.state.engine, record)
+    mandate, card = around.mandate, around.card
     timeline = event_documents(shown["events"])
     return {
         "record": record,
@@ -510,7 +496,7 @@ async def _operation_story(request: Request, operation_id: str) -> dict[str, Any
         "timeline": timeline,
         "lookups": [e for e in timeline if e["type"] == "observation" and "lookup" in e["kind"]],
         "refunds": [operation_document(refund) for refund in shown["refunds"]],
-        "merchant_events": _announced(events),
+        "merchant_events": _announced(around.merchant_events),
         "mandate": mandate_document(mandate) if mandate is not None else None,
         "card": card_document(card) if card is not None else None,
         "actions": available_actions(document, bool(shown["attempts"])),
@@ -557,10 +543,9 @@ async def _key_review(
         return None
     last = attempts[-1]
     record = story["record"]
-    async with request.app.state.engine.connect() as conn:
-        first_use = await Ledger(conn).first_use_of_key(
-            record.operation_id, last["provider_idempotency_key"]
-        )
+    first_use = await queries.first_use_of_key(
+        request.app.state.engine, record.operation_id, last["provider_idempotency_key"]
+    )
     try:
         policy = request.app.state.policy_for(record.provider)
     except KeyError as exc:
@@ -683,8 +668,9 @@ async def mandates_page(
         raise _bad_filter(f"no mandate status {status!r}")
     chosen_actor = _filter_text(actor, "actor", ACTOR_LENGTH)
     start = _id(after, "mandate") if after else None
-    async with request.app.state.engine.connect() as conn:
-        rows = await list_mandates(conn, status or None, chosen_actor, start, PAGE_SIZE + 1)
+    rows = await queries.mandates(
+        request.app.state.engine, status or None, chosen_actor, start, PAGE_SIZE + 1
+    )
     return _page(
         request,
         "mandates.html",
@@ -702,23 +688,18 @@ async def mandates_page(
 async def mandate_page(request: Request, mandate_id: str) -> HTMLResponse:
     token, principal = await _operator(request)
     mandate_id = _id(mandate_id, "mandate")
-    async with request.app.state.engine.connect() as conn:
-        mandate = await Ledger(conn).get_mandate(mandate_id)
-        if mandate is None:
-            raise ConsoleRefusal(
-                404, "mandate-not-found", "Not Found", f"no mandate {mandate_id!r}"
-            )
-        open_operations = await open_operations_of_mandate(conn, mandate_id, PAGE_SIZE)
-        events = await merchant_events_of(conn, mandate_id)
+    view = await queries.mandate_view(request.app.state.engine, mandate_id, PAGE_SIZE)
+    if view is None:
+        raise ConsoleRefusal(404, "mandate-not-found", "Not Found", f"no mandate {mandate_id!r}")
     return _page(
         request,
         "mandate.html",
         _context(
             token,
             principal,
-            mandate={**mandate_document(mandate), "actor": mandate.actor},
-            open_operations=open_operations,
-            merchant_events=_announced(events),
+            mandate={**mandate_document(view.mandate), "actor": view.mandate.actor},
+            open_operations=view.open_operations,
+            merchant_events=_announced(view.merchant_events),
         ),
     )
 
@@ -736,8 +717,7 @@ async def cards_page(
     flag = None if not indeterminate else indeterminate == "yes"
     chosen_actor = _filter_text(actor, "actor", ACTOR_LENGTH)
     start = _id(after, "card") if after else None
-    async with request.app.state.engine.connect() as conn:
-        rows = await list_cards(conn, flag, chosen_actor, start, PAGE_SIZE + 1)
+    rows = await queries.cards(request.app.state.engine, flag, chosen_actor, start, PAGE_SIZE + 1)
     return _page(
         request,
         "cards.html",
@@ -755,18 +735,16 @@ async def cards_page(
 async def card_page(request: Request, card_id: str) -> HTMLResponse:
     token, principal = await _operator(request)
     card_id = _id(card_id, "card")
-    async with request.app.state.engine.connect() as conn:
-        card = await Ledger(conn).get_card(card_id)
-        if card is None:
-            raise ConsoleRefusal(404, "card-not-found", "Not Found", f"no card {card_id!r}")
-        events = await merchant_events_of(conn, card_id)
+    view = await queries.card_view(request.app.state.engine, card_id)
+    if view is None:
+        raise ConsoleRefusal(404, "card-not-found", "Not Found", f"no card {card_id!r}")
     return _page(
         request,
         "card.html",
         _context(
             token,
             principal,
-            card={**card_document(card), "actor": card.actor},
-            merchant_events=_announced(events),
+            card={**card_document(view.card), "actor": view.card.actor},
+            merchant_events=_announced(view.merchant_events),
         ),
     )

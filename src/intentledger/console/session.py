@@ -25,15 +25,9 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 from starlette.responses import Response
 
-from intentledger.api.auth import Principal, hash_token
-from intentledger.store.console_sessions import (
-    ConsoleKey,
-    ConsoleSession,
-    close_session,
-    find_key,
-    find_session,
-    open_session,
-)
+from intentledger.engine import console_sessions
+from intentledger.engine.api_keys import Principal
+from intentledger.engine.console_sessions import ConsoleKey, ConsoleSession
 
 COOKIE = "intentledger_console"
 COOKIE_PATH = "/console"
@@ -56,21 +50,22 @@ async def signed_in(request: Request) -> tuple[str, Principal] | None:
     session_id = request.cookies.get(COOKIE)
     if not session_id or len(session_id) > 100:
         return None
-    async with request.app.state.engine.connect() as conn:
-        session = await find_session(conn, session_id, request.app.state.clock())
+    session = await console_sessions.find_open(
+        request.app.state.engine, session_id, request.app.state.clock()
+    )
     if session is None:
         return None
     return session.session_id, Principal(session.actor, session.is_operator)
 
 
 async def key_of(request: Request, token: str) -> ConsoleKey | None:
-    async with request.app.state.engine.connect() as conn:
-        return await find_key(conn, hash_token(token))
+    return await console_sessions.key_of(request.app.state.engine, token)
 
 
 async def begin(request: Request, response: Response, key: ConsoleKey) -> ConsoleSession:
-    async with request.app.state.engine.begin() as conn:
-        session = await open_session(conn, key, request.app.state.clock(), SESSION_LENGTH)
+    session = await console_sessions.sign_in(
+        request.app.state.engine, key, request.app.state.clock(), SESSION_LENGTH
+    )
     response.set_cookie(
         COOKIE,
         session.session_id,
@@ -86,8 +81,7 @@ async def begin(request: Request, response: Response, key: ConsoleKey) -> Consol
 async def end(request: Request, response: Response) -> None:
     session_id = request.cookies.get(COOKIE)
     if session_id and len(session_id) <= 100:
-        async with request.app.state.engine.begin() as conn:
-            await close_session(conn, session_id)
+        await console_sessions.sign_out(request.app.state.engine, session_id)
     response.delete_cookie(
         COOKIE,
         path=COOKIE_PATH,

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.evidence import Limits, OperatorStatement
@@ -26,7 +25,8 @@ from intentledger.engine.new_keys import room_for_a_new_key
 from intentledger.engine.refusal import Refusal, claim_key, find_keyed_replay, retry_key_races
 from intentledger.engine.safety_review import policy_document
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record, operations
+from intentledger.store.tables import Record
+from intentledger.store.work_queue import recent_operations
 
 ESCALATABLE = frozenset({State.UNKNOWN, State.RECONCILIATION_DUE, State.SAFETY_REVIEW})
 # After a person's resolution the provider is asked once more, this soon.
@@ -314,11 +314,8 @@ async def perform(
 async def list_operations(
     engine: AsyncEngine, state: State | None = None, limit: int = 100
 ) -> list[Record]:
-    query = select(operations).order_by(operations.c.created_at.desc()).limit(limit)
-    if state is not None:
-        query = query.where(operations.c.state == state)
     async with engine.connect() as conn:
-        return list((await conn.execute(query)).all())
+        return await recent_operations(conn, state, limit)
 
 
 async def show(engine: AsyncEngine, operation_id: str) -> dict[str, Any]:

@@ -18,19 +18,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.evidence import Limits, Move, ProviderNotice
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
 from intentledger.providers.base import WebhookEvent
+from intentledger.store import provider_events as event_store
 from intentledger.store.ledger import OPERATION_ID, Ledger
-from intentledger.store.tables import Record, provider_events
+from intentledger.store.tables import Record
 
 log = logging.getLogger(__name__)
 
@@ -52,42 +49,27 @@ async def receive(
         now = clock()
         operation = await _ours(ledger, provider, event.reference)
         disposition = _disposition(event, operation)
-        stored = await conn.execute(
-            _insert_once(conn.dialect.name)
-            .returning(provider_events.c.id)
-            .values(
-                provider=provider,
-                event_id=event.event_id,
-                type=event.type,
-                received_at=now,
-                signed_at=event.signed_at,
-                object_id=event.object_id,
-                reference=event.reference,
-                operation_id=operation.operation_id if operation is not None else None,
-                disposition=disposition,
-                payload=event.payload,
-            )
+        stored = await event_store.store_once(
+            conn,
+            provider=provider,
+            event_id=event.event_id,
+            type=event.type,
+            received_at=now,
+            signed_at=event.signed_at,
+            object_id=event.object_id,
+            reference=event.reference,
+            operation_id=operation.operation_id if operation is not None else None,
+            disposition=disposition,
+            payload=event.payload,
         )
-        # RETURNING, not rowcount: a driver may report -1 for an insert that did nothing.
-        if stored.first() is None:
+        if not stored:
             # Stored before (a redelivery, or the same event racing itself): once is enough.
-            row = (
-                await conn.execute(
-                    select(provider_events.c.disposition, provider_events.c.operation_id)
-                    .where(provider_events.c.provider == provider)
-                    .where(provider_events.c.event_id == event.event_id)
-                )
-            ).one()
+            row = await event_store.stored_event(conn, provider, event.event_id)
             return Receipt(event.event_id, row.disposition, True, row.operation_id)
         if disposition == "recorded":
             assert operation is not None
             disposition = await _judge(ledger, operation, provider, event, now, backoff)
-            await conn.execute(
-                provider_events.update()
-                .where(provider_events.c.provider == provider)
-                .where(provider_events.c.event_id == event.event_id)
-                .values(disposition=disposition)
-            )
+            await event_store.set_disposition(conn, provider, event.event_id, disposition)
     if disposition == "unknown_reference":
         log.warning(
             "provider %s event %s (%s) names no operation of ours: %r; stored, acknowledged",
@@ -101,18 +83,6 @@ async def receive(
         disposition,
         False,
         operation.operation_id if operation is not None else None,
-    )
-
-
-def _insert_once(dialect: str) -> Any:
-    """An insert that does nothing for an event already stored (both dialects
-    spell ON CONFLICT DO NOTHING; the unique key is (provider, event_id))."""
-    if dialect == "postgresql":
-        return postgresql_insert(provider_events).on_conflict_do_nothing(
-            index_elements=["provider", "event_id"]
-        )
-    return sqlite_insert(provider_events).on_conflict_do_nothing(
-        index_elements=["provider", "event_id"]
     )
 
 

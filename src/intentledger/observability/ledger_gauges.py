@@ -3,7 +3,7 @@
 Only the API process exports these: every process reads the same database, so
 each would report the same numbers (and a worker has no business holding a
 scrape open on it). Each query is bounded by what needs attention, never by the
-size of the ledger, through an index:
+size of the ledger, through an index (the statements are store/ledger_state.py's):
 
 - unresolved operations by state and kind, and the oldest per state: the
   operations' (state, updated_at) index, over the unresolved states only (final
@@ -26,21 +26,12 @@ from datetime import datetime
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.states import FINAL, State
-from intentledger.store.tables import (
-    OPERATOR_DECISION,
-    decisions,
-    operations,
-    outbox,
-    webhook_deliveries,
-)
+from intentledger.store import ledger_state as reads
 
 UNRESOLVED = tuple(state for state in State if state not in FINAL)
-# The partial index's predicate, written the same way so SQLite's planner uses it.
-FLAGGED = text("outcome_contradicted OR duplicate_detected")
 
 
 @dataclass
@@ -59,54 +50,14 @@ class LedgerState:
 async def read_ledger_state(engine: AsyncEngine, now: datetime) -> LedgerState:
     state = LedgerState()
     async with engine.connect() as conn:
-        rows = await conn.execute(
-            select(
-                operations.c.state,
-                operations.c.kind,
-                func.count(),
-                func.min(operations.c.created_at),
-            )
-            .where(operations.c.state.in_(UNRESOLVED))
-            .group_by(operations.c.state, operations.c.kind)
-        )
-        for row_state, kind, count, oldest in rows:
-            state.unresolved[(row_state, kind)] = int(count)
+        for row_state, kind, count, oldest in await reads.unresolved_counts(conn, UNRESOLVED):
+            state.unresolved[(row_state, kind)] = count
             age = _age(now, oldest)
             state.oldest_seconds[row_state] = max(state.oldest_seconds.get(row_state, 0.0), age)
-        flags = (
-            await conn.execute(
-                select(
-                    func.count().filter(operations.c.outcome_contradicted),
-                    func.count().filter(operations.c.duplicate_detected),
-                ).where(FLAGGED)
-            )
-        ).one()
-        state.flagged = {"outcome_contradicted": int(flags[0]), "duplicate_detected": int(flags[1])}
-        oldest_due = (
-            await conn.execute(
-                select(func.min(outbox.c.due_at)).where(
-                    outbox.c.done_at.is_(None), outbox.c.due_at <= now
-                )
-            )
-        ).scalar_one()
-        state.outbox_due_seconds = _age(now, oldest_due)
-        oldest_delivery = (
-            await conn.execute(
-                select(func.min(webhook_deliveries.c.due_at)).where(
-                    webhook_deliveries.c.status == "pending", webhook_deliveries.c.due_at <= now
-                )
-            )
-        ).scalar_one()
-        state.webhook_due_seconds = _age(now, oldest_delivery)
-        actions = await conn.execute(
-            select(decisions.c.rule, func.count())
-            .where(text(OPERATOR_DECISION))
-            # What a person's action leads to later (a duplicate's refund
-            # settling, recorded under their name) is not another action.
-            .where(decisions.c.rule.startswith("operator_", autoescape=True))
-            .group_by(decisions.c.rule)
-        )
-        state.operator_actions = {rule: int(count) for rule, count in actions}
+        state.flagged = await reads.flag_counts(conn)
+        state.outbox_due_seconds = _age(now, await reads.oldest_due_outbox(conn, now))
+        state.webhook_due_seconds = _age(now, await reads.oldest_due_delivery(conn, now))
+        state.operator_actions = await reads.operator_action_counts(conn)
     return state
 
 

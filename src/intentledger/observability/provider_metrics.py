@@ -1,6 +1,6 @@
 """The Provider port, timed: every adapter's calls pass through `InstrumentedProvider`
-(providers/registry.build_provider wraps what a plug-in builds), so no adapter
-or engine module keeps a timer of its own."""
+(the composition root's service.instrumented_provider wraps what a plug-in
+builds), so no adapter or engine module keeps a timer of its own."""
 
 from __future__ import annotations
 

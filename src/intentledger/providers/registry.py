@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from importlib.metadata import entry_points
 
+from pydantic import SecretStr
+
 from intentledger.domain.retention import RetentionPolicy, policy_for_provider
-from intentledger.observability.provider_metrics import InstrumentedProvider
 from intentledger.providers.base import KINDS, LookupConsistency, Provider, WebhookReader
-from intentledger.settings import Settings
 
 ENTRY_POINT_GROUP = "intentledger.providers"
 DEFAULT_CONNECTIONS = 200
@@ -31,10 +31,28 @@ class ProviderNotConfigured(ValueError):
 
 
 @dataclass(frozen=True)
+class ProviderConfig:
+    """The configuration adapters read: plain values the composition root
+    (service.provider_config) copies from the service's settings, so no adapter
+    depends on how the service is configured."""
+
+    provider: str
+    provider_url: str | None
+    submit_timeout: timedelta
+    worker_concurrency: int
+    sandbox_key_retention: timedelta
+    sandbox_webhook_secret: str | None
+    stripe_api_key: SecretStr | None
+    stripe_api_base: str
+    stripe_search_lag: timedelta
+    stripe_webhook_secret: SecretStr | None
+
+
+@dataclass(frozen=True)
 class BuildArguments:
     """What the service hands an adapter's factory."""
 
-    settings: Settings
+    config: ProviderConfig
     # Where the provider answers when no URL is configured (the serving
     # process's own /_sandbox mount), if anywhere.
     default_url: str | None
@@ -47,13 +65,13 @@ class ProviderPlugin:
     name: str
     summary: str
     kinds: frozenset[str]
-    retention: Callable[[Settings], RetentionPolicy]
-    consistency: Callable[[Settings], LookupConsistency]
+    retention: Callable[[ProviderConfig], RetentionPolicy]
+    consistency: Callable[[ProviderConfig], LookupConsistency]
     build: Callable[[BuildArguments], Provider]
-    # What is wrong with the settings for this adapter (empty: nothing).
-    problems: Callable[[Settings], list[str]] = lambda _settings: []
+    # What is wrong with the configuration for this adapter (empty: nothing).
+    problems: Callable[[ProviderConfig], list[str]] = lambda _config: []
     # How its webhooks are verified and read (None: it sends none we take).
-    webhooks: Callable[[Settings], WebhookReader | None] = lambda _settings: None
+    webhooks: Callable[[ProviderConfig], WebhookReader | None] = lambda _config: None
 
     def __post_init__(self) -> None:
         unknown = self.kinds - set(KINDS)
@@ -83,39 +101,37 @@ def plugin_for(name: str) -> ProviderPlugin:
     return available[name]
 
 
-def check_provider(settings: Settings) -> ProviderPlugin:
+def check_provider(config: ProviderConfig) -> ProviderPlugin:
     """The configured adapter, or a refusal naming every problem (start-up)."""
-    plugin = plugin_for(settings.provider)
-    problems = plugin.problems(settings)
+    plugin = plugin_for(config.provider)
+    problems = plugin.problems(config)
     if problems:
         raise ProviderNotConfigured(f"provider {plugin.name}: " + "; ".join(problems))
     return plugin
 
 
 def build_provider(
-    settings: Settings, default_url: str | None = None, timeout: timedelta | None = None
+    config: ProviderConfig, default_url: str | None = None, timeout: timedelta | None = None
 ) -> Provider:
     """The configured adapter; `timeout` overrides the submit timeout (the
     request path's synchronous writes use INTENTLEDGER_SYNC_TIMEOUT)."""
-    plugin = check_provider(settings)
+    plugin = check_provider(config)
     # Enough connections for every delivery in flight: a call queued for a
     # connection would spend its deadline waiting and end as "no response".
-    connections = max(DEFAULT_CONNECTIONS, settings.worker_concurrency)
-    adapter = plugin.build(
-        BuildArguments(settings, default_url, timeout or settings.submit_timeout, connections)
+    connections = max(DEFAULT_CONNECTIONS, config.worker_concurrency)
+    return plugin.build(
+        BuildArguments(config, default_url, timeout or config.submit_timeout, connections)
     )
-    # Every call timed and counted in one place (observability/provider_metrics.py).
-    return InstrumentedProvider(adapter)
 
 
-def retention_policy_for(settings: Settings) -> Callable[[str], RetentionPolicy]:
+def retention_policy_for(config: ProviderConfig) -> Callable[[str], RetentionPolicy]:
     """The key-retention policy of each provider an operation may name: the
     installed adapter's declaration, else the documented registry's entry."""
 
     def policy_for(provider: str) -> RetentionPolicy:
         plugin = plugins().get(provider)
         if plugin is not None:
-            return plugin.retention(settings)
-        return policy_for_provider(provider, settings.sandbox_key_retention)
+            return plugin.retention(config)
+        return policy_for_provider(provider, config.sandbox_key_retention)
 
     return policy_for

@@ -159,7 +159,7 @@ def _seen(item: Any, kind: str) -> ChargeSeen:
 
 
 def _build(arguments: BuildArguments) -> SandboxProvider:
-    url = arguments.settings.provider_url or arguments.default_url
+    url = arguments.config.provider_url or arguments.default_url
     if url is None:
         raise ProviderNotConfigured(
             "INTENTLEDGER_PROVIDER_URL is required when no sandbox runs in this process"
@@ -171,16 +171,16 @@ PLUGIN = ProviderPlugin(
     name="sandbox",
     summary="the built-in sandbox provider (Stripe-v1-like charges, refunds, beneficiaries, cards)",
     kinds=frozenset(KINDS),
-    retention=lambda settings: sandbox_policy(settings.sandbox_key_retention),
-    consistency=lambda _settings: LookupConsistency(
+    retention=lambda config: sandbox_policy(config.sandbox_key_retention),
+    consistency=lambda _config: LookupConsistency(
         None,
         "list by reference, read from the sandbox's own store; its pm_lookup_lag scenario "
         "hides a charge for a while as a fault the safety review must survive",
     ),
     build=_build,
-    webhooks=lambda settings: (
-        SandboxWebhookReader(settings.sandbox_webhook_secret)
-        if settings.sandbox_webhook_secret
+    webhooks=lambda config: (
+        SandboxWebhookReader(config.sandbox_webhook_secret)
+        if config.sandbox_webhook_secret
         else None
     ),
 )

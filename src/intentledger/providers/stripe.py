@@ -44,8 +44,7 @@ from intentledger.providers.base import (
     read_event_json,
 )
 from intentledger.providers.http import ProviderClient, call_deadline, error_fields, observe
-from intentledger.providers.registry import BuildArguments, ProviderPlugin
-from intentledger.settings import Settings
+from intentledger.providers.registry import BuildArguments, ProviderConfig, ProviderPlugin
 
 # Pinned, so a change of Stripe's default version cannot change what an answer means.
 STRIPE_VERSION = "2026-10-28.endive"
@@ -650,24 +649,24 @@ class StripeWebhooks:
         )
 
 
-def _webhook_secrets(settings: Settings) -> tuple[str, ...]:
+def _webhook_secrets(config: ProviderConfig) -> tuple[str, ...]:
     """The configured webhook secrets: several, comma-separated, while rotating."""
-    if settings.stripe_webhook_secret is None:
+    if config.stripe_webhook_secret is None:
         return ()
-    secrets = (s.strip() for s in settings.stripe_webhook_secret.get_secret_value().split(","))
+    secrets = (s.strip() for s in config.stripe_webhook_secret.get_secret_value().split(","))
     return tuple(s for s in secrets if s)
 
 
-def _webhooks(settings: Settings) -> StripeWebhooks | None:
-    secrets = _webhook_secrets(settings)
+def _webhooks(config: ProviderConfig) -> StripeWebhooks | None:
+    secrets = _webhook_secrets(config)
     return StripeWebhooks(secrets) if secrets else None
 
 
-def _problems(settings: Settings) -> list[str]:
-    key = settings.stripe_api_key.get_secret_value() if settings.stripe_api_key else ""
+def _problems(config: ProviderConfig) -> list[str]:
+    key = config.stripe_api_key.get_secret_value() if config.stripe_api_key else ""
     if not key:
         return ["INTENTLEDGER_STRIPE_API_KEY is required"]
-    if settings.stripe_webhook_secret is not None and not _webhook_secrets(settings):
+    if config.stripe_webhook_secret is not None and not _webhook_secrets(config):
         return ["INTENTLEDGER_STRIPE_WEBHOOK_SECRET is set but holds no secret"]
     if not API_KEY_SHAPE.fullmatch(key):
         # A publishable key (pk_) cannot create payments; say so without echoing it.
@@ -679,13 +678,13 @@ def _problems(settings: Settings) -> list[str]:
 
 
 def _build(arguments: BuildArguments) -> StripeProvider:
-    settings = arguments.settings
-    assert settings.stripe_api_key is not None, "checked by the plug-in's problems()"
+    config = arguments.config
+    assert config.stripe_api_key is not None, "checked by the plug-in's problems()"
     return StripeProvider(
-        settings.stripe_api_key.get_secret_value(),
-        settings.stripe_api_base,
+        config.stripe_api_key.get_secret_value(),
+        config.stripe_api_base,
         arguments.timeout,
-        settings.stripe_search_lag,
+        config.stripe_search_lag,
         max_connections=arguments.max_connections,
     )
 
@@ -694,9 +693,9 @@ PLUGIN = ProviderPlugin(
     name="stripe",
     summary="Stripe PaymentIntents on API v1 (INTENTLEDGER_STRIPE_API_KEY)",
     kinds=frozenset({"payment", "refund"}),
-    retention=lambda _settings: REGISTRY["stripe-v1"],
-    consistency=lambda settings: LookupConsistency(
-        settings.stripe_search_lag,
+    retention=lambda _config: REGISTRY["stripe-v1"],
+    consistency=lambda config: LookupConsistency(
+        config.stripe_search_lag,
         "a PaymentIntent an answer named is retrieved (strongly consistent); otherwise "
         "Search by metadata, eventually consistent: nothing found within "
         "INTENTLEDGER_STRIPE_SEARCH_LAG of the last attempt is inconclusive; without "

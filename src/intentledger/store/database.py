@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -133,3 +133,8 @@ def create_sync_engine(url: str, *, pooler: Pooler = "none") -> Engine:
     if dialect_of(url) == "sqlite":
         _configure_sqlite(engine)
     return engine
+
+
+async def ping(conn: AsyncConnection) -> None:
+    """Raise unless the database answers a trivial query."""
+    await conn.execute(text("SELECT 1"))

@@ -228,3 +228,11 @@ async def list_cards(
     if after is not None:
         query = query.where(cards.c.card_id > after)
     return list(await conn.execute(query))
+
+
+async def recent_operations(conn: AsyncConnection, state: State | None, limit: int) -> list[Record]:
+    """Operations of every actor, newest first, optionally of one state."""
+    query = select(operations).order_by(operations.c.created_at.desc()).limit(limit)
+    if state is not None:
+        query = query.where(operations.c.state == state)
+    return list((await conn.execute(query)).all())

@@ -44,7 +44,7 @@ import psycopg
 from rich.console import Console
 from sqlalchemy.engine import make_url
 
-from intentledger.api.auth import create_api_key
+from intentledger.engine.api_keys import create_api_key
 from intentledger.engine.clock import system_clock
 from intentledger.ports import free_port
 from intentledger.store.database import create_ledger_engine, libpq_url

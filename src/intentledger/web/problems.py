@@ -1,4 +1,5 @@
-"""RFC 9457 problem details: every error the API returns has this shape."""
+"""RFC 9457 problem details: every error the API returns has this shape (the
+console renders its own refusals as pages, from the same `Problem`)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from intentledger.api.problems import Problem
+from intentledger.web.problems import Problem
 
 SF_STRING = re.compile(r'"[\x21\x23-\x5b\x5d-\x7e]+"')
 

@@ -1,22 +1,15 @@
-"""Bearer tokens: issued once, stored only as a SHA-256 hash."""
+"""Bearer authentication: the principal a request's token names, cached per app."""
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from fastapi import Request
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.api.problems import Problem
-from intentledger.engine.clock import Clock
-from intentledger.store.ledger import Ledger
-from intentledger.store.tables import ACTOR_LENGTH
+from intentledger.engine.api_keys import Principal, hash_token, principal_of_hash
+from intentledger.web.problems import Problem
 
-TOKEN_PREFIX = "il_"
 # A known key is looked up in the database at most once per this many seconds
 # per API process. There is no key revocation today, but a key removed from
 # `api_keys` (by hand, or by a revocation added later) must stop working
@@ -25,12 +18,6 @@ AUTH_CACHE_TTL_SECONDS = 60.0
 # Only keys found in the database are cached, so this bounds memory against
 # many real keys in use at once, not against made-up tokens.
 AUTH_CACHE_MAX_ENTRIES = 4096
-
-
-@dataclass(frozen=True)
-class Principal:
-    actor: str
-    is_operator: bool
 
 
 class PrincipalCache:
@@ -78,26 +65,6 @@ def _principal_cache(request: Request) -> PrincipalCache:
     return cache
 
 
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def fingerprint(token: str) -> str:
-    """What `keys create` and `keys list` show to tell keys apart: the start of
-    the stored hash, which says nothing usable about the token."""
-    return hash_token(token)[:12]
-
-
-async def create_api_key(engine: AsyncEngine, clock: Clock, actor: str, is_operator: bool) -> str:
-    """Store a new key for `actor` and return its token (shown once, never stored)."""
-    if not actor or len(actor) > ACTOR_LENGTH or not actor.isprintable():
-        raise ValueError(f"an actor name is 1-{ACTOR_LENGTH} printable characters")
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    async with engine.begin() as conn:
-        await Ledger(conn).add_api_key(hash_token(token), actor, is_operator, clock())
-    return token
-
-
 def _unauthorized(detail: str) -> Problem:
     return Problem(
         401,
@@ -112,7 +79,7 @@ PRINCIPAL_STATE = "principal"
 
 
 async def authenticate(request: Request) -> Principal:
-    """The request's principal. The edge (api/edge.py) authenticates every /v1
+    """The request's principal. The API's edge (api/edge.py) authenticates every /v1
     request before its body is read and keeps the answer in the request's
     state; a route asking again gets that answer."""
     known: Principal | None = request.scope.get("state", {}).get(PRINCIPAL_STATE)
@@ -144,11 +111,8 @@ async def principal_of(request: Request, token: str) -> Principal | None:
     principal = cache.get(token_hash)
     if principal is not None:
         return principal
-    engine: AsyncEngine = request.app.state.engine
-    async with engine.connect() as conn:
-        row = await Ledger(conn).find_api_key(token_hash)
-    if row is None:
+    principal = await principal_of_hash(request.app.state.engine, token_hash)
+    if principal is None:
         return None
-    principal = Principal(actor=row.actor, is_operator=bool(row.is_operator))
     cache.put(token_hash, principal)
     return principal
