@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from intentledger.api.problems import PROBLEM_JSON, TITLES
+from intentledger.domain.mandates import MandateStatus
 
 ID_PATTERN = "^[A-Za-z0-9_-]{1,40}$"
 NO_NUL = "^[^\\x00]*$"
@@ -150,7 +151,7 @@ MANDATE = {
     "properties": {
         "id": {"type": "string"},
         "version": VERSION,
-        "status": {"type": "string", "enum": ["active", "suspended", "revoked"]},
+        "status": {"type": "string", "enum": [status.value for status in MandateStatus]},
         "currency": {"type": "string"},
         "max_amount": {"type": "integer"},
         "total_limit": {"type": "integer"},
