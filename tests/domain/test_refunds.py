@@ -16,9 +16,11 @@ from intentledger.domain.refunds import (
     ask_refund,
     captured_by_charge,
     duplicate_problem,
+    duplicates_of,
     refund_mandate_share,
     refund_totals,
     taken_by,
+    unrefunded_duplicates,
 )
 from intentledger.domain.states import FINAL, Outcome, State
 
@@ -168,3 +170,24 @@ def test_only_an_executed_charge_beyond_the_settled_one_is_a_duplicate_to_refund
     assert duplicate_problem(True, None, "ch_2", executed) is DuplicateProblem.NO_SETTLED_CHARGE
     assert duplicate_problem(True, "ch_1", "ch_1", executed) is DuplicateProblem.SETTLED_CHARGE
     assert duplicate_problem(True, "ch_1", "ch_3", executed) is DuplicateProblem.NOT_EXECUTED
+
+
+def test_the_duplicate_flag_stays_until_every_extra_charge_is_wholly_refunded() -> None:
+    payment = {**settled_payment(), "executed_references": ["ch_1", "ch_2", "ch_3"]}
+    assert duplicates_of(payment) == {"ch_2", "ch_3"}
+
+    def refunded(amount: int, charge: str) -> dict[str, Any]:
+        return {
+            **refund_row(amount, State.OUTCOME_KNOWN, charge),
+            "outcome": Outcome.SUCCEEDED,
+            "provider_reference": f"re_{charge}",
+        }
+
+    assert unrefunded_duplicates(payment, []) == ["ch_2", "ch_3"]
+    # The settled charge's refunds do not count for a duplicate.
+    assert unrefunded_duplicates(payment, [refunded(100, "ch_1")]) == ["ch_2", "ch_3"]
+    partly = [refunded(100, "ch_2"), refunded(40, "ch_3")]
+    assert unrefunded_duplicates(payment, partly) == ["ch_3"]
+    in_flight = [refunded(100, "ch_2"), refund_row(100, State.UNKNOWN, "ch_3")]
+    assert unrefunded_duplicates(payment, in_flight) == ["ch_3"]
+    assert unrefunded_duplicates(payment, [*partly, refunded(60, "ch_3")]) == []

@@ -109,9 +109,13 @@ def captured_by(payment: Any) -> int:
 def payment_refund_totals(payment: Any, refunds: Iterable[Any]) -> RefundTotals:
     """The payment's refunded and refundable amounts against its settled charge
     (refunds of another charge — a duplicate's — are not taken from it)."""
-    charge = _field(payment, "provider_reference")
-    against = [r for r in refunds if _field(r, "request_context").get("charge") == charge]
-    return refund_totals(captured_by(payment), (view_of(r) for r in against))
+    settled_charge = _field(payment, "provider_reference")
+    return refund_totals(captured_by(payment), of_charge(refunds, settled_charge))
+
+
+def of_charge(refunds: Iterable[Any], charge: str | None) -> list[RefundView]:
+    """The refunds (as the ledger records them) that reverse `charge`."""
+    return [view_of(r) for r in refunds if _field(r, "request_context").get("charge") == charge]
 
 
 def captured_by_charge(payment: Any, charge: str | None) -> int:
@@ -183,3 +187,24 @@ def duplicate_problem(
     if charge not in executed:
         return DuplicateProblem.NOT_EXECUTED
     return None
+
+
+def duplicates_of(payment: Any) -> frozenset[str]:
+    """The payment's executed charges beyond the one its books settled on."""
+    settled = _field(payment, "provider_reference")
+    executed = recorded_executions(
+        _field(payment, "executed_references"), _field(payment, "outcome"), settled
+    )
+    return executed - {settled}
+
+
+def unrefunded_duplicates(payment: Any, refunds: Iterable[Any]) -> list[str]:
+    """The payment's duplicate charges not yet wholly refunded: while any is
+    left, its duplicate flag stays up."""
+    listed = list(refunds)
+
+    def wholly_refunded(charge: str) -> bool:
+        took = captured_by_charge(payment, charge)
+        return refund_totals(took, of_charge(listed, charge)).refunded >= took
+
+    return sorted(charge for charge in duplicates_of(payment) if not wholly_refunded(charge))

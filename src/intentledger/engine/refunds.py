@@ -26,8 +26,8 @@ from intentledger.domain.refunds import (
     ask_refund,
     captured_by_charge,
     duplicate_problem,
+    of_charge,
     refund_totals,
-    view_of,
 )
 from intentledger.domain.states import NextAction
 from intentledger.engine.clock import Clock
@@ -148,8 +148,7 @@ async def refund_duplicate(
             f"(executed: {', '.join(sorted(executed))})"
         )
     refunds = await ledger.refunds_of(payment.operation_id)
-    of_charge = [view_of(r) for r in refunds if r.request_context.get("charge") == charge]
-    totals = refund_totals(captured_by_charge(payment, charge), of_charge)
+    totals = refund_totals(captured_by_charge(payment, charge), of_charge(refunds, charge))
     if totals.refundable <= 0:
         raise ActionNotAllowed(
             f"{charge} is already refunded, or a refund of it is in flight "
