@@ -478,12 +478,20 @@ def _operator_actions(exposition: str) -> dict[str, float]:
     }
 
 
+def _offered(shown: str) -> str:
+    """The actions `ops show` offers (domain/operator_rules.py)."""
+    [line] = [line for line in shown.splitlines() if line.split(maxsplit=2)[1:2] == ["actions"]]
+    return line.split("actions", 1)[1].strip(" │|")
+
+
 def test_a_cli_action_records_the_os_user_and_host_and_is_counted_with_the_consoles(
     database_url: str,
 ) -> None:
     by_cli, by_console = (asyncio.run(_accept(database_url, 990, "EUR")) for _ in range(2))
     for operation_id in (by_cli, by_console):
         asyncio.run(_make_unknown(database_url, operation_id))
+    unknown = run("ops", "show", by_cli, "--database-url", database_url)
+    assert _offered(unknown.stdout) == "resolve, escalate", unknown.stdout
 
     # The environment is the caller's to set: the record must not believe it.
     escalated = subprocess.run(
@@ -511,6 +519,8 @@ def test_a_cli_action_records_the_os_user_and_host_and_is_counted_with_the_conso
     assert f"typed by OS user {decision.inputs['os_user']} on {socket.gethostname()}" in (
         shown.stdout
     )
+    # Escalated, never attempted: nothing to approve a new request of.
+    assert _offered(shown.stdout) == "resolve", shown.stdout
 
     # The API process never saw the CLI's action, and counts it with its own.
     exposition = asyncio.run(_escalate_through_the_api_and_scrape(database_url, by_console))

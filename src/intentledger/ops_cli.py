@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from intentledger.documents import event_documents, json_value
+from intentledger.documents import event_documents, json_value, operation_document
 from intentledger.domain.currencies import format_amount
+from intentledger.domain.operator_rules import action_facts, available_actions
 from intentledger.domain.states import Outcome, State
 from intentledger.engine import operator, refunds
 from intentledger.engine.clock import system_clock
@@ -214,6 +215,9 @@ def show(operation_id: str, database_url: DatabaseUrl = None) -> None:
             else json_value(getattr(op, name))
         )
         record.add_row(name, "" if value is None else str(value))
+    # What `intentledger ops` may do to it now: the rules the engine refuses by.
+    facts = action_facts(operation_document(op), attempted=bool(shown["attempts"]))
+    record.add_row("actions", ", ".join(available_actions(facts)) or "none")
     print_table(record)
     timeline = Table(title="timeline")
     for column in ("at", "type", "what", "why"):

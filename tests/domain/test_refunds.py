@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from intentledger.domain.refunds import RefundView, refund_mandate_share, refund_totals, taken_by
+from intentledger.domain.refunds import (
+    DuplicateProblem,
+    RefundAsk,
+    RefundProblem,
+    RefundTotals,
+    RefundView,
+    ask_refund,
+    captured_by_charge,
+    duplicate_problem,
+    duplicates_of,
+    refund_mandate_share,
+    refund_totals,
+    taken_by,
+    unrefunded_duplicates,
+)
 from intentledger.domain.states import FINAL, Outcome, State
 
 
@@ -81,3 +97,97 @@ def test_a_person_s_failed_holds_until_the_provider_is_quiet() -> None:
     assert taken_by(quiet) == 0
     # Two keys sent, outcome open: both may have executed.
     assert taken_by(RefundView(10, State.UNKNOWN, None, frozenset(), 2, False)) == 20
+
+
+# -- what may be refunded ---------------------------------------------------------------------
+
+
+def settled_payment(amount: int = 100, outcome: Outcome = Outcome.SUCCEEDED) -> dict[str, Any]:
+    return {
+        "amount": amount,
+        "state": State.OUTCOME_KNOWN,
+        "outcome": outcome,
+        "provider_reference": "ch_1",
+    }
+
+
+def refund_row(amount: int, state: State, charge: str = "ch_1") -> dict[str, Any]:
+    return {
+        "amount": amount,
+        "state": state,
+        "outcome": None,
+        "executed_references": [],
+        "provider_reference": None,
+        "live_keys": 0,
+        "watch": None,
+        "request_context": {"charge": charge},
+    }
+
+
+def test_only_a_payment_known_succeeded_is_refundable() -> None:
+    assert ask_refund(settled_payment(), [], None) == RefundAsk(100, RefundTotals(0, 0, 100), None)
+    failed = ask_refund(settled_payment(outcome=Outcome.FAILED), [], None)
+    assert failed.problem is RefundProblem.NOT_REFUNDABLE
+    unknown = {**settled_payment(), "state": State.UNKNOWN, "outcome": None}
+    assert ask_refund(unknown, [], 10).problem is RefundProblem.NOT_REFUNDABLE
+
+
+def test_a_refund_in_flight_holds_its_amount_and_another_charges_refunds_do_not() -> None:
+    refunds = [refund_row(60, State.UNKNOWN), refund_row(100, State.UNKNOWN, charge="ch_2")]
+    assert ask_refund(settled_payment(), refunds, None).amount == 40
+    assert ask_refund(settled_payment(), refunds, 41).problem is RefundProblem.EXCEEDS_REFUNDABLE
+    everything = [refund_row(100, State.ACCEPTED)]
+    assert ask_refund(settled_payment(), everything, None).problem is RefundProblem.NOTHING_LEFT
+
+
+@given(
+    captured=st.integers(1, 1_000),
+    in_flight=st.lists(st.integers(1, 300), max_size=5),
+    asked=st.none() | st.integers(1, 1_500),
+)
+def test_what_is_granted_never_takes_more_than_the_charge_took(
+    captured: int, in_flight: list[int], asked: int | None
+) -> None:
+    refunds = [refund_row(amount, State.UNKNOWN) for amount in in_flight]
+    ask = ask_refund(settled_payment(captured), refunds, asked)
+    assert ask.totals.refundable == max(captured - sum(in_flight), 0)
+    if ask.problem is None:
+        assert 0 < ask.amount <= ask.totals.refundable
+    else:
+        assert ask.amount <= 0 or ask.amount > ask.totals.refundable
+
+
+def test_a_duplicate_charge_took_the_payments_amount() -> None:
+    payment = {**settled_payment(), "outcome": Outcome.FAILED}
+    assert captured_by_charge(payment, "ch_1") == 0  # the settled charge: by its outcome
+    assert captured_by_charge(payment, "ch_2") == 100
+
+
+def test_only_an_executed_charge_beyond_the_settled_one_is_a_duplicate_to_refund() -> None:
+    executed = frozenset({"ch_1", "ch_2"})
+    assert duplicate_problem(True, "ch_1", "ch_2", executed) is None
+    assert duplicate_problem(False, "ch_1", "ch_2", executed) is DuplicateProblem.NOT_FLAGGED
+    assert duplicate_problem(True, None, "ch_2", executed) is DuplicateProblem.NO_SETTLED_CHARGE
+    assert duplicate_problem(True, "ch_1", "ch_1", executed) is DuplicateProblem.SETTLED_CHARGE
+    assert duplicate_problem(True, "ch_1", "ch_3", executed) is DuplicateProblem.NOT_EXECUTED
+
+
+def test_the_duplicate_flag_stays_until_every_extra_charge_is_wholly_refunded() -> None:
+    payment = {**settled_payment(), "executed_references": ["ch_1", "ch_2", "ch_3"]}
+    assert duplicates_of(payment) == {"ch_2", "ch_3"}
+
+    def refunded(amount: int, charge: str) -> dict[str, Any]:
+        return {
+            **refund_row(amount, State.OUTCOME_KNOWN, charge),
+            "outcome": Outcome.SUCCEEDED,
+            "provider_reference": f"re_{charge}",
+        }
+
+    assert unrefunded_duplicates(payment, []) == ["ch_2", "ch_3"]
+    # The settled charge's refunds do not count for a duplicate.
+    assert unrefunded_duplicates(payment, [refunded(100, "ch_1")]) == ["ch_2", "ch_3"]
+    partly = [refunded(100, "ch_2"), refunded(40, "ch_3")]
+    assert unrefunded_duplicates(payment, partly) == ["ch_3"]
+    in_flight = [refunded(100, "ch_2"), refund_row(100, State.UNKNOWN, "ch_3")]
+    assert unrefunded_duplicates(payment, in_flight) == ["ch_3"]
+    assert unrefunded_duplicates(payment, [*partly, refunded(60, "ch_3")]) == []

@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from intentledger.domain.mandates import MandateStatus
 from intentledger.web.problems import PROBLEM_JSON, TITLES
 
 ID_PATTERN = "^[A-Za-z0-9_-]{1,40}$"
@@ -151,7 +152,7 @@ MANDATE = {
     "properties": {
         "id": {"type": "string"},
         "version": VERSION,
-        "status": {"type": "string", "enum": ["active", "suspended", "revoked"]},
+        "status": {"type": "string", "enum": [status.value for status in MandateStatus]},
         "currency": {"type": "string"},
         "max_amount": {"type": "integer"},
         "total_limit": {"type": "integer"},

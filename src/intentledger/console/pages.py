@@ -41,10 +41,13 @@ from intentledger.documents import (
     mandate_document,
     operation_document,
 )
+from intentledger.domain import operator_rules
 from intentledger.domain.currencies import format_amount
 from intentledger.domain.durations import parse_duration
+from intentledger.domain.mandates import MandateStatus
+from intentledger.domain.operator_rules import action_facts
 from intentledger.domain.safety import attempt_key
-from intentledger.domain.states import UNRESOLVED, NextAction, State
+from intentledger.domain.states import State
 from intentledger.domain.work_queue import OPERATION_ID, Cursor, Need, QueueFacts, needs
 from intentledger.engine import operator, queries
 from intentledger.engine.api_keys import Principal
@@ -451,31 +454,14 @@ async def queue_page(
 
 
 def available_actions(document: Mapping[str, Any], attempted: bool) -> list[str]:
-    """The actions the operation's state allows (the engine checks again)."""
-    state = State(document["state"])
-    actions = []
-    if state in UNRESOLVED or document["outcome_contradicted"]:
-        actions.append("resolve")
-    if (
-        state == State.MANUAL_REVIEW
-        and document["next_action"] == NextAction.OPERATOR
-        and attempted
-    ):
-        actions.append("approve-resubmission")
-    if state in operator.ESCALATABLE:
-        actions.append("escalate")
-    if document["duplicate_detected"] and duplicate_charges(document):
-        actions.append("refund-duplicate")
-    return actions
+    """What a person may do now (domain/operator_rules.py; the engine checks again)."""
+    return list(operator_rules.available_actions(action_facts(document, attempted)))
 
 
 def duplicate_charges(document: Mapping[str, Any]) -> list[str]:
-    """The executed charges beyond the one the books settled on."""
-    return [
-        reference
-        for reference in document["executed_references"]
-        if reference != document["provider_reference"]
-    ]
+    return operator_rules.duplicate_charges(
+        document["executed_references"], document["provider_reference"]
+    )
 
 
 async def _operation_story(request: Request, operation_id: str) -> dict[str, Any]:
@@ -664,7 +650,7 @@ async def mandates_page(
     request: Request, status: str | None = None, actor: str | None = None, after: str | None = None
 ) -> HTMLResponse:
     token, principal = await _operator(request)
-    if status and status not in ("active", "suspended", "revoked"):
+    if status and status not in tuple(MandateStatus):
         raise _bad_filter(f"no mandate status {status!r}")
     chosen_actor = _filter_text(actor, "actor", ACTOR_LENGTH)
     start = _id(after, "mandate") if after else None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from intentledger.domain.evidence import Share, executions, recorded_executions
@@ -108,6 +109,102 @@ def captured_by(payment: Any) -> int:
 def payment_refund_totals(payment: Any, refunds: Iterable[Any]) -> RefundTotals:
     """The payment's refunded and refundable amounts against its settled charge
     (refunds of another charge — a duplicate's — are not taken from it)."""
-    charge = _field(payment, "provider_reference")
-    against = [r for r in refunds if _field(r, "request_context").get("charge") == charge]
-    return refund_totals(captured_by(payment), (view_of(r) for r in against))
+    settled_charge = _field(payment, "provider_reference")
+    return refund_totals(captured_by(payment), of_charge(refunds, settled_charge))
+
+
+def of_charge(refunds: Iterable[Any], charge: str | None) -> list[RefundView]:
+    """The refunds (as the ledger records them) that reverse `charge`."""
+    return [view_of(r) for r in refunds if _field(r, "request_context").get("charge") == charge]
+
+
+def captured_by_charge(payment: Any, charge: str | None) -> int:
+    """What `charge` took from the payment's customer: the settled charge's
+    `captured_by`, or the payment's amount for a duplicate charge (it executed,
+    so it took the amount)."""
+    if charge == _field(payment, "provider_reference"):
+        return captured_by(payment)
+    return int(_field(payment, "amount"))
+
+
+# -- what may be refunded -----------------------------------------------------------------------
+
+
+class RefundProblem(StrEnum):
+    """Why a refund is refused (the values are the problem types)."""
+
+    NOT_REFUNDABLE = "payment-not-refundable"
+    NOTHING_LEFT = "nothing-to-refund"
+    EXCEEDS_REFUNDABLE = "refund-exceeds-refundable"
+
+
+@dataclass(frozen=True)
+class RefundAsk:
+    """A refund asked of a payment: the amount it would take, the payment's
+    totals before it, and why it may not be taken (None: it may)."""
+
+    amount: int
+    totals: RefundTotals
+    problem: RefundProblem | None
+
+
+def ask_refund(payment: Any, refunds: Iterable[Any], asked: int | None) -> RefundAsk:
+    """A refund of `asked` (None: all that is still refundable) of the payment's
+    settled charge, against its refunds so far."""
+    totals = payment_refund_totals(payment, refunds)
+    if captured_by(payment) == 0:
+        return RefundAsk(0, totals, RefundProblem.NOT_REFUNDABLE)
+    amount = totals.refundable if asked is None else asked
+    if amount <= 0:
+        return RefundAsk(amount, totals, RefundProblem.NOTHING_LEFT)
+    if amount > totals.refundable:
+        return RefundAsk(amount, totals, RefundProblem.EXCEEDS_REFUNDABLE)
+    return RefundAsk(amount, totals, None)
+
+
+class DuplicateProblem(StrEnum):
+    """Why a charge may not be refunded as a duplicate of the payment's."""
+
+    NOT_FLAGGED = "not-flagged"
+    NO_SETTLED_CHARGE = "no-settled-charge"
+    SETTLED_CHARGE = "settled-charge"
+    NOT_EXECUTED = "not-executed"
+
+
+def duplicate_problem(
+    flagged: bool, settled_charge: str | None, charge: str, executed: frozenset[str]
+) -> DuplicateProblem | None:
+    """May `charge` be refunded as a duplicate? Only an executed charge of a
+    payment flagged duplicate_detected that is not the one its books settled on,
+    once that one is known (so the charge it keeps is known before any other is
+    refunded)."""
+    if not flagged:
+        return DuplicateProblem.NOT_FLAGGED
+    if settled_charge is None:
+        return DuplicateProblem.NO_SETTLED_CHARGE
+    if charge == settled_charge:
+        return DuplicateProblem.SETTLED_CHARGE
+    if charge not in executed:
+        return DuplicateProblem.NOT_EXECUTED
+    return None
+
+
+def duplicates_of(payment: Any) -> frozenset[str]:
+    """The payment's executed charges beyond the one its books settled on."""
+    settled = _field(payment, "provider_reference")
+    executed = recorded_executions(
+        _field(payment, "executed_references"), _field(payment, "outcome"), settled
+    )
+    return executed - {settled}
+
+
+def unrefunded_duplicates(payment: Any, refunds: Iterable[Any]) -> list[str]:
+    """The payment's duplicate charges not yet wholly refunded: while any is
+    left, its duplicate flag stays up."""
+    listed = list(refunds)
+
+    def wholly_refunded(charge: str) -> bool:
+        took = captured_by_charge(payment, charge)
+        return refund_totals(took, of_charge(listed, charge)).refunded >= took
+
+    return sorted(charge for charge in duplicates_of(payment) if not wholly_refunded(charge))

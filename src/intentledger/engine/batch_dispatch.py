@@ -23,6 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from intentledger.domain.dispatch_plan import (
+    FIRST_ATTEMPT,
+    batchable_first_attempt,
+    mandate_stop,
+    provider_key,
+)
 from intentledger.domain.evidence import AttemptFacts, Facts, Limits, Move, SubmitAnswer, judge
 from intentledger.domain.retry_after import parse_retry_after
 from intentledger.domain.states import State
@@ -31,7 +37,6 @@ from intentledger.engine.dispatcher import (
     Dispatcher,
     Submission,
     as_evidence,
-    provider_key,
     request_for,
     submit_result,
 )
@@ -39,8 +44,6 @@ from intentledger.store.batches import BatchLedger, Settlement
 from intentledger.store.tables import Record
 
 log = logging.getLogger(__name__)
-
-FIRST_ATTEMPT = 1
 
 
 @dataclass(frozen=True)
@@ -107,16 +110,21 @@ async def _pre_submit(
         for row in rows:
             operation = locked.operations[row.operation_id]
             mandate = locked.mandates.get(operation.mandate_id) if operation.mandate_id else None
+            stop = mandate_stop(
+                operation.kind, operation.mandate_id, mandate.status if mandate else None
+            )
             plain = (
                 row.id in held
-                and row.decision_id is None
-                and operation.kind == "payment"
-                and State(operation.state) is State.ACCEPTED
-                # Written with attempt 1, by every path that adds attempts, in the
-                # same transaction: unset means no attempt was ever committed.
-                and operation.first_attempt_at is None
                 and operation.operation_id not in taken
-                and (operation.mandate_id is None or (mandate and mandate.status == "active"))
+                and batchable_first_attempt(
+                    operation.kind,
+                    State(operation.state),
+                    # Written with attempt 1, by every path that adds attempts, in the
+                    # same transaction: unset means no attempt was ever committed.
+                    attempted=operation.first_attempt_at is not None,
+                    delivered_decision_id=row.decision_id,
+                    stop=stop,
+                )
             )
             if not plain:
                 others.append(row)

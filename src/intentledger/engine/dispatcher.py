@@ -20,9 +20,14 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.domain.dispatch_plan import (
+    AttemptPlan,
+    Authorisation,
+    mandate_stop,
+    plan_attempt,
+)
 from intentledger.domain.evidence import Effect, Limits, SubmitAnswer
 from intentledger.domain.retry_after import RetryAfter, parse_retry_after
-from intentledger.domain.safety import attempt_key
 from intentledger.domain.states import NextAction, State
 from intentledger.domain.transport import Classification, ProviderAnswer, Verdict, classify
 from intentledger.engine.clock import Clock
@@ -43,13 +48,6 @@ class DispatchSettings:
 
 
 @dataclass(frozen=True)
-class AttemptPlan:
-    number: int
-    key: str  # the provider-facing idempotency key this attempt uses
-    resubmission_of: int | None
-
-
-@dataclass(frozen=True)
 class Submission:
     """What the pre-submit transaction committed to send."""
 
@@ -59,12 +57,6 @@ class Submission:
     @property
     def key(self) -> str:
         return self.request.idempotency_key
-
-
-def provider_key(operation_id: str) -> str:
-    # The provider-facing key of the original request. A replay after evidence
-    # of non-execution reuses it, so the provider can deduplicate.
-    return attempt_key(operation_id, 1)
 
 
 # Fields of our own API that the provider never sees.
@@ -208,16 +200,20 @@ class Dispatcher:
             )
             return Submission(plan.number, request_for(operation, plan.key))
 
-    async def _mandate_allows(self, ledger: Ledger, operation: Record, now: datetime) -> bool:
-        """Re-check the (already locked) mandate before SUBMITTING; a payment whose
-        mandate is no longer active is cancelled instead of sent. A refund is not
-        held to its payment's mandate: money going back needs no authorisation."""
-        if operation.mandate_id is None or operation.kind == "refund":
-            return True
+    async def _mandate_stop(self, ledger: Ledger, operation: Record) -> str | None:
+        """What of the (already locked) mandate stops this operation being sent now."""
+        if operation.mandate_id is None:
+            return None
         mandate = await ledger.get_mandate(operation.mandate_id)
-        if mandate is not None and mandate.status == "active":
+        status = mandate.status if mandate is not None else None
+        return mandate_stop(operation.kind, operation.mandate_id, status)
+
+    async def _mandate_allows(self, ledger: Ledger, operation: Record, now: datetime) -> bool:
+        """Re-check the mandate before SUBMITTING; a payment whose mandate is no
+        longer active is cancelled instead of sent."""
+        status = await self._mandate_stop(ledger, operation)
+        if status is None:
             return True
-        status = mandate.status if mandate is not None else "missing"
         await ledger.transition(
             operation,
             State.CANCELLED,
@@ -232,14 +228,11 @@ class Dispatcher:
     async def _mandate_allows_new_request(
         self, ledger: Ledger, operation: Record, now: datetime
     ) -> bool:
-        """A new-key request is a new charge: it needs the mandate to be active
-        now, whatever was true when the payment was accepted (a refund's is not)."""
-        if operation.mandate_id is None or operation.kind == "refund":
+        """A new-key request is a new charge: it goes to a person instead when the
+        mandate is not active now, whatever was true when the payment was accepted."""
+        status = await self._mandate_stop(ledger, operation)
+        if status is None:
             return True
-        mandate = await ledger.get_mandate(operation.mandate_id)
-        if mandate is not None and mandate.status == "active":
-            return True
-        status = mandate.status if mandate is not None else "missing"
         reason = f"new request not sent: mandate {operation.mandate_id} is {status}"
         await ledger.add_decision(
             operation_id=operation.operation_id,
@@ -266,33 +259,30 @@ class Dispatcher:
     async def _plan_attempt(
         self, ledger: Ledger, operation: Record, row: Record, now: datetime
     ) -> AttemptPlan | None:
-        """Which attempt this delivery may send, or None. Every attempt after the
-        first needs the decision that authorised it, and it must be the latest."""
-        state = State(operation.state)
+        """Which attempt this delivery may send (domain/dispatch_plan.py), or None;
+        a replay's window and a new request's mandate are checked as it is sent."""
         previous = await ledger.last_attempt(operation.operation_id)
-        if state is State.ACCEPTED and previous is None:
-            return AttemptPlan(1, provider_key(operation.operation_id), None)
-        if state not in (State.ACCEPTED, State.SAFETY_REVIEW, State.MANUAL_REVIEW):
+        decision = (
+            await ledger.latest_decision(operation.operation_id) if previous is not None else None
+        )
+        plan = plan_attempt(
+            operation.operation_id,
+            State(operation.state),
+            previous.number if previous is not None else None,
+            Authorisation(decision.id, decision.next_action, decision.inputs)
+            if decision is not None
+            else None,
+            row.decision_id,
+        )
+        if plan is None:
             return None
-        assert previous is not None, "only an attempted operation reaches review"
-        decision = await ledger.latest_decision(operation.operation_id)
-        # After evidence of non-execution the decision says "submit"; after a
-        # safety review or an operator's approval it says "resubmit".
-        authorising = NextAction.SUBMIT if state is State.ACCEPTED else NextAction.RESUBMIT
-        if (
-            decision is None
-            or decision.id != row.decision_id
-            or decision.next_action != authorising
-        ):
+        if plan.replay:
+            assert decision is not None, "a replay is authorised by a decision"
+            if not await self._replay_still_deduplicated(ledger, operation, decision, now):
+                return None
+        if plan.new_request and not await self._mandate_allows_new_request(ledger, operation, now):
             return None
-        key = decision.inputs["provider_idempotency_key"]
-        replay = bool(decision.inputs.get("same_key")) and state is State.SAFETY_REVIEW
-        if replay and not await self._replay_still_deduplicated(ledger, operation, decision, now):
-            return None
-        new_request = state is not State.ACCEPTED and not decision.inputs.get("same_key")
-        if new_request and not await self._mandate_allows_new_request(ledger, operation, now):
-            return None
-        return AttemptPlan(previous.number + 1, key, previous.number)
+        return plan
 
     async def _replay_still_deduplicated(
         self, ledger: Ledger, operation: Record, decision: Record, now: datetime

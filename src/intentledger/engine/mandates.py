@@ -12,10 +12,18 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.domain.mandates import (
+    Books,
+    MandateStatus,
+    cancels_unsubmitted,
+    reserve_refusal,
+    status_after,
+)
+from intentledger.domain.mandates import MandateAction as MandateAction  # the API's name for it
 from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
@@ -23,13 +31,6 @@ from intentledger.engine.refusal import Refusal, claim_key, find_keyed_replay, r
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
-MandateAction = Literal["suspend", "resume", "revoke"]
-# Which statuses each action may start from, and where it leads.
-ACTIONS: dict[str, tuple[frozenset[str], str]] = {
-    "suspend": (frozenset({"active"}), "suspended"),
-    "resume": (frozenset({"suspended"}), "active"),
-    "revoke": (frozenset({"active", "suspended"}), "revoked"),
-}
 CREATE_ROUTE = "POST /v1/mandates"
 
 
@@ -75,7 +76,7 @@ async def create_mandate(
                 total_limit=body["total_limit"],
                 reserved=0,
                 spent=0,
-                status="active",
+                status=MandateStatus.ACTIVE,
                 version=1,
                 created_at=now,
                 updated_at=now,
@@ -110,27 +111,12 @@ async def reserve_for_payment(
     mandate = await ledger.lock_mandate(mandate_id)
     if mandate is None or mandate.actor != actor:
         raise MandateRefusal(422, "mandate-not-found", f"no mandate {mandate_id!r} for this actor")
-    if mandate.status != "active":
-        raise MandateRefusal(409, "mandate-not-active", f"mandate {mandate_id} is {mandate.status}")
-    if currency != mandate.currency:
-        raise MandateRefusal(
-            422,
-            "mandate-currency",
-            f"mandate {mandate_id} is in {mandate.currency}, not {currency}",
-        )
-    if amount > mandate.max_amount:
-        raise MandateRefusal(
-            422,
-            "mandate-max-amount",
-            f"{amount} exceeds the mandate's max_amount of {mandate.max_amount} per payment",
-        )
-    remaining = mandate.total_limit - mandate.reserved - mandate.spent
-    if amount > remaining:
-        raise MandateRefusal(
-            422,
-            "mandate-limit",
-            f"{amount} exceeds what remains of the mandate's total_limit ({remaining})",
-        )
+    books = Books(
+        mandate.currency, mandate.max_amount, mandate.total_limit, mandate.reserved, mandate.spent
+    )
+    refused = reserve_refusal(mandate_id, mandate.status, books, amount, currency)
+    if refused is not None:
+        raise MandateRefusal(refused.status, refused.code, refused.detail)
     await ledger.update_mandate(mandate_id, now, reserved=mandate.reserved + amount)
 
 
@@ -157,8 +143,6 @@ async def cancel_unsubmitted(
 async def change_status(
     engine: AsyncEngine, clock: Clock, keyed: Keyed, mandate_id: str, action: MandateAction
 ) -> tuple[Record, bool]:
-    allowed_from, target = ACTIONS[action]
-
     async def attempt() -> tuple[Record, bool]:
         async with engine.begin() as conn:
             ledger = Ledger(conn)
@@ -170,13 +154,14 @@ async def change_status(
             mandate = await ledger.lock_mandate(mandate_id)
             if mandate is None or mandate.actor != keyed.actor:
                 raise MandateRefusal(404, "mandate-not-found", f"no mandate {mandate_id!r}")
-            if mandate.status not in allowed_from:
+            target = status_after(action, mandate.status)
+            if target is None:
                 raise MandateRefusal(
                     409,
                     "mandate-state",
                     f"cannot {action} mandate {mandate_id}: it is {mandate.status}",
                 )
-            if target != "active":
+            if cancels_unsubmitted(target):
                 await cancel_unsubmitted(
                     ledger,
                     mandate_id,

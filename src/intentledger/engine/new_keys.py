@@ -13,7 +13,8 @@ locked after them, the order every writer of a refund's payment keeps.
 from __future__ import annotations
 
 from intentledger.domain.evidence import live_keys, room_after_a_new_key
-from intentledger.domain.refunds import captured_by, refund_totals, view_of
+from intentledger.domain.mandates import unheld
+from intentledger.domain.refunds import captured_by_charge, refund_totals, view_of
 from intentledger.domain.states import State
 from intentledger.engine.evidence import facts_of
 from intentledger.store.ledger import Ledger, share_of
@@ -37,7 +38,7 @@ async def _mandate_room(ledger: Ledger, payment: Record, keys: int) -> str | Non
     state = State(payment.state)
     before = share_of(payment, state)
     after = share_of(payment, state, {"live_keys": keys})
-    free = mandate.total_limit - mandate.reserved - mandate.spent
+    free = unheld(mandate.total_limit, mandate.reserved, mandate.spent)
     left = room_after_a_new_key(free, before, after)
     if left >= 0:
         return None
@@ -58,7 +59,7 @@ async def _refund_room(ledger: Ledger, refund: Record, keys: int) -> str | None:
         for r in await ledger.refunds_of(payment.operation_id)
         if r.request_context.get("charge") == charge
     ]
-    captured = captured_by(payment) if charge == payment.provider_reference else payment.amount
+    captured = captured_by_charge(payment, charge)
     totals = refund_totals(captured, views)
     if totals.taken <= captured:
         return None

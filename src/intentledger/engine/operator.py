@@ -15,10 +15,17 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.evidence import Limits, OperatorStatement
+from intentledger.domain.operator_rules import (
+    APPROVABLE,
+    RESOLVABLE,
+    approval_awaited,
+    may_resolve,
+)
+from intentledger.domain.operator_rules import ESCALATABLE as ESCALATABLE  # the tests' name
 from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW
 from intentledger.domain.retention import RetentionPolicy
 from intentledger.domain.safety import attempt_key
-from intentledger.domain.states import UNRESOLVED, NextAction, Outcome, State
+from intentledger.domain.states import NextAction, Outcome, State
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
 from intentledger.engine.new_keys import room_for_a_new_key
@@ -28,7 +35,6 @@ from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 from intentledger.store.work_queue import recent_operations
 
-ESCALATABLE = frozenset({State.UNKNOWN, State.RECONCILIATION_DUE, State.SAFETY_REVIEW})
 # After a person's resolution the provider is asked once more, this soon.
 VERIFY_AFTER = timedelta(seconds=30)
 
@@ -82,6 +88,13 @@ class OperatorAction:
         return {"by": self.by} | {name: value for name, value in seen.items() if value is not None}
 
 
+def _not_allowed(operation: Record, allowed: frozenset[State], verb: str) -> ActionNotAllowed:
+    return ActionNotAllowed(
+        f"cannot {verb} {operation.operation_id}: it is {operation.state} "
+        f"(allowed from {', '.join(sorted(allowed))})"
+    )
+
+
 async def _locked(
     ledger: Ledger, operation_id: str, allowed: frozenset[State], verb: str
 ) -> Record:
@@ -89,10 +102,7 @@ async def _locked(
     if operation is None:
         raise OperationNotFound(operation_id)
     if State(operation.state) not in allowed:
-        raise ActionNotAllowed(
-            f"cannot {verb} {operation_id}: it is {operation.state} "
-            f"(allowed from {', '.join(sorted(allowed))})"
-        )
+        raise _not_allowed(operation, allowed, verb)
     return operation
 
 
@@ -112,10 +122,11 @@ async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome
     """
     evidence = require_text(action.reason, "the evidence")
     operation = await ledger.lock_operation(action.operation_id)
-    contradicted = operation is not None and bool(operation.outcome_contradicted)
-    if not contradicted:
-        operation = await _locked(ledger, action.operation_id, UNRESOLVED, "resolve")
-    assert operation is not None
+    if operation is None:
+        raise OperationNotFound(action.operation_id)
+    contradicted = bool(operation.outcome_contradicted)
+    if not may_resolve(State(operation.state), contradicted):
+        raise _not_allowed(operation, RESOLVABLE, "resolve")
     observation_id = await ledger.add_observation(
         operation_id=action.operation_id,
         at=now,
@@ -170,10 +181,10 @@ async def approve_resubmission(
     operation = await _locked(
         ledger,
         action.operation_id,
-        frozenset({State.MANUAL_REVIEW}),
+        APPROVABLE,
         "approve a resubmission of",
     )
-    if operation.next_action != NextAction.OPERATOR:
+    if not approval_awaited(State(operation.state), operation.next_action):
         # Already approved (a new request is on its way, next_action resubmit):
         # a second approval would be a third request nobody weighed.
         raise ActionNotAllowed(

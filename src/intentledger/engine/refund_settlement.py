@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from intentledger.domain.evidence import recorded_executions
-from intentledger.domain.refunds import refund_totals, view_of
+from intentledger.domain.refunds import duplicates_of, unrefunded_duplicates
 from intentledger.domain.states import NextAction
 from intentledger.domain.watching import settled_next_action
 from intentledger.store.ledger import Ledger
@@ -25,22 +24,9 @@ async def after_refund_settled(ledger: Ledger, refund: Record, now: datetime, so
     payment = await ledger.get_operation(refund.parent_operation_id, for_update=True)
     if payment is None or not payment.duplicate_detected:
         return
-    executed = recorded_executions(
-        payment.executed_references, payment.outcome, payment.provider_reference
-    )
-    extras = executed - {payment.provider_reference}
-    refunds = await ledger.refunds_of(payment.operation_id)
-    unrefunded = sorted(
-        charge
-        for charge in extras
-        if refund_totals(
-            payment.amount,
-            [view_of(r) for r in refunds if r.request_context.get("charge") == charge],
-        ).refunded
-        < payment.amount
-    )
-    if unrefunded:
+    if unrefunded_duplicates(payment, await ledger.refunds_of(payment.operation_id)):
         return
+    extras = duplicates_of(payment)
     await ledger.add_decision(
         operation_id=payment.operation_id,
         at=now,

@@ -21,10 +21,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.evidence import recorded_executions
 from intentledger.domain.refunds import (
-    captured_by,
-    payment_refund_totals,
+    DuplicateProblem,
+    RefundProblem,
+    ask_refund,
+    captured_by_charge,
+    duplicate_problem,
+    of_charge,
     refund_totals,
-    view_of,
 )
 from intentledger.domain.states import NextAction
 from intentledger.engine.clock import Clock
@@ -61,28 +64,27 @@ async def accept_refund(
                 f"payment {payment_id} was made through {payment.provider}; this service "
                 f"sends to {intent.provider}",
             )
-        if captured_by(payment) == 0:
+        ask = ask_refund(payment, await ledger.refunds_of(payment_id), intent.body.get("amount"))
+        amount, totals = ask.amount, ask.totals
+        if ask.problem is RefundProblem.NOT_REFUNDABLE:
             raise RefundRefused(
                 422,
-                "payment-not-refundable",
+                ask.problem,
                 f"payment {payment_id} is {payment.state}"
                 + (f" ({payment.outcome})" if payment.outcome else "")
                 + ": only a payment known succeeded, with its charge known, can be refunded",
             )
-        totals = payment_refund_totals(payment, await ledger.refunds_of(payment_id))
-        asked = intent.body.get("amount")
-        amount = totals.refundable if asked is None else asked
-        if amount <= 0:
+        if ask.problem is RefundProblem.NOTHING_LEFT:
             raise RefundRefused(
                 422,
-                "nothing-to-refund",
+                ask.problem,
                 f"payment {payment_id} has nothing left to refund: "
                 f"{totals.taken} of {payment.amount} is refunded or held by refunds in flight",
             )
-        if amount > totals.refundable:
+        if ask.problem is RefundProblem.EXCEEDS_REFUNDABLE:
             raise RefundRefused(
                 422,
-                "refund-exceeds-refundable",
+                ask.problem,
                 f"{amount} exceeds the {totals.refundable} still refundable on payment "
                 f"{payment_id} ({totals.taken} of {payment.amount} is refunded or held by "
                 "refunds whose outcome is not a known failure)",
@@ -122,29 +124,31 @@ async def refund_duplicate(
     payment = await ledger.lock_operation(action.operation_id)
     if payment is None or payment.kind != "payment":
         raise OperationNotFound(action.operation_id)
-    if not payment.duplicate_detected:
+    executed = recorded_executions(
+        payment.executed_references, payment.outcome, payment.provider_reference
+    )
+    problem = duplicate_problem(
+        bool(payment.duplicate_detected), payment.provider_reference, charge, executed
+    )
+    if problem is DuplicateProblem.NOT_FLAGGED:
         raise ActionNotAllowed(f"{payment.operation_id} is not flagged duplicate_detected")
-    if payment.provider_reference is None:
+    if problem is DuplicateProblem.NO_SETTLED_CHARGE:
         raise ActionNotAllowed(
             f"{payment.operation_id} names no settled charge: resolve its outcome first, so "
             "the charge it keeps is known before any other is refunded"
         )
-    if charge == payment.provider_reference:
+    if problem is DuplicateProblem.SETTLED_CHARGE:
         raise ActionNotAllowed(
             f"refusing to refund {charge}: it is the charge the ledger settled the payment on; "
             "refund a duplicate, or use POST /v1/payments/{id}/refunds for the payment itself"
         )
-    executed = recorded_executions(
-        payment.executed_references, payment.outcome, payment.provider_reference
-    )
-    if charge not in executed:
+    if problem is DuplicateProblem.NOT_EXECUTED:
         raise ActionNotAllowed(
             f"{charge} is not an executed charge of {payment.operation_id} "
             f"(executed: {', '.join(sorted(executed))})"
         )
     refunds = await ledger.refunds_of(payment.operation_id)
-    of_charge = [view_of(r) for r in refunds if r.request_context.get("charge") == charge]
-    totals = refund_totals(payment.amount, of_charge)
+    totals = refund_totals(captured_by_charge(payment, charge), of_charge(refunds, charge))
     if totals.refundable <= 0:
         raise ActionNotAllowed(
             f"{charge} is already refunded, or a refund of it is in flight "
