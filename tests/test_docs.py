@@ -50,7 +50,9 @@ def test_the_stripe_webhook_section_lists_every_event_the_adapter_reads() -> Non
     assert f"--forward-to http://127.0.0.1:8000{PROVIDER_WEBHOOKS}stripe " in webhooks
 
 
-SOURCES = sorted((ROOT / "src").rglob("*.py")) + sorted((ROOT / "tests").rglob("*.py"))
+SOURCES = [
+    *(path for tree in ("src", "tests", "tools") for path in sorted((ROOT / tree).rglob("*.py")))
+]
 
 
 def anchor(heading: str) -> str:
@@ -82,3 +84,15 @@ def test_every_decision_the_code_cites_is_written_down() -> None:
     }
     missing = sorted((name, number) for name, number in cited if number not in written)
     assert not missing, f"decisions cited but not in docs/decisions/: {missing}"
+
+
+def test_no_source_cites_a_design_outside_the_repository() -> None:
+    # The rules the code relies on are in docs/design.md; a citation of a file
+    # the repository does not hold is one nobody can follow.
+    outside = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in SOURCES
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\bDESIGN\.md|\.\./shared/|\bADR \d", line)
+    ]
+    assert not outside, outside

@@ -56,7 +56,7 @@ def test_settings_read_durations_from_the_environment(monkeypatch: pytest.Monkey
     assert settings.submit_timeout == timedelta(milliseconds=500)
     assert settings.lease == timedelta(minutes=5)
     assert settings.sandbox_key_retention == timedelta(hours=24)
-    assert settings.recheck_backoff == timedelta(seconds=30)  # DESIGN.md default
+    assert settings.recheck_backoff == timedelta(seconds=30)  # docs/design.md#settings default
     assert Settings(lease="30s").lease == timedelta(seconds=30)  # a flag beats the environment
 
 

@@ -10,8 +10,9 @@ executed charge, every idempotency key with its first use) on the same clock and
 honours a key for 24 h, after which a same-key request executes again, as
 Stripe v1 documents.
 
-After every step the ledger's tables are checked against DESIGN.md ("States",
-"Transactions") and against the provider's truth:
+After every step the ledger's tables are checked against the transition table
+(docs/design.md#the-transition-table, docs/decisions/0005) and against the
+provider's truth:
 
 1. every attempt after the first is authorised by a decision of its operation,
    recorded no later than the attempt; after the operation was first UNKNOWN only

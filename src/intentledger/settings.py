@@ -1,4 +1,4 @@
-"""Settings of DESIGN.md, read from INTENTLEDGER_* variables (each also a CLI flag)."""
+"""Settings (docs/design.md#settings), read from INTENTLEDGER_* variables (each also a CLI flag)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     # Set: the sandbox signs its webhooks (pm_webhook_late) with it and the
     # serving process verifies them. A test provider's, so also a flag.
     sandbox_webhook_secret: str | None = None
-    # Not in DESIGN.md's table: where the sandbox keeps its truth.
+    # Beyond docs/design.md#settings (docs/departures.md): where the sandbox keeps its truth.
     sandbox_database: str = "intentledger-sandbox.db"
     # How many outbox deliveries one worker process runs at once.
     worker_concurrency: int = Field(default=16, ge=1, le=1024)

@@ -1,4 +1,4 @@
-"""The transition table against DESIGN.md "States", pair by pair and as a graph.
+"""The transition table against docs/design.md#the-transition-table, pair by pair and as a graph.
 
 The expected edges are written out here independently of `TRANSITIONS`, each with
 the line of the design that justifies it, so a change to the table has to change
@@ -112,7 +112,7 @@ def test_no_self_loops() -> None:
     assert all(a is not b for a, b in edges())
 
 
-# --- safety properties from DESIGN.md ---------------------------------------------------
+# --- safety properties from docs/design.md ---------------------------------------------------
 
 
 @pytest.mark.parametrize("source", [S.UNKNOWN, S.RECONCILIATION_DUE])

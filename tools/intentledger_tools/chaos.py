@@ -54,7 +54,8 @@ from intentledger.store.tables import (
     transitions,
 )
 
-# Every DESIGN.md scenario, weighted towards the ordinary case.
+# Every sandbox scenario (docs/design.md#sandbox-scenarios) but pm_webhook_late,
+# weighted towards the ordinary case.
 SCENARIOS = {
     "pm_ok": 40,
     "pm_declined": 8,

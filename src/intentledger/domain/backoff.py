@@ -55,9 +55,9 @@ def next_check_at(
     """When the next check of an operation becomes due.
 
     Without usable ``Retry-After`` guidance (absent, or ignored as invalid) it is
-    ``observed_at + backoff``. With both, the later time wins (see DESIGN.md): a
-    provider's ``Retry-After`` may delay our check but never hasten it, and our
-    backoff never overrides a provider's request to wait (RFC 9110 §10.2.3).
+    ``observed_at + backoff``. With both, the later time wins
+    (docs/design.md#retry-after-is-timing-only): a provider's ``Retry-After`` may
+    delay our check but never hasten it, and our backoff never overrides a provider's request to wait (RFC 9110 §10.2.3).
     """
     observed_at = require_utc(observed_at, "observed_at")
     if backoff < timedelta(0):

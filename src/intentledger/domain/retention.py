@@ -4,7 +4,7 @@ A same-key replay is only a replay while the provider still remembers the key;
 after that, the documented behaviour of most providers is to treat the request
 as new and execute it again. Every entry cites its source; the figures are
 documented *minimums* (floors), never promises that a key is gone afterwards.
-Facts from ../shared/research/provider-idempotency-and-retry-after.md.
+Each entry's `source` names the provider's own documentation.
 """
 
 from __future__ import annotations

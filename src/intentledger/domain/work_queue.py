@@ -5,7 +5,7 @@ credential, a provider still not final past the budget of looks), every flagged
 one (a contradiction, a duplicate) and every unresolved one that has waited
 longer than the queue's threshold (an UNKNOWN the reconciler keeps failing to
 settle) is shown to a person, oldest first:
-nothing that needs a person waits silently (DESIGN.md, rule 4).
+nothing that needs a person waits silently (docs/design.md#nothing-waits-silently).
 """
 
 from __future__ import annotations

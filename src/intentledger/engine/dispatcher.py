@@ -1,4 +1,4 @@
-"""The dispatcher: ADR 0005 steps 2-5, one outbox delivery at a time.
+"""The dispatcher: steps 2-5 of docs/decisions/0005, one outbox delivery at a time.
 
     claim (lease) -> pre-submit transaction (commit SUBMITTING + attempt)
                   -> provider call, outside any transaction

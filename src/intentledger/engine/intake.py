@@ -1,4 +1,5 @@
-"""Intake: an idempotent intent, durable before any provider work (ADR 0005, step 1).
+"""Intake: an idempotent intent, durable before any provider work (docs/decisions/0005,
+step 1; docs/design.md#intent-before-provider-work).
 
 One transaction writes the idempotency record, the operation (ACCEPTED) and its
 outbox row. An equal retry returns the original operation; the same key with a

@@ -10,7 +10,7 @@ SF_STRING = re.compile(r'"[\x21\x23-\x5b\x5d-\x7e]+"')
 
 
 def valid_idempotency_key(value: str | None) -> str:
-    """1-255 visible ASCII characters (0x21-0x7E), as DESIGN.md's contract says."""
+    """1-255 visible ASCII characters (0x21-0x7E), (docs/design.md#idempotency-keys)."""
     if value is None:
         raise Problem(
             400,
