@@ -57,7 +57,8 @@ def next_check_at(
     Without usable ``Retry-After`` guidance (absent, or ignored as invalid) it is
     ``observed_at + backoff``. With both, the later time wins
     (docs/design.md#retry-after-is-timing-only): a provider's ``Retry-After`` may
-    delay our check but never hasten it, and our backoff never overrides a provider's request to wait (RFC 9110 §10.2.3).
+    delay our check but never hasten it, and our backoff never overrides a
+    provider's request to wait (RFC 9110 §10.2.3).
     """
     observed_at = require_utc(observed_at, "observed_at")
     if backoff < timedelta(0):
