@@ -96,3 +96,18 @@ def test_no_source_cites_a_design_outside_the_repository() -> None:
         if re.search(r"\bDESIGN\.md|\.\./shared/|\bADR \d", line)
     ]
     assert not outside, outside
+
+
+def test_the_layer_tree_names_every_module() -> None:
+    # architecture.md's tree is the map a newcomer reads first: a module it
+    # does not name is one nobody was told about.
+    tree = section(ROOT / "docs" / "architecture.md", "## Layers")
+    package = ROOT / "src" / "intentledger"
+    unnamed = [
+        path.relative_to(package).as_posix()
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "__init__.py"
+        and "migrations" not in path.parts
+        and not re.search(rf"(?<![\w.]){re.escape(path.name)}\b", tree)
+    ]
+    assert not unnamed, f"modules docs/architecture.md's layer tree does not name: {unnamed}"
