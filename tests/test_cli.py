@@ -527,3 +527,21 @@ def test_a_cli_action_records_the_os_user_and_host_and_is_counted_with_the_conso
     assert _operator_actions(exposition) == {"operator_escalation": 2}
     [through_api] = asyncio.run(_decisions_of(database_url, by_console))
     assert "os_user" not in through_api.inputs  # there `by` is the key's actor
+
+
+def test_an_installed_package_cannot_replace_a_service_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from importlib.metadata import EntryPoint
+
+    import intentledger.cli as cli
+
+    def offered(group: str) -> list[EntryPoint]:
+        assert group == "intentledger.commands"
+        # A "worker" from elsewhere (the chaos run's broken build is a worker).
+        return [EntryPoint("worker", "intentledger.cli:keys_app", "intentledger.commands")]
+
+    before = [(c.name, c.callback) for c in cli.app.registered_commands]
+    monkeypatch.setattr(cli, "entry_points", offered)
+    cli._register_tool_commands()
+    assert [(c.name, c.callback) for c in cli.app.registered_commands] == before

@@ -797,9 +797,17 @@ def sandbox(
 def _register_tool_commands() -> None:
     """`bench`, `chaos` and `demo` come from the intentledger-tools distribution
     (tools/), which only the dev and bench installs have: the service's own wheel
-    carries no workshop code, so without the tools these commands do not exist."""
+    carries no workshop code, so without the tools these commands do not exist.
+
+    Only these three names: Typer keeps the last command registered under a
+    name, so an installed package that offered `worker` or `serve` would
+    replace the service's own (the chaos run's broken build is a worker)."""
     for command in entry_points(group="intentledger.commands"):
-        app.command(command.name)(command.load())
+        if command.name in TOOL_COMMANDS:
+            app.command(command.name)(command.load())
+
+
+TOOL_COMMANDS = frozenset({"bench", "chaos", "demo"})
 
 
 _register_tool_commands()

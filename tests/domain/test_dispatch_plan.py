@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+import pytest
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from intentledger.domain.dispatch_plan import (
@@ -32,8 +33,12 @@ def test_attempt_one_goes_to_an_accepted_operation_never_attempted() -> None:
         1, provider_key("op_1"), None
     )
     for state in State:
-        if state is not State.ACCEPTED:
+        if state not in SENDABLE_FROM:
             assert plan_attempt("op_1", state, None, None, None) is None
+        elif state is not State.ACCEPTED:
+            # In review it has been sent before: no attempt is a broken ledger.
+            with pytest.raises(AssertionError, match="with no attempt"):
+                plan_attempt("op_1", state, None, None, None)
 
 
 def decision(next_action: NextAction, same_key: bool, decision_id: int = 7) -> Authorisation:
@@ -75,6 +80,7 @@ def test_nothing_is_sent_from_a_state_that_does_not_send(
     same_key: bool,
     delivered: int | None,
 ) -> None:
+    assume(previous is not None or state in (State.ACCEPTED, *set(State) - SENDABLE_FROM))
     plan = plan_attempt("op_1", state, previous, decision(next_action, same_key, 2), delivered)
     if state not in SENDABLE_FROM:
         assert plan is None
@@ -94,6 +100,8 @@ def test_nothing_is_sent_from_a_state_that_does_not_send(
 def test_the_batch_takes_only_what_the_reference_path_sends_as_attempt_one(
     kind: str, state: State, attempted: bool, delivered: int | None, status: str | None
 ) -> None:
+    # An operation in review was sent before (it has an attempt).
+    assume(attempted or state is State.ACCEPTED or state not in SENDABLE_FROM)
     stop = mandate_stop(kind, "md_1", status)
     batched = batchable_first_attempt(kind, state, attempted, delivered, stop)
     reference = plan_attempt("op_1", state, 1 if attempted else None, None, delivered)

@@ -84,8 +84,12 @@ def plan_attempt(
     checked by the caller, as the plan's flags say."""
     if sends_first_attempt(state, attempted=previous_attempt is not None):
         return AttemptPlan(FIRST_ATTEMPT, provider_key(operation_id), None)
-    if state not in SENDABLE_FROM or previous_attempt is None:
+    if state not in SENDABLE_FROM:
         return None
+    if previous_attempt is None:
+        # Only ACCEPTED sends a first attempt; an operation in review has been
+        # sent before, and its missing attempt is a broken ledger, not a no.
+        raise AssertionError(f"{operation_id} is {state} with no attempt")
     authorising = NextAction.SUBMIT if state is State.ACCEPTED else NextAction.RESUBMIT
     if (
         latest is None

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.dispatch_plan import (
+    SENDABLE_FROM,
     AttemptPlan,
     Authorisation,
     mandate_stop,
@@ -262,8 +263,12 @@ class Dispatcher:
         """Which attempt this delivery may send (domain/dispatch_plan.py), or None;
         a replay's window and a new request's mandate are checked as it is sent."""
         previous = await ledger.last_attempt(operation.operation_id)
+        # A settled or cancelled operation's leftover row sends nothing: no
+        # decision to read for it (the hot path of every stale outbox row).
         decision = (
-            await ledger.latest_decision(operation.operation_id) if previous is not None else None
+            await ledger.latest_decision(operation.operation_id)
+            if previous is not None and State(operation.state) in SENDABLE_FROM
+            else None
         )
         plan = plan_attempt(
             operation.operation_id,
