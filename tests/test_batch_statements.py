@@ -14,7 +14,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.store.batches import BatchLedger, Settlement
+from intentledger.domain.dispatch_plan import AttemptPlan
+from intentledger.domain.states import NextAction, State
+from intentledger.engine import changes
+from intentledger.engine.dispatcher import begin_attempt
+from intentledger.store.batches import BatchLedger
 from intentledger.store.tables import (
     attempts,
     observation_details,
@@ -56,28 +60,43 @@ NOW = datetime(2026, 11, 30, 9, 0, 0, 123456, tzinfo=UTC)
 DETAILS = (None, {"id": "ch_1", "amount": 500, "note": "café"})
 
 
+async def write(
+    ledger: BatchLedger,
+    one_statement: bool,
+    planned: list[changes.OperationChange],
+    **rows: Any,
+) -> int | None:
+    writes = [change.rows for change in planned]
+    if one_statement:
+        return await ledger._write_in_one_statement(
+            writes,
+            NOW,
+            rows.get("attempt_rows", ()),
+            rows.get("observation_rows", ()),
+            rows.get("done_outbox_rows", ()),
+        )
+    return await ledger._write_stepwise(
+        {tuple(writes[0].values): writes},
+        NOW,
+        rows.get("attempt_rows", ()),
+        rows.get("observation_rows", ()),
+        rows.get("done_outbox_rows", ()),
+    )
+
+
 async def submit_and_settle(engine: AsyncEngine, ids: list[str], one_statement: bool) -> None:
     async with engine.begin() as conn:
         ledger = BatchLedger(conn)
         locked = list((await ledger.lock(ids)).operations.values())
-        begin = ledger._begin_in_one_statement if one_statement else ledger._begin_stepwise
-        written = await begin(
-            [
-                {
-                    "operation_id": op.operation_id,
-                    "number": 1,
-                    "provider_idempotency_key": f"{op.operation_id}:1",
-                    "submitted_at": NOW,
-                    "relation": "original",
-                    "resubmission_of": None,
-                    "decision_id": None,
-                    "source": SOURCE,
-                }
-                for op in locked
-            ],
-            NOW,
-            {op.operation_id: "attempt 1 committed before provider I/O" for op in locked},
-            SOURCE,
+        begun = [
+            begin_attempt(op, AttemptPlan(1, f"{op.operation_id}:1", None), None, NOW, SOURCE)
+            for op in locked
+        ]
+        written = await write(
+            ledger,
+            one_statement,
+            [change for _, change in begun],
+            attempt_rows=[attempt for attempt, _ in begun],
         )
         assert written == len(ids)
     async with engine.begin() as conn:
@@ -89,21 +108,31 @@ async def submit_and_settle(engine: AsyncEngine, ids: list[str], one_statement: 
                 select(outbox.c.operation_id, outbox.c.id).where(outbox.c.operation_id.in_(ids))
             )
         }
-        write = ledger._settle_in_one_statement if one_statement else ledger._settle_stepwise
         settled = await write(
+            ledger,
+            one_statement,
             [
-                Settlement(
+                changes.plan(
                     submitting[operation_id],
-                    "succeeded",
-                    f"ch_{operation_id[-6:]}",
-                    "provider answered 200",
-                    answer(operation_id, detail),
-                    row_ids[operation_id],
+                    State.OUTCOME_KNOWN,
+                    now=NOW,
+                    next_action=NextAction.NONE,
+                    reason="provider answered 200",
+                    source=SOURCE,
+                    outcome="succeeded",
+                    last_observed_at=NOW,
+                    retry_after_at=None,
+                    executed_references=[f"ch_{operation_id[-6:]}"],
+                    provider_reference=f"ch_{operation_id[-6:]}",
+                    live_keys=1,
                 )
+                for operation_id in ids
+            ],
+            observation_rows=[
+                answer(operation_id, detail)
                 for operation_id, detail in zip(ids, DETAILS, strict=True)
             ],
-            NOW,
-            SOURCE,
+            done_outbox_rows=[row_ids[operation_id] for operation_id in ids],
         )
         assert settled in (len(ids), None)  # None: SQLite reports no executemany count
 
@@ -113,6 +142,8 @@ def comparable(value: Any, operation_id: str) -> Any:
     their ids, and the instants of their intake (everything after is NOW)."""
     if isinstance(value, str):
         return value.replace(operation_id[-6:], "")
+    if isinstance(value, list):
+        return [comparable(item, operation_id) for item in value]
     if isinstance(value, datetime) and value != NOW:
         return "the intake's instant"
     return value

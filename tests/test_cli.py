@@ -27,6 +27,7 @@ from intentledger.app import create_app
 from intentledger.cli import app
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.states import NextAction, State
+from intentledger.engine import changes
 from intentledger.engine.api_keys import create_api_key, hash_token
 from intentledger.engine.clock import system_clock
 from intentledger.engine.intake import Intent, PaymentIntent, accept, accept_payment
@@ -424,7 +425,8 @@ async def _make_unknown(database_url: str, operation_id: str) -> None:
             async with engine.begin() as conn:
                 ledger = Ledger(conn)
                 operation = await ledger.lock_operation(operation_id)
-                await ledger.transition(
+                await changes.transition(
+                    ledger,
                     operation,
                     target,
                     now=system_clock(),

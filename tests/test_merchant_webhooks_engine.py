@@ -15,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.merchant_events import RetrySchedule
 from intentledger.domain.states import NextAction, Outcome, State
-from intentledger.engine import mandates, webhook_endpoints
+from intentledger.engine import changes, mandates, webhook_endpoints
+from intentledger.engine.announcements import new_event_id
 from intentledger.engine.webhook_sender import WebhookSender
-from intentledger.store.announcements import new_event_id
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import merchant_events, webhook_deliveries
 from intentledger.store.webhooks import AttemptResult, WebhookStore
@@ -131,7 +131,8 @@ async def test_a_change_that_rolls_back_announces_nothing(engine: AsyncEngine) -
             ledger = Ledger(conn)
             operation = await ledger.lock_operation(op_id)
             assert operation is not None
-            await ledger.transition(
+            await changes.transition(
+                ledger,
                 operation,
                 State.MANUAL_REVIEW,
                 now=scene.clock(),

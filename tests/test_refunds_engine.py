@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.documents import operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.states import Outcome, State
+from intentledger.engine import changes
 from intentledger.engine.intake import Intent
 from intentledger.engine.refunds import REFUND_ROUTE, RefundRefused, accept_refund
 from intentledger.store.ledger import Ledger
@@ -341,16 +342,18 @@ async def test_a_contradiction_on_a_batch_settled_payment_keeps_its_charge_in_th
     scene = Scene(engine)
     mandate_id = await make_mandate(scene, total_limit=1000)
     payment = await pay_under(scene, mandate_id, "pay-1")
-    assert await scene.worker.deliver_batch(8) == 1  # the batched path: no list written
+    assert await scene.worker.deliver_batch(8) == 1  # the batched path
     settled = await scene.operation(payment)
-    assert settled.outcome == Outcome.SUCCEEDED and settled.executed_references is None
+    # The batch writes what the single path writes (engine/evidence.settlement).
+    assert settled.outcome == Outcome.SUCCEEDED
+    assert settled.executed_references == [settled.provider_reference]
     assert await books(scene, mandate_id) == (0, AMOUNT)
     # Stand-in for a provider event that contradicts the recorded success.
     async with engine.begin() as conn:
         ledger = Ledger(conn)
         locked = await ledger.lock_operation(payment)
         assert locked is not None
-        await ledger.update_operation(locked, now=scene.clock(), outcome_contradicted=True)
+        await changes.update(ledger, locked, now=scene.clock(), outcome_contradicted=True)
     statement = OperatorAction(payment, "olive", "the provider's dashboard shows it failed")
     await scene.act(lambda ledger, now: operator.resolve(ledger, now, statement, Outcome.FAILED))
     op = await scene.operation(payment)

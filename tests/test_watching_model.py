@@ -87,6 +87,7 @@ from intentledger.domain.transport import LookupAnswer, ProviderAnswer
 from intentledger.domain.watching import is_watched
 from intentledger.domain.work_queue import QueueFacts, needs
 from intentledger.engine import mandates, operator, provider_events, refunds
+from intentledger.engine.changes import share_of
 from intentledger.engine.intake import Intent, accept
 from intentledger.engine.operator import OperatorAction
 from intentledger.engine.reconciler import operation_lookup
@@ -100,7 +101,7 @@ from intentledger.providers.stripe import (
     map_refund_answer,
 )
 from intentledger.store.database import create_ledger_engine
-from intentledger.store.ledger import Ledger, share_of
+from intentledger.store.ledger import Ledger
 from intentledger.store.tables import metadata
 from tests.test_recovery_model import (
     BACKOFF,

@@ -22,9 +22,11 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from intentledger.domain.dispatch_plan import (
     FIRST_ATTEMPT,
+    AttemptPlan,
     batchable_first_attempt,
     mandate_stop,
     provider_key,
@@ -33,14 +35,18 @@ from intentledger.domain.evidence import AttemptFacts, Facts, Limits, Move, Subm
 from intentledger.domain.retry_after import parse_retry_after
 from intentledger.domain.states import State
 from intentledger.domain.transport import ProviderAnswer, classify
+from intentledger.engine import changes
 from intentledger.engine.dispatcher import (
     Dispatcher,
     Submission,
     as_evidence,
+    begin_attempt,
     request_for,
     submit_result,
 )
-from intentledger.store.batches import BatchLedger, Settlement
+from intentledger.engine.evidence import settlement
+from intentledger.store.batches import BatchLedger
+from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
 log = logging.getLogger(__name__)
@@ -105,6 +111,7 @@ async def _pre_submit(
         locked = await ledger.lock(row.operation_id for row in rows)
         held = await ledger.leases_held((row.id for row in rows), dispatcher.worker_id, now)
         batch: list[Prepared] = []
+        beginning: list[tuple[dict[str, Any], changes.OperationChange]] = []
         others: list[Record] = []
         taken: set[str] = set()
         for row in rows:
@@ -130,56 +137,51 @@ async def _pre_submit(
                 others.append(row)
                 continue
             taken.add(operation.operation_id)
-            key = provider_key(operation.operation_id)
-            submission = Submission(FIRST_ATTEMPT, request_for(operation, key))
+            plan = AttemptPlan(FIRST_ATTEMPT, provider_key(operation.operation_id), None)
+            attempt, change = begin_attempt(operation, plan, None, now, dispatcher.worker_id)
+            submission = Submission(FIRST_ATTEMPT, request_for(operation, plan.key))
             batch.append(Prepared(row, submission, operation.version + 1))
-        if batch:
+            beginning.append((attempt, change))
+        if beginning:
             await ledger.begin_attempts(
-                [
-                    {
-                        "operation_id": submission.request.reference,
-                        "number": FIRST_ATTEMPT,
-                        "provider_idempotency_key": submission.key,
-                        "submitted_at": now,
-                        "relation": "original",
-                        "resubmission_of": None,
-                        "decision_id": None,
-                        "source": dispatcher.worker_id,
-                    }
-                    for submission in (item.submission for item in batch)
-                ],
-                [locked.operations[item.row.operation_id] for item in batch],
-                now=now,
-                reasons={
-                    item.row.operation_id: f"attempt {FIRST_ATTEMPT} committed before provider I/O"
-                    for item in batch
-                },
-                source=dispatcher.worker_id,
+                [attempt for attempt, _ in beginning],
+                [change.rows for _, change in beginning],
+                now,
+            )
+            await changes.follow(
+                Ledger(conn), [change for _, change in beginning], stage="pre_submit"
             )
     return batch, others
 
 
-def _plain_effect(
-    operation: Record, item: Sent, evidence: SubmitAnswer, now: datetime, limits: Limits
-) -> bool:
-    """Does the funnel settle this answer with nothing but the outcome? Only for
-    an operation still as our pre-submit left it (one attempt, no other
-    evidence: what the ledger knows is what this batch holds)."""
+def _plain_settlement(
+    operation: Record,
+    item: Sent,
+    evidence: SubmitAnswer,
+    now: datetime,
+    limits: Limits,
+    source: str,
+) -> changes.OperationChange | None:
+    """The change the funnel makes of this answer, if it settles the operation
+    with nothing but the outcome; only for an operation still as our pre-submit
+    left it (one attempt, no other evidence: what the ledger knows is what this
+    batch holds)."""
     if State(operation.state) is not State.SUBMITTING:
-        return False
+        return None
     if operation.version != item.prepared.version:
-        return False
+        return None
     facts = Facts(
         state=State.SUBMITTING,
         attempts=(AttemptFacts(FIRST_ATTEMPT, item.submission.key),),
         unresolved_since=operation.first_attempt_at,
     )
     effect = judge(facts, evidence, now, limits)
-    return (
+    plain = (
         effect.move is Move.SETTLE
         and not (effect.duplicate or effect.contradiction or effect.verify)
         and effect.adopt_reference == evidence.reference
     )
+    return settlement(operation, facts, effect, now=now, source=source) if plain else None
 
 
 async def _record(dispatcher: Dispatcher, sent: Sequence[Sent]) -> None:
@@ -208,7 +210,9 @@ async def _record_together(dispatcher: Dispatcher, sent: Sequence[Sent]) -> list
         now = dispatcher.clock()
         limits = Limits(dispatcher.settings.recheck_backoff)
         locked = await ledger.lock(item.row.operation_id for item in sent)
-        settlements = []
+        observed: list[dict[str, Any]] = []
+        settled: list[changes.OperationChange] = []
+        delivered: list[int] = []
         for item in sent:
             operation = locked.operations[item.row.operation_id]
             answer = item.answer
@@ -217,28 +221,24 @@ async def _record_together(dispatcher: Dispatcher, sent: Sequence[Sent]) -> list
             evidence = as_evidence(
                 item.submission.attempt_number, answer, classification, retry_after
             )
-            if not _plain_effect(operation, item, evidence, now, limits):
+            change = _plain_settlement(operation, item, evidence, now, limits, dispatcher.worker_id)
+            if change is None:
                 rest.append(item)
                 continue
-            observation = submit_result(
-                operation.operation_id,
-                now,
-                dispatcher.worker_id,
-                item.submission.attempt_number,
-                answer,
-                classification,
-                retry_after,
-            )
-            settlements.append(
-                Settlement(
-                    operation,
-                    classification.verdict.value,
-                    answer.provider_reference,
-                    classification.reason,
-                    observation,
-                    item.row.id,
+            observed.append(
+                submit_result(
+                    operation.operation_id,
+                    now,
+                    dispatcher.worker_id,
+                    item.submission.attempt_number,
+                    answer,
+                    classification,
+                    retry_after,
                 )
             )
-        if settlements:
-            await ledger.settle(settlements, now=now, source=dispatcher.worker_id)
+            settled.append(change)
+            delivered.append(item.row.id)
+        if settled:
+            await ledger.settle(observed, [change.rows for change in settled], delivered, now)
+            await changes.follow(Ledger(conn), settled, stage="settle")
     return rest

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from intentledger.domain.cards import ACTION_FROM
+from intentledger.engine import changes
 from intentledger.engine.intake import Prepare
 from intentledger.engine.refusal import Refusal
 from intentledger.store.ledger import Ledger
@@ -56,8 +57,8 @@ def prepare_action(card_id: str, kind: str) -> Prepare:
         if card.status != needed or card.provider_card_id is None:
             verb = kind.removeprefix("card_")
             raise Refusal(409, "card-state", f"cannot {verb} card {card_id}: it is {card.status}")
-        await ledger.update_card(
-            card_id, now, indeterminate=True, pending_operation_id=values["operation_id"]
+        await changes.change_card(
+            ledger, card_id, now, indeterminate=True, pending_operation_id=values["operation_id"]
         )
         values["request_context"]["card_id"] = card_id
         values["request_context"]["provider_card_id"] = card.provider_card_id

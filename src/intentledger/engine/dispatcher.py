@@ -31,6 +31,7 @@ from intentledger.domain.evidence import Effect, Limits, SubmitAnswer
 from intentledger.domain.retry_after import RetryAfter, parse_retry_after
 from intentledger.domain.states import NextAction, State
 from intentledger.domain.transport import Classification, ProviderAnswer, Verdict, classify
+from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
 from intentledger.engine.unknown import mark_unknown
@@ -124,6 +125,33 @@ def as_evidence(
     )
 
 
+def begin_attempt(
+    operation: Record, plan: AttemptPlan, decision_id: int | None, now: datetime, source: str
+) -> tuple[dict[str, Any], changes.OperationChange]:
+    """Step 3's rows, single or batched alike: the attempt, and SUBMITTING
+    committed before provider I/O."""
+    attempt = {
+        "operation_id": operation.operation_id,
+        "number": plan.number,
+        "provider_idempotency_key": plan.key,
+        "submitted_at": now,
+        "relation": "original" if plan.resubmission_of is None else "resubmission",
+        "resubmission_of": plan.resubmission_of,
+        "decision_id": decision_id,
+        "source": source,
+    }
+    change = changes.plan(
+        operation,
+        State.SUBMITTING,
+        now=now,
+        next_action=NextAction.WAIT,
+        reason=f"attempt {plan.number} committed before provider I/O",
+        source=source,
+        first_attempt_at=operation.first_attempt_at or now,
+    )
+    return attempt, change
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -180,25 +208,9 @@ class Dispatcher:
                 # authorising decision, or a replay whose window has closed.
                 await ledger.finish_outbox_row(row.id, now)
                 return None
-            await ledger.add_attempt(
-                operation_id=operation.operation_id,
-                number=plan.number,
-                provider_idempotency_key=plan.key,
-                submitted_at=now,
-                relation="original" if plan.resubmission_of is None else "resubmission",
-                resubmission_of=plan.resubmission_of,
-                decision_id=row.decision_id,
-                source=self.worker_id,
-            )
-            await ledger.transition(
-                operation,
-                State.SUBMITTING,
-                now=now,
-                next_action=NextAction.WAIT,
-                reason=f"attempt {plan.number} committed before provider I/O",
-                source=self.worker_id,
-                first_attempt_at=operation.first_attempt_at or now,
-            )
+            attempt, change = begin_attempt(operation, plan, row.decision_id, now, self.worker_id)
+            await ledger.add_attempt(**attempt)
+            await changes.write(ledger, change)
             return Submission(plan.number, request_for(operation, plan.key))
 
     async def _mandate_stop(self, ledger: Ledger, operation: Record) -> str | None:
@@ -215,7 +227,8 @@ class Dispatcher:
         status = await self._mandate_stop(ledger, operation)
         if status is None:
             return True
-        await ledger.transition(
+        await changes.transition(
+            ledger,
             operation,
             State.CANCELLED,
             now=now,
@@ -235,7 +248,8 @@ class Dispatcher:
         if status is None:
             return True
         reason = f"new request not sent: mandate {operation.mandate_id} is {status}"
-        await ledger.add_decision(
+        await changes.decide(
+            ledger,
             operation_id=operation.operation_id,
             at=now,
             rule="mandate_not_active",
@@ -245,9 +259,10 @@ class Dispatcher:
             source=self.worker_id,
         )
         if State(operation.state) is State.MANUAL_REVIEW:
-            await ledger.update_operation(operation, now=now, next_action=NextAction.OPERATOR)
+            await changes.update(ledger, operation, now=now, next_action=NextAction.OPERATOR)
         else:
-            await ledger.transition(
+            await changes.transition(
+                ledger,
                 operation,
                 State.MANUAL_REVIEW,
                 now=now,
@@ -304,7 +319,8 @@ class Dispatcher:
             f"replay not sent: key age {key_age} reached the bound {bound} between the "
             f"decision at {decision.at.isoformat()} and the send; back to checking"
         )
-        await ledger.add_decision(
+        await changes.decide(
+            ledger,
             operation_id=operation.operation_id,
             at=now,
             rule="replay_window_closed",

@@ -26,6 +26,7 @@ from intentledger.domain.evidence import (
 from intentledger.domain.states import FINAL, NextAction, Outcome, State
 from intentledger.domain.transport import PROVING, Verdict
 from intentledger.domain.watching import Watch, settled_next_action
+from intentledger.engine import changes
 from intentledger.engine.refund_settlement import after_refund_settled
 from intentledger.engine.unknown import mark_unknown
 from intentledger.store.ledger import Ledger
@@ -133,6 +134,26 @@ def _flags(operation: Record, facts: Facts, effect: Effect) -> dict[str, Any]:
     return fields
 
 
+def settlement(
+    operation: Record, facts: Facts, effect: Effect, *, now: datetime, source: str
+) -> changes.OperationChange:
+    """The change an outcome makes (Move.SETTLE), single or batched alike."""
+    assert effect.move is Move.SETTLE and effect.outcome is not None
+    fields = _flags(operation, facts, effect)
+    return changes.plan(
+        operation,
+        State.OUTCOME_KNOWN,
+        now=now,
+        next_action=fields.pop("next_action", NextAction.NONE),
+        reason=effect.reason,
+        source=source,
+        outcome=effect.outcome,
+        last_observed_at=now,
+        retry_after_at=None,
+        **fields,
+    )
+
+
 async def carry_out(
     ledger: Ledger,
     operation: Record,
@@ -147,19 +168,7 @@ async def carry_out(
     fields = _flags(operation, facts, effect)
     move = effect.move
     if move is Move.SETTLE:
-        assert effect.outcome is not None
-        await ledger.transition(
-            operation,
-            State.OUTCOME_KNOWN,
-            now=now,
-            next_action=fields.pop("next_action", NextAction.NONE),
-            reason=effect.reason,
-            source=source,
-            outcome=effect.outcome,
-            last_observed_at=now,
-            retry_after_at=None,
-            **fields,
-        )
+        await changes.write(ledger, settlement(operation, facts, effect, now=now, source=source))
         if operation.kind == "refund":
             settled = await _relock(ledger, operation)
             await after_refund_settled(ledger, settled, now, source)
@@ -181,7 +190,7 @@ async def carry_out(
         assert review is not None, "only a scheduled check sends an operation to review"
         fields.pop("reconciliation_status", None)  # the review writes it with its transition
         if fields:
-            await ledger.update_operation(operation, now=now, **fields)
+            await changes.update(ledger, operation, now=now, **fields)
             operation = await _relock(ledger, operation)
         await review(ledger, operation, now, effect.reason, str(effect.reconciliation_status))
     elif move is Move.OPERATOR:
@@ -190,7 +199,8 @@ async def carry_out(
         # The executions the provider showed stay written down whatever outcome
         # is stated (a batch settles without the list: it is written now).
         fields["executed_references"] = sorted(effect.executed)
-        await ledger.update_operation(
+        await changes.update(
+            ledger,
             operation,
             now=now,
             outcome=effect.outcome,
@@ -202,12 +212,17 @@ async def carry_out(
         )
     elif move is Move.RECHECK:
         assert effect.check_at is not None
-        await ledger.update_operation(
-            operation, now=now, last_observed_at=now, retry_after_at=effect.check_at, **fields
+        await changes.update(
+            ledger,
+            operation,
+            now=now,
+            last_observed_at=now,
+            retry_after_at=effect.check_at,
+            **fields,
         )
         await ledger.enqueue(operation.operation_id, "reconcile", effect.check_at, now)
     elif fields:
-        await ledger.update_operation(operation, now=now, **fields)
+        await changes.update(ledger, operation, now=now, **fields)
     if effect.not_final is not None:
         await _provider_not_final(ledger, operation, effect, now, source)
     if effect.verify_at is not None:
@@ -220,7 +235,8 @@ async def _provider_not_final(
     """The looks' budget ran out while the provider still shows something open: a
     person is told what, and why watching goes on (the decision row)."""
     assert effect.verify_at is not None
-    await ledger.add_decision(
+    await changes.decide(
+        ledger,
         operation_id=operation.operation_id,
         at=now,
         rule="provider_not_final",
@@ -257,7 +273,8 @@ async def _requeue(
     attempt = await ledger.last_attempt(operation.operation_id)
     assert attempt is not None, "only an attempt can be refused"
     due = effect.check_at
-    decision_id = await ledger.add_decision(
+    decision_id = await changes.decide(
+        ledger,
         operation_id=operation.operation_id,
         at=now,
         rule="non_execution_evidence",
@@ -276,7 +293,8 @@ async def _requeue(
         ),
         source=source,
     )
-    await ledger.transition(
+    await changes.transition(
+        ledger,
         operation,
         State.ACCEPTED,
         now=now,
@@ -316,7 +334,8 @@ async def _to_a_person(
         }
     else:
         inputs = {"observation_id": observation_id, "evidence": effect.reason}
-    await ledger.add_decision(
+    await changes.decide(
+        ledger,
         operation_id=operation.operation_id,
         at=now,
         rule=effect.rule,
@@ -325,7 +344,8 @@ async def _to_a_person(
         reason=effect.reason,
         source=source,
     )
-    await ledger.transition(
+    await changes.transition(
+        ledger,
         operation,
         State.MANUAL_REVIEW,
         now=now,

@@ -22,6 +22,7 @@ from intentledger.domain.states import NextAction, State
 from intentledger.engine.clock import Clock
 from intentledger.engine.mandates import reserve_for_payment
 from intentledger.engine.refusal import claim_or_replay
+from intentledger.observability import ledger_events
 from intentledger.store.ledger import Ledger, new_operation_id
 from intentledger.store.tables import Record
 
@@ -138,6 +139,14 @@ async def accept(
         row_id = await ledger.insert_intent(values, outbox_kind="submit", due_at=now, hold=hold)
         await ledger.record_initial_transition(
             values["operation_id"], now, ACCEPTED_REASON, source=accepted_by(intent)
+        )
+        ledger_events.transition(
+            ledger.conn,
+            values["operation_id"],
+            None,
+            State.ACCEPTED,
+            NextAction.SUBMIT,
+            ACCEPTED_REASON,
         )
         return IntakeResult(values, replayed=False, held_row_id=row_id if hold else None)
 

@@ -26,6 +26,7 @@ from intentledger.domain.mandates import (
 from intentledger.domain.mandates import MandateAction as MandateAction  # the API's name for it
 from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW
 from intentledger.domain.states import NextAction, State
+from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.refusal import Refusal, claim_key, find_keyed_replay, retry_key_races
 from intentledger.store.ledger import Ledger
@@ -117,7 +118,7 @@ async def reserve_for_payment(
     refused = reserve_refusal(mandate_id, mandate.status, books, amount, currency)
     if refused is not None:
         raise MandateRefusal(refused.status, refused.code, refused.detail)
-    await ledger.update_mandate(mandate_id, now, reserved=mandate.reserved + amount)
+    await changes.change_mandate(ledger, mandate_id, now, reserved=mandate.reserved + amount)
 
 
 async def cancel_unsubmitted(
@@ -126,7 +127,8 @@ async def cancel_unsubmitted(
     """Cancel every ACCEPTED payment under a locked mandate (reservations released)."""
     cancelled = 0
     for operation in await ledger.accepted_under_mandate(mandate_id):
-        await ledger.transition(
+        await changes.transition(
+            ledger,
             operation,
             State.CANCELLED,
             now=now,
@@ -169,7 +171,7 @@ async def change_status(
                     f"mandate {mandate_id} {target} before submission",
                     f"api:{keyed.actor}",
                 )
-            await ledger.update_mandate(mandate_id, now, status=target)
+            await changes.change_mandate(ledger, mandate_id, now, status=target)
             return await _mandate(ledger, mandate_id), False
 
     return await retry_key_races(attempt)

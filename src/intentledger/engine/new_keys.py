@@ -16,8 +16,9 @@ from intentledger.domain.evidence import live_keys, room_after_a_new_key
 from intentledger.domain.mandates import unheld
 from intentledger.domain.refunds import captured_by_charge, refund_totals, view_of
 from intentledger.domain.states import State
+from intentledger.engine.changes import share_of
 from intentledger.engine.evidence import facts_of
-from intentledger.store.ledger import Ledger, share_of
+from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
 

@@ -26,6 +26,7 @@ from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW
 from intentledger.domain.retention import RetentionPolicy
 from intentledger.domain.safety import attempt_key
 from intentledger.domain.states import NextAction, Outcome, State
+from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
 from intentledger.engine.new_keys import room_for_a_new_key
@@ -135,7 +136,8 @@ async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome
         verdict=outcome.value,
         reason=evidence,
     )
-    await ledger.add_decision(
+    await changes.decide(
+        ledger,
         operation_id=action.operation_id,
         at=now,
         rule="operator_contradiction_resolution" if contradicted else "operator_resolution",
@@ -200,7 +202,8 @@ async def approve_resubmission(
     policy = policy_for(operation.provider)
     first_use = await ledger.first_use_of_key(action.operation_id, last.provider_idempotency_key)
     key_age = now - first_use
-    decision_id = await ledger.add_decision(
+    decision_id = await changes.decide(
+        ledger,
         operation_id=action.operation_id,
         at=now,
         rule="operator_approved_new_request",
@@ -225,7 +228,8 @@ async def approve_resubmission(
         key_age_at_decision=key_age,
         source=f"operator:{action.by}",
     )
-    await ledger.update_operation(
+    await changes.update(
+        ledger,
         operation,
         now=now,
         next_action=NextAction.RESUBMIT,
@@ -243,7 +247,8 @@ async def escalate(ledger: Ledger, now: datetime, action: OperatorAction) -> str
     """Hand an unresolved operation to a person now, whatever its rules would do."""
     reason = require_text(action.reason, "the reason")
     operation = await _locked(ledger, action.operation_id, ESCALATABLE, "escalate")
-    await ledger.add_decision(
+    await changes.decide(
+        ledger,
         operation_id=action.operation_id,
         at=now,
         rule="operator_escalation",
@@ -252,7 +257,8 @@ async def escalate(ledger: Ledger, now: datetime, action: OperatorAction) -> str
         reason=f"{action.by} escalated it: {reason}",
         source=f"operator:{action.by}",
     )
-    await ledger.transition(
+    await changes.transition(
+        ledger,
         operation,
         State.MANUAL_REVIEW,
         now=now,

@@ -28,6 +28,7 @@ from intentledger.domain.evidence import Limits, LookupResult
 from intentledger.domain.retry_after import parse_retry_after
 from intentledger.domain.states import NextAction, State
 from intentledger.domain.transport import LookupAnswer, judge_lookup
+from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
 from intentledger.engine.safety_review import PolicyFor, RulesFor, run_safety_review
@@ -121,7 +122,8 @@ class Reconciler:
                 return None
             state = State(operation.state)
             if state is State.UNKNOWN:
-                await ledger.transition(
+                await changes.transition(
+                    ledger,
                     operation,
                     State.RECONCILIATION_DUE,
                     now=now,

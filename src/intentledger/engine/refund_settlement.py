@@ -12,6 +12,7 @@ from datetime import datetime
 from intentledger.domain.refunds import duplicates_of, unrefunded_duplicates
 from intentledger.domain.states import NextAction
 from intentledger.domain.watching import settled_next_action
+from intentledger.engine import changes
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -27,7 +28,8 @@ async def after_refund_settled(ledger: Ledger, refund: Record, now: datetime, so
     if unrefunded_duplicates(payment, await ledger.refunds_of(payment.operation_id)):
         return
     extras = duplicates_of(payment)
-    await ledger.add_decision(
+    await changes.decide(
+        ledger,
         operation_id=payment.operation_id,
         at=now,
         rule="duplicate_refunded",
@@ -38,4 +40,4 @@ async def after_refund_settled(ledger: Ledger, refund: Record, now: datetime, so
     )
     # A contradiction still flagged, or a provider not final, still needs a person.
     still = settled_next_action(False, payment.outcome_contradicted, payment.watch)
-    await ledger.update_operation(payment, now=now, duplicate_detected=False, next_action=still)
+    await changes.update(ledger, payment, now=now, duplicate_detected=False, next_action=still)

@@ -29,7 +29,8 @@ from intentledger.domain.refunds import (
     of_charge,
     refund_totals,
 )
-from intentledger.domain.states import NextAction
+from intentledger.domain.states import NextAction, State
+from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.intake import IntakeResult, Intent, accept, operation_values
 from intentledger.engine.operator import (
@@ -39,6 +40,7 @@ from intentledger.engine.operator import (
     require_text,
 )
 from intentledger.engine.refusal import Refusal
+from intentledger.observability import ledger_events
 from intentledger.store.ledger import Ledger
 
 REFUND_ROUTE = "POST /v1/payments/{id}/refunds"
@@ -181,7 +183,8 @@ async def refund_duplicate(
             "by": action.by,
         },
     )
-    await ledger.add_decision(
+    await changes.decide(
+        ledger,
         operation_id=payment.operation_id,
         at=now,
         rule="operator_refund_duplicate",
@@ -199,7 +202,11 @@ async def refund_duplicate(
         source=f"operator:{action.by}",
     )
     await ledger.insert_intent(values, outbox_kind="submit", due_at=now)
+    reason = f"refund of duplicate {charge}"
     await ledger.record_initial_transition(
-        values["operation_id"], now, f"refund of duplicate {charge}", f"operator:{action.by}"
+        values["operation_id"], now, reason, f"operator:{action.by}"
+    )
+    ledger_events.transition(
+        ledger.conn, values["operation_id"], None, State.ACCEPTED, NextAction.SUBMIT, reason
     )
     return f"refund {values['operation_id']} of duplicate charge {charge} accepted"

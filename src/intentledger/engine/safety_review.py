@@ -23,6 +23,7 @@ from intentledger.domain.safety import (
 )
 from intentledger.domain.states import NextAction, State
 from intentledger.domain.transport import LookupVerdict
+from intentledger.engine import changes
 from intentledger.engine.new_keys import room_for_a_new_key
 from intentledger.engine.unknown import mark_unknown
 from intentledger.store.ledger import Ledger
@@ -132,7 +133,8 @@ async def run_safety_review(
     document = _inputs_document(inputs, rules, decision, chosen_key)
     document["same_key"] = decision.resolution is Resolution.REPLAY_SAME_KEY
     document["unresolved_attempt"] = last.number
-    decision_id = await ledger.add_decision(
+    decision_id = await changes.decide(
+        ledger,
         operation_id=operation.operation_id,
         at=now,
         rule=decision.rule,
@@ -142,7 +144,8 @@ async def run_safety_review(
         key_age_at_decision=decision.key_age,
         source=source,
     )
-    await ledger.transition(
+    await changes.transition(
+        ledger,
         operation,
         State.SAFETY_REVIEW,
         now=now,
@@ -166,7 +169,8 @@ async def run_safety_review(
             ledger, reviewed, now=now, check_at=recheck_at, reason=decision.reason, source=source
         )
         return
-    await ledger.transition(
+    await changes.transition(
+        ledger,
         reviewed,
         State.MANUAL_REVIEW,
         now=now,

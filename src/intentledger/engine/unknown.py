@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from intentledger.domain.states import NextAction, State
+from intentledger.engine import changes
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -26,7 +27,8 @@ async def mark_unknown(
     source: str,
     **fields: Any,
 ) -> None:
-    await ledger.transition(
+    await changes.transition(
+        ledger,
         operation,
         State.UNKNOWN,
         now=now,

@@ -22,6 +22,7 @@ from intentledger.engine.reaper import Reaper
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.webhook_sender import WebhookSender
+from intentledger.observability import ledger_events
 from intentledger.observability.logs import log_context
 from intentledger.store.batches import BatchLedger
 from intentledger.store.ledger import Ledger
@@ -59,6 +60,8 @@ class Worker:
         """Claim and deliver one due outbox row; False when nothing was due."""
         async with self.engine.begin() as conn:
             row = await Ledger(conn).claim_outbox_row(self.clock(), self.lease, self.worker_id)
+            if row is not None:
+                ledger_events.claimed(conn, [row])
         if row is None:
             return False
         await self.deliver(row)
@@ -85,6 +88,7 @@ class Worker:
             rows = await BatchLedger(conn).claim_outbox_rows(
                 self.clock(), self.lease, self.worker_id, limit
             )
+            ledger_events.claimed(conn, rows)
         if not rows:
             return 0
         submits = [row for row in rows if row.kind == "submit"]

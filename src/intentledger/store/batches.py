@@ -17,14 +17,13 @@ from functools import cache
 from typing import Any
 
 import orjson
-from sqlalchemy import Table, TextClause, bindparam, func, insert, select, text, tuple_, update
+from sqlalchemy import Table, TextClause, bindparam, insert, select, text, tuple_, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from intentledger.domain.states import NextAction, State, require_transition
+from intentledger.domain.states import NextAction, State
 from intentledger.observability import ledger_events
-from intentledger.store import announcements
-from intentledger.store.ledger import ConcurrentUpdate, Ledger
+from intentledger.store.ledger import ConcurrentUpdate, Ledger, OperationWrite
 from intentledger.store.tables import (
     Record,
     UTCDateTime,
@@ -45,19 +44,6 @@ class Locked:
 
     operations: dict[str, Record]
     mandates: dict[str, Record]
-
-
-@dataclass(frozen=True)
-class Settlement:
-    """One operation's final outcome, from an answer to its attempt: the
-    observation of that answer, and the outbox row that delivered it."""
-
-    operation: Record
-    outcome: str
-    provider_reference: str | None
-    reason: str
-    observation: Mapping[str, Any]
-    outbox_row_id: int
 
 
 class BatchLedger:
@@ -83,9 +69,7 @@ class BatchLedger:
             .values(lease_owner=owner, due_at=now + lease, deliveries=outbox.c.deliveries + 1)
             .returning(outbox)
         )
-        rows = sorted(result.all(), key=lambda row: (row.created_at, row.id))
-        ledger_events.claimed(self.conn, rows)
-        return rows
+        return sorted(result.all(), key=lambda row: (row.created_at, row.id))
 
     async def lock(self, operation_ids: Iterable[str]) -> Locked:
         """Lock the operations' mandates, then the operations (Ledger.lock_operation's order)."""
@@ -132,150 +116,145 @@ class BatchLedger:
     async def begin_attempts(
         self,
         attempt_rows: Sequence[Mapping[str, Any]],
-        locked: Sequence[Record],
-        *,
+        writes: Sequence[OperationWrite],
         now: datetime,
-        reasons: Mapping[str, str],
-        source: str,
     ) -> None:
-        """Write each attempt and move its operation ACCEPTED -> SUBMITTING, for
-        operations this transaction has locked (one attempt row per operation).
-
-        One update for all of them: the row locks make the versions we read the
-        current ones, so the version check of `Ledger.transition` holds by
-        construction; the row count still proves it. On PostgreSQL the attempts,
-        the update and the transitions are one statement (`_begin_attempts_sql`).
-        """
-        require_transition(State.ACCEPTED, State.SUBMITTING)
-        assert all(State(op.state) is State.ACCEPTED for op in locked)
-        ids = [op.operation_id for op in locked]
-        assert sorted(ids) == sorted(row["operation_id"] for row in attempt_rows)
-        begin = self._begin_in_one_statement if self._is_postgres else self._begin_stepwise
-        if await begin(attempt_rows, now, reasons, source) != len(ids):
-            raise ConcurrentUpdate(", ".join(ids))
-        ledger_events.transitions(
-            self.conn, State.ACCEPTED, State.SUBMITTING, len(ids), "pre_submit"
+        """Write each attempt and its operation's planned change (ACCEPTED ->
+        SUBMITTING, engine/dispatcher.begin_attempt), for operations this
+        transaction has locked; on PostgreSQL in one statement."""
+        assert sorted(w.operation_id for w in writes) == sorted(
+            row["operation_id"] for row in attempt_rows
         )
-
-    async def _begin_in_one_statement(
-        self,
-        attempt_rows: Sequence[Mapping[str, Any]],
-        now: datetime,
-        reasons: Mapping[str, str],
-        source: str,
-    ) -> int:
-        rows = [{**row, _REASON: reasons[row["operation_id"]]} for row in attempt_rows]
-        result = await self.conn.execute(
-            _begin_attempts_sql(self.conn.dialect, tuple(attempt_rows[0])),
-            {
-                "rows": _json_rows(rows),
-                "now": now,
-                "source": source,
-                **_states(State.ACCEPTED, State.SUBMITTING, NextAction.WAIT),
-            },
-        )
-        return int(result.scalar_one())
-
-    async def _begin_stepwise(
-        self,
-        attempt_rows: Sequence[Mapping[str, Any]],
-        now: datetime,
-        reasons: Mapping[str, str],
-        source: str,
-    ) -> int:
-        """`begin_attempts` as three statements; the number of operations updated."""
-        ids = [row["operation_id"] for row in attempt_rows]
-        await self.conn.execute(insert(attempts), list(attempt_rows))
-        # By key alone: a predicate on `state` could lead the planner to the
-        # state index and through every ACCEPTED operation.
-        result = await self.conn.execute(
-            update(operations)
-            .where(operations.c.operation_id.in_(ids))
-            .values(
-                state=State.SUBMITTING,
-                next_action=NextAction.WAIT,
-                version=operations.c.version + 1,
-                updated_at=now,
-                first_attempt_at=func.coalesce(operations.c.first_attempt_at, now),
-            )
-        )
-        await self.log_transitions(
-            [(operation_id, reasons[operation_id], source) for operation_id in ids],
-            State.ACCEPTED,
-            State.SUBMITTING,
-            NextAction.WAIT,
-            now,
-        )
-        return result.rowcount
+        await self._write_changes(writes, now, attempt_rows=attempt_rows)
 
     async def settle(
-        self, settlements: Sequence[Settlement], *, now: datetime, source: str
+        self,
+        observation_rows: Sequence[Mapping[str, Any]],
+        writes: Sequence[OperationWrite],
+        outbox_row_ids: Sequence[int],
+        now: datetime,
     ) -> None:
-        """SUBMITTING -> OUTCOME_KNOWN, as `engine.audit.settle` does one at a time,
-        for operations that never used a second provider key (so no duplicate
-        audit is due): the answer's observation, the outcome (if the operation's
-        version is still the one settled from), the transition and the outbox row
-        done. Mandate reservations follow the outcome. On PostgreSQL all but the
-        reservations are one statement (`_settle_sql`).
-        """
-        require_transition(State.SUBMITTING, State.OUTCOME_KNOWN)
-        write = self._settle_in_one_statement if self._is_postgres else self._settle_stepwise
-        settled = await write(settlements, now, source)
-        if settled is not None and settled != len(settlements):
-            raise ConcurrentUpdate(", ".join(s.operation.operation_id for s in settlements))
-        ledger_events.transitions(
-            self.conn, State.SUBMITTING, State.OUTCOME_KNOWN, len(settlements), "settle"
+        """Write each answer's observation and its operation's planned change (an
+        outcome, engine/evidence.settlement), and mark the rows that delivered
+        them done; on PostgreSQL in one statement."""
+        await self._write_changes(
+            writes, now, observation_rows=observation_rows, done_outbox_rows=outbox_row_ids
         )
-        ledger = Ledger(self.conn)
-        for s in settlements:
-            await ledger.rebook(
-                s.operation,
-                State.OUTCOME_KNOWN,
-                {"outcome": s.outcome, "provider_reference": s.provider_reference},
-                now,
-            )
-        # The merchant's news, in this transaction too (store/announcements.py).
-        actors = {s.operation.actor for s in settlements}
-        listening = await announcements.listening_endpoints(ledger, actors)
-        for s in settlements:
-            endpoints = listening.get(s.operation.actor)
-            if endpoints:
-                after = {**s.operation._mapping, "state": State.OUTCOME_KNOWN}
-                await announcements.operation_changed(ledger, s.operation, after, now, endpoints)
 
-    async def _settle_in_one_statement(
-        self, settlements: Sequence[Settlement], now: datetime, source: str
+    async def _write_changes(
+        self,
+        writes: Sequence[OperationWrite],
+        now: datetime,
+        *,
+        attempt_rows: Sequence[Mapping[str, Any]] = (),
+        observation_rows: Sequence[Mapping[str, Any]] = (),
+        done_outbox_rows: Sequence[int] = (),
+    ) -> None:
+        """Planned changes set-at-a-time, beside the rows they come with. Every
+        change is written only while its operation is at the version it was
+        planned from (the locks make that so; the count proves it)."""
+        if not writes:
+            return
+        by_columns: dict[tuple[str, ...], list[OperationWrite]] = {}
+        for write in writes:
+            by_columns.setdefault(tuple(write.values), []).append(write)
+        written: int | None
+        if self._is_postgres and len(by_columns) == 1:
+            written = await self._write_in_one_statement(
+                writes, now, attempt_rows, observation_rows, done_outbox_rows
+            )
+        else:
+            written = await self._write_stepwise(
+                by_columns, now, attempt_rows, observation_rows, done_outbox_rows
+            )
+        if written is not None and written != len(writes):
+            raise ConcurrentUpdate(", ".join(w.operation_id for w in writes))
+        ledger = Ledger(self.conn)
+        for write in writes:
+            if write.shift is not None:
+                await ledger.shift_mandate(write.shift, now)
+
+    async def _write_in_one_statement(
+        self,
+        writes: Sequence[OperationWrite],
+        now: datetime,
+        attempt_rows: Sequence[Mapping[str, Any]],
+        observation_rows: Sequence[Mapping[str, Any]],
+        done_outbox_rows: Sequence[int],
     ) -> int:
-        observed = [dict(s.observation) for s in settlements]
-        outcomes = [
-            {
-                "operation_id": s.operation.operation_id,
-                "version": s.operation.version,
-                "outcome": s.outcome,
-                "provider_reference": s.provider_reference,
-                _REASON: s.reason,
-                "outbox_row_id": s.outbox_row_id,
-            }
-            for s in settlements
-        ]
-        result = await self.conn.execute(
-            _settle_sql(self.conn.dialect, tuple(observed[0])),
-            {
-                "observations": _json_rows(observed),
-                "outcomes": _json_rows(outcomes),
-                "now": now,
-                "source": source,
-                **_states(State.SUBMITTING, State.OUTCOME_KNOWN, NextAction.NONE),
-            },
+        columns = tuple(writes[0].values)
+        statement = _changes_sql(
+            self.conn.dialect,
+            columns,
+            tuple(attempt_rows[0]) if attempt_rows else (),
+            tuple(observation_rows[0]) if observation_rows else (),
+            bool(done_outbox_rows),
         )
+        parameters: dict[str, Any] = {
+            "writes": _json_rows(
+                [
+                    {**w.values, _PLANNED_FROM: w.version, "operation_id": w.operation_id}
+                    for w in writes
+                ]
+            ),
+            "transitions": _json_rows([w.transition for w in writes if w.transition is not None]),
+        }
+        if attempt_rows:
+            parameters["attempts"] = _json_rows(attempt_rows)
+        if observation_rows:
+            parameters["observations"] = _json_rows(observation_rows)
+        if done_outbox_rows:
+            parameters["outbox_rows"] = json.dumps(sorted(set(done_outbox_rows)))
+            parameters["now"] = now
+        result = await self.conn.execute(statement, parameters)
         return int(result.scalar_one())
 
-    async def _settle_stepwise(
-        self, settlements: Sequence[Settlement], now: datetime, source: str
+    async def _write_stepwise(
+        self,
+        by_columns: Mapping[tuple[str, ...], Sequence[OperationWrite]],
+        now: datetime,
+        attempt_rows: Sequence[Mapping[str, Any]],
+        observation_rows: Sequence[Mapping[str, Any]],
+        done_outbox_rows: Sequence[int],
     ) -> int | None:
-        """`settle` as four statements; the count of outcomes written, where the
-        driver can report it for an executemany."""
-        observed = [dict(s.observation) for s in settlements]
+        """`_write_changes` statement by statement; the count of changes written,
+        where the driver can report it for an executemany."""
+        if attempt_rows:
+            await self.conn.execute(insert(attempts), list(attempt_rows))
+        if observation_rows:
+            await self._add_observations(observation_rows)
+        written: int | None = 0
+        for columns, group in by_columns.items():
+            stmt = (
+                update(operations)
+                .where(
+                    operations.c.operation_id == bindparam("w_operation_id"),
+                    operations.c.version == bindparam("w_planned_from"),
+                )
+                .values({name: bindparam(f"w_{name}") for name in columns})
+            )
+            params = [
+                {
+                    "w_operation_id": w.operation_id,
+                    "w_planned_from": w.version,
+                    **{f"w_{name}": value for name, value in w.values.items()},
+                }
+                for w in group
+            ]
+            result = await self.conn.execute(stmt, params)
+            if written is not None and self.conn.dialect.supports_sane_multi_rowcount:
+                written += result.rowcount
+            else:
+                written = None
+        transition_rows = [w.transition for sub in by_columns.values() for w in sub if w.transition]
+        if transition_rows:
+            await self.conn.execute(insert(transitions), transition_rows)
+        if done_outbox_rows:
+            await self.finish_outbox_rows(done_outbox_rows, now)
+        return written
+
+    async def _add_observations(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        observed = [dict(row) for row in rows]
         answers = [row.pop("detail", None) for row in observed]
         ids = (
             await self.conn.execute(
@@ -290,44 +269,6 @@ class BatchLedger:
         ]
         if details:
             await self.conn.execute(insert(observation_details), details)
-        stmt = (
-            update(operations)
-            .where(
-                operations.c.operation_id == bindparam("b_operation_id"),
-                operations.c.version == bindparam("b_version"),
-                operations.c.state == State.SUBMITTING,
-            )
-            .values(
-                state=State.OUTCOME_KNOWN,
-                next_action=NextAction.NONE,
-                version=bindparam("b_new_version"),
-                updated_at=now,
-                outcome=bindparam("b_outcome"),
-                provider_reference=bindparam("b_provider_reference"),
-                last_observed_at=now,
-                retry_after_at=None,
-            )
-        )
-        params = [
-            {
-                "b_operation_id": s.operation.operation_id,
-                "b_version": s.operation.version,
-                "b_new_version": s.operation.version + 1,
-                "b_outcome": s.outcome,
-                "b_provider_reference": s.provider_reference,
-            }
-            for s in settlements
-        ]
-        result = await self.conn.execute(stmt, params)
-        await self.log_transitions(
-            [(s.operation.operation_id, s.reason, source) for s in settlements],
-            State.SUBMITTING,
-            State.OUTCOME_KNOWN,
-            NextAction.NONE,
-            now,
-        )
-        await self.finish_outbox_rows((s.outbox_row_id for s in settlements), now)
-        return result.rowcount if self.conn.dialect.supports_sane_multi_rowcount else None
 
     async def finish_outbox_rows(self, row_ids: Iterable[int], now: datetime) -> None:
         """Mark delivered rows done. Only for rows whose operation this transaction
@@ -485,9 +426,8 @@ class BatchLedger:
         )
 
 
-# The columns of the JSON rows below that carry each transition's source or reason.
+# The column of intake's JSON rows that carries each first transition's source.
 TRANSITION_SOURCE = "transition_source"
-_REASON = "transition_reason"
 
 
 def _json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -627,92 +567,86 @@ def _claim_and_accept_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextCla
     return text(sql).bindparams(bindparam("now", type_=UTCDateTime()))
 
 
-@cache
-def _begin_attempts_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextClause:
-    """`begin_attempts` on PostgreSQL as one statement, for attempt rows with
-    these columns: the attempts, ACCEPTED -> SUBMITTING by key alone (see the
-    stepwise update), a transition each; the number of operations updated."""
-    names = ", ".join(columns)
-    sql = f"""
-        WITH batch AS (
-            SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb))
-                AS r({_record(dialect, attempts, columns)}, {_REASON} text)
-        ), new_attempts AS (
-            INSERT INTO attempts ({names}) SELECT {names} FROM batch
-        ), submitting AS (
-            UPDATE operations
-            SET state = :to_state, next_action = :next_action, version = version + 1,
-                updated_at = :now, first_attempt_at = COALESCE(first_attempt_at, :now)
-            WHERE operation_id IN (SELECT operation_id FROM batch)
-            RETURNING operation_id
-        ), new_transitions AS (
-            INSERT INTO transitions
-                (operation_id, at, from_state, to_state, next_action, reason, source)
-            SELECT operation_id, :now, :from_state, :to_state, :next_action, {_REASON}, :source
-            FROM batch
-        )
-        SELECT count(*) FROM submitting
-    """
-    return text(sql).bindparams(bindparam("now", type_=UTCDateTime()))
+# The column of the JSON rows of `_changes_sql` naming the version a change was planned from.
+_PLANNED_FROM = "planned_from_version"
 
 
 @cache
-def _settle_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextClause:
-    """`settle` on PostgreSQL, but for mandate reservations, as one statement, for
-    observation rows with these columns; the number of outcomes written.
-
-    An outcome is written only while the operation is SUBMITTING at the version
-    settled from, as the stepwise update checks; the outbox rows are marked done
-    by key alone, as in `finish_outbox_rows`. Each observation's id is drawn
-    first, so that its provider answer (`detail`, when there is one: the
-    stepwise path writes none for a Python None, and `jsonb_to_recordset`
-    reads a JSON null as SQL NULL) can name it.
-    """
-    fields = [name for name in columns if name != "detail"]
-    names = ", ".join(fields)
-    record = _record(dialect, observations, fields)
-    if "detail" in columns:
-        record += f", {_record(dialect, observation_details, ['detail'])}"
-    details = (
-        """, new_details AS (
-            INSERT INTO observation_details (observation_id, retention_bucket, detail)
-            SELECT id, at, detail FROM answers WHERE detail IS NOT NULL
+def _changes_sql(
+    dialect: Dialect,
+    value_columns: tuple[str, ...],
+    attempt_columns: tuple[str, ...],
+    observation_columns: tuple[str, ...],
+    finish_outbox_rows: bool,
+) -> TextClause:
+    """`_write_changes` on PostgreSQL as one statement: the attempts and the
+    observations that come with the changes (each observation's id drawn first,
+    so that its provider answer, `detail`, can name it; a JSON null is SQL NULL
+    and writes no answer, as the stepwise path writes none for a None), the
+    operations' new values where each is still at the version it was planned
+    from, the transition rows, the delivering outbox rows done (by key alone: a
+    `done_at IS NULL` predicate could walk the pending-rows index). The number
+    of operations changed."""
+    steps: list[str] = []
+    if attempt_columns:
+        names = ", ".join(attempt_columns)
+        steps.append(
+            f"""new_attempts AS (
+            INSERT INTO attempts ({names})
+            SELECT {names} FROM jsonb_to_recordset(CAST(:attempts AS jsonb))
+                AS r({_record(dialect, attempts, attempt_columns)})
         )"""
-        if "detail" in columns
-        else ""
-    )
-    sql = f"""
-        WITH answers AS MATERIALIZED (
+        )
+    if observation_columns:
+        fields = [name for name in observation_columns if name != "detail"]
+        names = ", ".join(fields)
+        record = _record(dialect, observations, fields)
+        if "detail" in observation_columns:
+            record += f", {_record(dialect, observation_details, ['detail'])}"
+        steps.append(
+            f"""answers AS MATERIALIZED (
             SELECT nextval((SELECT pg_get_serial_sequence('observations', 'id')::regclass))
                 AS id, r.*
             FROM jsonb_to_recordset(CAST(:observations AS jsonb)) AS r({record})
-        ), settled AS (
-            SELECT * FROM jsonb_to_recordset(CAST(:outcomes AS jsonb)) AS r(
-                {
-        _record(dialect, operations, ("operation_id", "version", "outcome", "provider_reference"))
-    },
-                {_REASON} text, outbox_row_id bigint)
         ), new_observations AS (
             INSERT INTO observations (id, {names}) SELECT id, {names} FROM answers
-        ){details}, outcomes AS (
-            UPDATE operations AS o
-            SET state = :to_state, next_action = :next_action, version = s.version + 1,
-                updated_at = :now, outcome = s.outcome,
-                provider_reference = s.provider_reference, last_observed_at = :now,
-                retry_after_at = NULL
-            FROM settled AS s
-            WHERE o.operation_id = s.operation_id AND o.version = s.version
-              AND o.state = :from_state
+        )"""
+        )
+        if "detail" in observation_columns:
+            steps.append(
+                """new_details AS (
+            INSERT INTO observation_details (observation_id, retention_bucket, detail)
+            SELECT id, at, detail FROM answers WHERE detail IS NOT NULL
+        )"""
+            )
+    assignments = ", ".join(f"{name} = w.{name}" for name in value_columns)
+    written = _record(dialect, operations, ("operation_id", *value_columns))
+    transition_columns = tuple(c.name for c in transitions.c if c.name != "id")
+    transition_names = ", ".join(transition_columns)
+    steps.append(
+        f"""changed AS (
+            UPDATE operations AS o SET {assignments}
+            FROM jsonb_to_recordset(CAST(:writes AS jsonb))
+                AS w({written}, {_PLANNED_FROM} integer)
+            WHERE o.operation_id = w.operation_id AND o.version = w.{_PLANNED_FROM}
             RETURNING o.operation_id
         ), new_transitions AS (
-            INSERT INTO transitions
-                (operation_id, at, from_state, to_state, next_action, reason, source)
-            SELECT operation_id, :now, :from_state, :to_state, :next_action, {_REASON}, :source
-            FROM settled
-        ), done AS (
+            INSERT INTO transitions ({transition_names})
+            SELECT {transition_names} FROM jsonb_to_recordset(CAST(:transitions AS jsonb))
+                AS t({_record(dialect, transitions, transition_columns)})
+        )"""
+    )
+    if finish_outbox_rows:
+        steps.append(
+            """done AS (
             UPDATE outbox SET done_at = :now
-            WHERE id IN (SELECT outbox_row_id FROM settled)
+            WHERE id IN (
+                SELECT CAST(value AS bigint)
+                FROM jsonb_array_elements_text(CAST(:outbox_rows AS jsonb))
+            )
+        )"""
         )
-        SELECT count(*) FROM outcomes
-    """
-    return text(sql).bindparams(bindparam("now", type_=UTCDateTime()))
+    statement = text("WITH " + ", ".join(steps) + " SELECT count(*) FROM changed")
+    if finish_outbox_rows:
+        statement = statement.bindparams(bindparam("now", type_=UTCDateTime()))
+    return statement

@@ -2,8 +2,9 @@
 
 A `Ledger` wraps the connection of one unit of work (`async with
 engine.begin()`); the caller's transaction boundary is the unit of work's.
-State changes go through `transition`, which consults the domain's table and
-appends the transition row in the same statement batch.
+It persists and loads; it never decides, renders or counts. A change to an
+operation arrives planned (engine/changes.py, the one transition writer) and is
+written by `write_operation_change`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -18,13 +20,7 @@ from sqlalchemy import Insert, bindparam, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from intentledger.domain.cards import CARD_KINDS, status_after
-from intentledger.domain.evidence import Share, mandate_share, recorded_executions
-from intentledger.domain.refunds import refund_mandate_share
-from intentledger.domain.states import FINAL, NextAction, Outcome, State, require_transition
-from intentledger.domain.watching import is_watched
-from intentledger.observability import ledger_events
-from intentledger.store import announcements
+from intentledger.domain.states import NextAction, State
 from intentledger.store.tables import (
     Json,
     Record,
@@ -46,6 +42,30 @@ from intentledger.store.tables import (
 REQUEST_PATH_OWNER = "api"
 
 
+@dataclass(frozen=True)
+class MandateShift:
+    """What moves in a mandate's books: added to reserved and to spent (each may
+    be negative); the rest of its total limit is free."""
+
+    mandate_id: str
+    reserved: int
+    spent: int
+
+
+@dataclass(frozen=True)
+class OperationWrite:
+    """The rows of one planned change to an operation (engine/changes.py)."""
+
+    operation_id: str
+    # The version it was planned from: written only while the row is still at it.
+    version: int
+    # The columns written, the new version among them.
+    values: Mapping[str, Any]
+    # The transition row, for a change of state; None for fields only.
+    transition: Mapping[str, Any] | None
+    shift: MandateShift | None
+
+
 class ConcurrentUpdate(RuntimeError):
     """The operation changed under us: its version is not the one we read."""
 
@@ -62,8 +82,8 @@ class Ledger:
     def __init__(self, conn: AsyncConnection) -> None:
         self.conn = conn
         self._is_postgres = conn.dialect.name == "postgresql"
-        # Merchant events this unit of work wrote, by (type, object): a mandate
-        # or card changed twice in one transaction is announced once (announcements.py).
+        # Merchant events this unit of work wrote, by (type, object): a mandate or
+        # card changed twice in one transaction is announced once (engine/announcements.py).
         self.announced: dict[tuple[str, str], tuple[str, object]] = {}
 
     # -- auth ---------------------------------------------------------------
@@ -207,56 +227,24 @@ class Ledger:
             await self.lock_mandate(mandate_id)
         return await self.get_operation(operation_id, for_update=True)
 
-    async def transition(
-        self,
-        operation: Record,
-        target: State,
-        *,
-        now: datetime,
-        next_action: NextAction,
-        reason: str,
-        source: str,
-        **fields: Any,
-    ) -> None:
-        """Move `operation` to `target` if the transition table allows it, and log it."""
-        current = State(operation.state)
-        require_transition(current, target)
+    async def write_operation_change(self, write: OperationWrite, now: datetime) -> None:
+        """One change to an operation as the engine planned it: its new values if
+        it is still at the version planned from, what moves in its mandate's
+        books, and its transition row."""
         result = await self.conn.execute(
             update(operations)
             .where(
-                operations.c.operation_id == operation.operation_id,
-                operations.c.version == operation.version,
+                operations.c.operation_id == write.operation_id,
+                operations.c.version == write.version,
             )
-            .values(
-                state=target,
-                next_action=next_action,
-                version=operation.version + 1,
-                updated_at=now,
-                **fields,
-            )
+            .values(**write.values)
         )
         if result.rowcount != 1:
-            raise ConcurrentUpdate(operation.operation_id)
-        await self.rebook(operation, target, fields, now)
-        if operation.kind in CARD_KINDS and target in FINAL:
-            await self._settle_card(operation, fields, now)
-        await self.conn.execute(
-            insert(transitions).values(
-                operation_id=operation.operation_id,
-                at=now,
-                from_state=current,
-                to_state=target,
-                next_action=next_action,
-                reason=reason,
-                source=source,
-            )
-        )
-        ledger_events.transition(
-            self.conn, operation.operation_id, current, target, next_action, reason
-        )
-        ledger_events.flags_raised(self.conn, operation, fields)
-        after = {**operation._mapping, "state": target, "next_action": next_action, **fields}
-        await announcements.operation_changed(self, operation, after, now)
+            raise ConcurrentUpdate(write.operation_id)
+        if write.shift is not None:
+            await self.shift_mandate(write.shift, now)
+        if write.transition is not None:
+            await self.conn.execute(insert(transitions).values(**write.transition))
 
     async def record_initial_transition(
         self, operation_id: str, now: datetime, reason: str, source: str
@@ -271,9 +259,6 @@ class Ledger:
                 reason=reason,
                 source=source,
             )
-        )
-        ledger_events.transition(
-            self.conn, operation_id, None, State.ACCEPTED, NextAction.SUBMIT, reason
         )
 
     # -- append-only companions --------------------------------------------
@@ -306,7 +291,6 @@ class Ledger:
 
     async def add_decision(self, **values: Any) -> int:
         result = await self.conn.execute(insert(decisions).values(**values))
-        ledger_events.decision(self.conn, values)
         return int(result.inserted_primary_key[0])  # type: ignore[index]
 
     async def add_attempt(self, **values: Any) -> None:
@@ -455,8 +439,6 @@ class Ledger:
             .returning(outbox)
         )
         claimed: Record | None = result.first()
-        if claimed is not None:
-            ledger_events.claimed(self.conn, [claimed])
         return claimed
 
     async def holds_lease(self, row_id: int, owner: str, now: datetime) -> bool:
@@ -494,27 +476,6 @@ class Ledger:
     async def lookups_of(self, operation_id: str) -> Sequence[Record]:
         return await self.observations_of_kind(operation_id, "lookup_result")
 
-    async def update_operation(self, operation: Record, *, now: datetime, **fields: Any) -> None:
-        """Change fields other than the state (those go through `transition`)."""
-        assert "state" not in fields, "state changes go through transition()"
-        result = await self.conn.execute(
-            update(operations)
-            .where(
-                operations.c.operation_id == operation.operation_id,
-                operations.c.version == operation.version,
-            )
-            .values(version=operation.version + 1, updated_at=now, **fields)
-        )
-        if result.rowcount != 1:
-            raise ConcurrentUpdate(operation.operation_id)
-        ledger_events.flags_raised(self.conn, operation, fields)
-        await self.rebook(operation, State(operation.state), fields, now)
-        if operation.kind == "card_issue" and fields.get("provider_reference"):
-            await self._adopt_card_reference(operation, fields["provider_reference"], now)
-        await announcements.operation_changed(
-            self, operation, {**operation._mapping, **fields}, now
-        )
-
     async def stale_submitting(self, cutoff: datetime, limit: int) -> list[str]:
         result = await self.conn.execute(
             select(operations.c.operation_id)
@@ -541,31 +502,6 @@ class Ledger:
             .where(cards.c.card_id == card_id)
             .values(version=cards.c.version + 1, updated_at=now, **values)
         )
-        await announcements.card_changed(self, card_id, now)
-
-    async def _adopt_card_reference(self, operation: Record, reference: str, now: datetime) -> None:
-        """A card settled issued without the provider's card id (a person's word)
-        takes the id later evidence names."""
-        card = await self.get_card(operation.request_context["card_id"], for_update=True)
-        if card is not None and card.provider_card_id is None:
-            await self.update_card(card.card_id, now, provider_card_id=reference)
-
-    async def _settle_card(
-        self, operation: Record, fields: Mapping[str, Any], now: datetime
-    ) -> None:
-        """The card's projection leaves `indeterminate` with its operation's outcome."""
-        card = await self.get_card(operation.request_context["card_id"], for_update=True)
-        if card is None or card.pending_operation_id != operation.operation_id:
-            return
-        succeeded = fields.get("outcome") == Outcome.SUCCEEDED
-        changes: dict[str, Any] = {
-            "status": status_after(operation.kind, succeeded, card.status),
-            "indeterminate": False,
-            "pending_operation_id": None,
-        }
-        if operation.kind == "card_issue" and succeeded:
-            changes["provider_card_id"] = fields.get("provider_reference")
-        await self.update_card(card.card_id, now, **changes)
 
     # -- mandates -------------------------------------------------------------
 
@@ -588,26 +524,15 @@ class Ledger:
             .where(mandates.c.mandate_id == mandate_id)
             .values(version=mandates.c.version + 1, updated_at=now, **values)
         )
-        await announcements.mandate_changed(self, mandate_id, now)
 
-    async def rebook(
-        self, operation: Record, target: State, fields: Mapping[str, Any], now: datetime
-    ) -> None:
-        """Bring the mandate's books in line with the operation's change: its share
-        (domain.evidence.mandate_share) before the change and after it differ by
-        exactly what moves between reserved, spent and free. Evidence counted
-        twice changes nothing, because the share is a function of the record."""
-        if operation.mandate_id is None:
-            return
-        before = share_of(operation, State(operation.state))
-        after = share_of(operation, target, fields)
-        if before == after:
-            return
+    async def shift_mandate(self, shift: MandateShift, now: datetime) -> None:
+        """Move money between the mandate's reserved, spent and free, relative to
+        what the row holds (its lock is held: nothing moves it meanwhile)."""
         await self.update_mandate(
-            operation.mandate_id,
+            shift.mandate_id,
             now,
-            reserved=mandates.c.reserved + (after.reserved - before.reserved),
-            spent=mandates.c.spent + (after.spent - before.spent),
+            reserved=mandates.c.reserved + shift.reserved,
+            spent=mandates.c.spent + shift.spent,
         )
 
     async def accepted_under_mandate(self, mandate_id: str) -> Sequence[Record]:
@@ -645,28 +570,3 @@ class Ledger:
             .where(outbox.c.operation_id == operation_id, outbox.c.done_at.is_(None))
             .values(done_at=now)
         )
-
-
-def share_of(operation: Record, state: State, changes: Mapping[str, Any] | None = None) -> Share:
-    """The operation's part of its mandate's books, with `changes` applied."""
-    changes = changes or {}
-
-    def field(name: str) -> Any:
-        return changes.get(name, getattr(operation, name))
-
-    outcome = field("outcome")
-    executed = recorded_executions(
-        field("executed_references"), outcome, field("provider_reference")
-    )
-    if operation.kind == "refund":
-        return refund_mandate_share(
-            operation.amount, state, Outcome(outcome) if outcome else None, executed
-        )
-    return mandate_share(
-        operation.amount,
-        state,
-        Outcome(outcome) if outcome else None,
-        executed,
-        keys=field("live_keys"),
-        watched=is_watched(field("watch")),
-    )

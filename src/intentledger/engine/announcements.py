@@ -5,18 +5,17 @@ all, so an event is never sent for a change that rolled back and never lost for
 one that committed. Each piece of news is one `merchant_events` row (its body
 fixed now, so every retry sends the same bytes) and one pending delivery per
 endpoint of the actor that takes its type. An actor with no endpoint costs one
-indexed read, and only on a change that is news.
+indexed read, and only on a change that is news. What is news is the domain's
+(domain/merchant_events.py); the rows are the store's (store/merchant_events.py).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
-
-from sqlalchemy import Column, insert, select, update
+from typing import Any
 
 from intentledger.documents import card_document, json_value, mandate_document, operation_document
 from intentledger.domain.merchant_events import (
@@ -27,17 +26,9 @@ from intentledger.domain.merchant_events import (
     subscribed,
 )
 from intentledger.domain.states import State
-from intentledger.store.tables import (
-    Record,
-    cards,
-    mandates,
-    merchant_events,
-    webhook_deliveries,
-    webhook_endpoints,
-)
-
-if TYPE_CHECKING:
-    from intentledger.store.ledger import Ledger
+from intentledger.store import merchant_events
+from intentledger.store.ledger import Ledger
+from intentledger.store.tables import Record
 
 
 def new_event_id() -> str:
@@ -52,38 +43,34 @@ def view_of(values: Mapping[str, Any]) -> OperationView:
     )
 
 
-async def listening_endpoints(ledger: Ledger, actors: Iterable[str]) -> dict[str, list[Record]]:
-    """The live endpoints of each of `actors` that has any."""
-    wanted = sorted(set(actors))
-    if not wanted:
-        return {}
-    rows = await ledger.conn.execute(
-        select(webhook_endpoints).where(
-            webhook_endpoints.c.actor.in_(wanted), webhook_endpoints.c.deleted_at.is_(None)
-        )
+async def operations_changed(
+    ledger: Ledger, changes: Sequence[tuple[Record, Mapping[str, Any]]], now: datetime
+) -> None:
+    """Announce what each change from `before` to `after` is news of, if
+    anything; the endpoints of every actor with news are read once."""
+    news = [
+        (before, types)
+        for before, after in changes
+        if (types := operation_events(view_of(dict(before._mapping)), view_of(after)))
+    ]
+    if not news:
+        return
+    listening = await merchant_events.listening_endpoints(
+        ledger.conn, (before.actor for before, _ in news)
     )
-    found: dict[str, list[Record]] = {}
-    for row in rows:
-        found.setdefault(row.actor, []).append(row)
-    return found
+    for before, types in news:
+        endpoints = listening.get(before.actor, [])
+        if any(subscribed(t, e.events) for t in types for e in endpoints):
+            await _operation_news(ledger, before, types, endpoints, now)
 
 
-async def operation_changed(
+async def _operation_news(
     ledger: Ledger,
     before: Record,
-    after: Mapping[str, Any],
+    types: Sequence[str],
+    endpoints: Sequence[Record],
     now: datetime,
-    endpoints: Sequence[Record] | None = None,
 ) -> None:
-    """Announce what the change from `before` to `after` is news of, if anything.
-    `endpoints`: the actor's, when the caller has read them already."""
-    types = operation_events(view_of(dict(before._mapping)), view_of(after))
-    if not types:
-        return
-    if endpoints is None:
-        endpoints = (await listening_endpoints(ledger, [before.actor])).get(before.actor, [])
-    if not any(subscribed(t, e.events) for t in types for e in endpoints):
-        return
     # The row as committed with this change, and its attempts: what GET shows.
     current = await ledger.get_operation(before.operation_id)
     assert current is not None
@@ -98,8 +85,7 @@ async def operation_changed(
 
 
 async def mandate_changed(ledger: Ledger, mandate_id: str, now: datetime) -> None:
-    owner, key = mandates.c.actor, mandates.c.mandate_id
-    endpoints = await _endpoints_of_owner(ledger, owner, key, mandate_id)
+    endpoints = await merchant_events.endpoints_of_mandate_owner(ledger.conn, mandate_id)
     if not any(subscribed(MANDATE_UPDATED, e.events) for e in endpoints):
         return
     mandate = await ledger.get_mandate(mandate_id)
@@ -109,7 +95,7 @@ async def mandate_changed(ledger: Ledger, mandate_id: str, now: datetime) -> Non
 
 
 async def card_changed(ledger: Ledger, card_id: str, now: datetime) -> None:
-    endpoints = await _endpoints_of_owner(ledger, cards.c.actor, cards.c.card_id, card_id)
+    endpoints = await merchant_events.endpoints_of_card_owner(ledger.conn, card_id)
     if not any(subscribed(CARD_UPDATED, e.events) for e in endpoints):
         return
     card = await ledger.get_card(card_id)
@@ -137,27 +123,13 @@ async def _write_once(
     earlier = ledger.announced.get((event_type, object_id))
     if earlier is not None and transaction is not None and earlier[1] is transaction:
         # Not yet committed, so not yet sent to anyone: it can still change.
-        await ledger.conn.execute(
-            update(merchant_events)
-            .where(merchant_events.c.event_id == earlier[0])
-            .values(payload=_payload(event_type, now, data))
+        await merchant_events.replace_payload(
+            ledger.conn, earlier[0], _payload(event_type, now, data)
         )
         return
     event_id = await _write(ledger, actor, event_type, object_id, data, now, endpoints)
     if event_id is not None:
         ledger.announced[(event_type, object_id)] = (event_id, transaction)
-
-
-async def _endpoints_of_owner(
-    ledger: Ledger, owner: Column[Any], key: Column[Any], value: str
-) -> Sequence[Record]:
-    """The live endpoints of whoever owns the mandate or card `value`, in one read."""
-    result = await ledger.conn.execute(
-        select(webhook_endpoints)
-        .join(owner.table, owner == webhook_endpoints.c.actor)
-        .where(key == value, webhook_endpoints.c.deleted_at.is_(None))
-    )
-    return result.all()
 
 
 async def _write(
@@ -174,31 +146,15 @@ async def _write(
     if not targets:
         return None
     event_id = new_event_id()
-    payload = _payload(event_type, now, data)
-    await ledger.conn.execute(
-        insert(merchant_events).values(
-            event_id=event_id,
-            actor=actor,
-            type=event_type,
-            object_id=object_id,
-            payload=payload,
-            created_at=now,
-        )
-    )
-    await ledger.conn.execute(
-        insert(webhook_deliveries),
-        [
-            {
-                "event_id": event_id,
-                "endpoint_id": endpoint_id,
-                "status": "pending",
-                "due_at": now,
-                "lease_owner": None,
-                "attempts": 0,
-                "created_at": now,
-            }
-            for endpoint_id in targets
-        ],
+    await merchant_events.add_event(
+        ledger.conn,
+        event_id=event_id,
+        actor=actor,
+        event_type=event_type,
+        object_id=object_id,
+        payload=_payload(event_type, now, data),
+        endpoint_ids=targets,
+        now=now,
     )
     return event_id
 
