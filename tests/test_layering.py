@@ -1,29 +1,42 @@
-"""The package's layering, read from its source: which module imports which,
-and where SQL is written.
+"""The package's layering: which module may import which, and where SQL is written.
 
-- The API (api/) and the operator console (console/) are siblings over the
-  engine: neither imports the other, and neither imports the store; what both
-  need lies below them (web/, the engine, the domain). The composition root
-  (intentledger/app.py) mounts them together.
-- Providers are handed plain configuration and are timed where they are built:
-  they import neither the settings nor observability.
+- The import contracts in pyproject.toml ([tool.importlinter]) hold: the layer
+  tree of docs/architecture.md, the domain free of I/O libraries, the command
+  line, the API and the console as siblings, the entry points off the store,
+  and no cycle between the children of any package. `lint-imports` checks them
+  here on this checkout's source; each is shown to fail on the import it forbids.
+- No package's __init__ forms a cycle with its own modules (the one cycle the
+  contracts cannot see).
 - Every SQL statement is built in store/ (migrations included); the workshop
-  that leaves the package (bench/, chaos.py, demo.py) is not held to it.
+  that left the package (tools/: bench, chaos, demo) is not held to it.
 
-Imports are parsed with `ast` from the files under src/, so nothing is imported
-to check them and an import inside a function counts like any other.
+Imports are read from the source, so nothing is imported to check them, and an
+import inside a function or under TYPE_CHECKING counts like any other.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
 
+import grimp
 import pytest
+from importlinter.api import read_configuration
+from importlinter.contracts.acyclic_siblings import AcyclicSiblingsContract
+from importlinter.contracts.forbidden import ForbiddenContract
+from importlinter.contracts.layers import LayersContract
+from importlinter.domain.contract import Contract
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "intentledger"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "intentledger"
+PYPROJECT = ROOT / "pyproject.toml"
 SQL_BUILDERS = frozenset({"select", "insert", "update", "delete", "text"})
 
 
@@ -48,73 +61,186 @@ def _modules() -> list[Module]:
 MODULES = _modules()
 
 
-def _is_package(module: Module) -> bool:
-    return module.path.name == "__init__.py"
-
-
-def _imports(module: Module) -> Iterator[tuple[int, str]]:
-    """(line, imported module) for every import, relative ones resolved; for
-    `from x import y` both x and x.y are named (y may be a module)."""
-    for node in ast.walk(module.tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                package = module.name.split(".")
-                if not _is_package(module):
-                    package = package[:-1]
-                anchor = package[: len(package) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
-            yield node.lineno, base
-            for alias in node.names:
-                yield node.lineno, f"{base}.{alias.name}"
-
-
 def _within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def _offences(importer: str, forbidden: tuple[str, ...]) -> list[str]:
-    return sorted(
-        {
-            f"{module.path.relative_to(PACKAGE.parent)}:{line} imports {imported}"
-            for module in MODULES
-            if _within(module.name, importer)
-            for line, imported in _imports(module)
-            if any(_within(imported, prefix) for prefix in forbidden)
-        }
+def test_the_import_contracts_hold() -> None:
+    """`lint-imports` on this checkout's package, not on one installed elsewhere;
+    a broken contract fails with every chain that breaks it."""
+    check_and_lint = (
+        "import importlib.util, sys\n"
+        "origin = importlib.util.find_spec('intentledger').origin\n"
+        "if origin != sys.argv.pop(1): sys.exit(f'intentledger is imported from {origin}')\n"
+        "from importlinter.cli import lint_imports_command\n"
+        "lint_imports_command()\n"
     )
+    path = os.pathsep.join(filter(None, [str(PACKAGE.parent), os.environ.get("PYTHONPATH")]))
+    expected = str(PACKAGE / "__init__.py")
+    linted = subprocess.run(
+        [sys.executable, "-c", check_and_lint, expected, str(PYPROJECT), "--no-cache", "--no-logo"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": path, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if linted.returncode != 0:
+        pytest.fail(linted.stdout + linted.stderr, pytrace=False)
 
 
-def test_the_parser_sees_the_package() -> None:
-    """The checks below are not vacuous: they read the real modules and their imports."""
-    names = {module.name for module in MODULES}
-    assert {"intentledger.api.app", "intentledger.console.pages", "intentledger.store"} <= names
-    pages = next(module for module in MODULES if module.name == "intentledger.console.pages")
-    assert any(_within(imported, "intentledger.engine") for _, imported in _imports(pages))
+def _contracts() -> dict[str, Contract]:
+    kinds: dict[str, type[Contract]] = {
+        "layers": LayersContract,
+        "forbidden": ForbiddenContract,
+        "acyclic_siblings": AcyclicSiblingsContract,
+    }
+    config = read_configuration(str(PYPROJECT))
+    return {
+        options["id"]: kinds[options["type"]](
+            name=options["name"],
+            session_options=config["session_options"],
+            contract_options=options,
+        )
+        for options in config["contracts_options"]
+    }
 
 
+def _broken(graph: grimp.ImportGraph) -> set[str]:
+    return {
+        contract_id
+        for contract_id, contract in _contracts().items()
+        if not contract.check(deepcopy(graph), verbose=False).kept
+    }
+
+
+EXTERNALS = ("sqlalchemy", "fastapi", "starlette", "httpx", "aiohttp", "orjson")
+
+
+def _layered_package() -> grimp.ImportGraph:
+    """A package laid out as the contracts ask, with an import of each kind
+    they allow: the command line starts the service, the roots mount the API
+    and the console, which read through web/ and the engine; the store and the
+    domain use their libraries."""
+    graph = grimp.ImportGraph()
+    graph.add_module("intentledger")
+    for layer in _contracts()["layers"].layers:
+        for tail in layer.module_tails:
+            graph.add_module(f"intentledger.{tail.name}")
+    for external in EXTERNALS:
+        graph.add_module(external, is_squashed=True)
+    for importer, imported in [
+        ("cli", "ops_cli"),
+        ("cli", "service"),
+        ("ops_cli", "service"),
+        ("service", "app"),
+        ("service", "settings"),
+        ("app", "api.app"),
+        ("app", "console.pages"),
+        ("api.app", "web.problems"),
+        ("console.pages", "web.problems"),
+        ("web.problems", "engine.refusal"),
+        ("engine.refusal", "store.ledger"),
+        ("engine.refusal", "observability.metrics"),
+        ("store.announcements", "store.ledger"),
+        ("store.ledger", "domain.states"),
+        ("store.ledger", "sqlalchemy"),
+        ("providers.stripe", "domain.states"),
+        ("domain.states", "orjson"),
+    ]:
+        graph.add_import(
+            importer=f"intentledger.{importer}",
+            imported=imported if imported in EXTERNALS else f"intentledger.{imported}",
+        )
+    return graph
+
+
+def test_the_contracts_allow_the_layering_they_describe() -> None:
+    assert _broken(_layered_package()) == set()
+
+
+# An import up the layers against one down them is a cycle between packages too.
 @pytest.mark.parametrize(
-    ("importer", "forbidden"),
+    ("importer", "imported", "contracts"),
     [
-        ("intentledger.api", ("intentledger.console",)),
-        ("intentledger.console", ("intentledger.api",)),
+        ("intentledger.domain.states", "intentledger.store.tables", {"layers", "acyclic"}),
+        ("intentledger.engine.refusal", "intentledger.web.problems", {"layers", "acyclic"}),
+        ("intentledger.store.ledger", "intentledger.observability.metrics", {"layers"}),
+        ("intentledger.store.ledger", "intentledger.providers.stripe", {"layers"}),
+        ("intentledger.api.app", "intentledger.console.pages", {"layers"}),
+        ("intentledger.domain.states", "sqlalchemy", {"pure-domain"}),
+        ("intentledger.ops_cli", "intentledger.console.pages", {"command-line"}),
+        ("intentledger.cli", "intentledger.api.app", {"command-line"}),
+        ("intentledger.console.pages", "intentledger.store.ledger", {"no-store-in-entry-points"}),
+        ("intentledger.store.ledger", "intentledger.store.announcements", {"acyclic"}),
     ],
 )
-def test_the_api_and_the_console_are_siblings(importer: str, forbidden: tuple[str, ...]) -> None:
-    assert _offences(importer, forbidden) == []
+def test_each_contract_fails_on_an_import_it_forbids(
+    importer: str, imported: str, contracts: set[str]
+) -> None:
+    graph = _layered_package()
+    graph.add_import(importer=importer, imported=imported)
+    assert _broken(graph) == contracts
 
 
-@pytest.mark.parametrize("entry_point", ["intentledger.api", "intentledger.console"])
-def test_entry_points_read_through_the_engine_not_the_store(entry_point: str) -> None:
-    assert _offences(entry_point, ("intentledger.store",)) == []
+def test_a_new_top_level_module_must_be_given_a_layer() -> None:
+    graph = _layered_package()
+    graph.add_module("intentledger.unplaced")
+    assert _broken(graph) == {"layers"}
 
 
-def test_providers_get_plain_configuration_and_are_timed_where_they_are_built() -> None:
-    forbidden = ("intentledger.settings", "intentledger.observability")
-    assert _offences("intentledger.providers", forbidden) == []
+def _cycle_through(package: str, graph: grimp.ImportGraph) -> list[str] | None:
+    """A chain by which the package's __init__ imports itself through its own
+    modules, if there is one: acyclic_siblings compares a package's children
+    with each other, never the package with them."""
+    inside = graph.find_descendants(package) | {package}
+    came_from: dict[str, str] = {}
+    frontier = [package]
+    while frontier:
+        module = frontier.pop(0)
+        for imported in sorted(graph.find_modules_directly_imported_by(module) & inside):
+            if imported == package:
+                chain = [module]
+                while chain[-1] != package:
+                    chain.append(came_from[chain[-1]])
+                return [*reversed(chain), package]
+            if imported not in came_from:
+                came_from[imported] = module
+                frontier.append(imported)
+    return None
+
+
+def _cycles_through_packages(graph: grimp.ImportGraph) -> dict[str, list[str]]:
+    return {
+        package: chain
+        for package in sorted(graph.modules)
+        if graph.find_children(package) and (chain := _cycle_through(package, graph))
+    }
+
+
+def test_no_package_imports_itself_through_its_own_modules() -> None:
+    origin = importlib.util.find_spec("intentledger")
+    assert origin is not None and origin.origin == str(PACKAGE / "__init__.py"), origin
+    assert _cycles_through_packages(grimp.build_graph("intentledger", cache_dir=None)) == {}
+
+
+def test_the_package_cycle_check_sees_a_cycle_through_an_init() -> None:
+    graph = grimp.ImportGraph()
+    for module in ("sandbox", "sandbox.app", "sandbox.rows", "sandbox.store"):
+        graph.add_module(f"intentledger.{module}")
+    graph.add_import(importer="intentledger.sandbox", imported="intentledger.sandbox.app")
+    graph.add_import(importer="intentledger.sandbox.app", imported="intentledger.sandbox.rows")
+    graph.add_import(importer="intentledger.sandbox.store", imported="intentledger.sandbox.rows")
+    assert _cycles_through_packages(graph) == {}
+    graph.add_import(importer="intentledger.sandbox.rows", imported="intentledger.sandbox")
+    assert _cycles_through_packages(graph) == {
+        "intentledger.sandbox": [
+            "intentledger.sandbox",
+            "intentledger.sandbox.app",
+            "intentledger.sandbox.rows",
+            "intentledger.sandbox",
+        ]
+    }
 
 
 def _sql_built(module: Module) -> Iterator[str]:
