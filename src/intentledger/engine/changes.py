@@ -27,7 +27,7 @@ from intentledger.domain.states import FINAL, NextAction, Outcome, State, requir
 from intentledger.domain.watching import is_watched
 from intentledger.engine import announcements
 from intentledger.observability import ledger_events
-from intentledger.store.ledger import Ledger, MandateShift, OperationWrite
+from intentledger.store.ledger import Ledger, Made, MandateShift, OperationWrite, Rows
 from intentledger.store.tables import Record
 
 
@@ -277,3 +277,57 @@ async def decide(ledger: Ledger, **values: Any) -> int:
     decision_id = await ledger.add_decision(**values)
     ledger_events.decision(ledger.conn, values)
     return decision_id
+
+
+class Writes:
+    """One unit of work's rows, planned while it decides and saved at its end
+    in one store call (`save`): a decision cites the observation planned
+    beside it, an outbox row its decision, by the `Made` id the store fills in."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+        self.rows = Rows()
+        self.changes: list[OperationChange] = []
+
+    def observe(self, **values: Any) -> Made:
+        self.rows.observations.append(values)
+        return Made("observation", len(self.rows.observations) - 1)
+
+    def decide(self, **values: Any) -> Made:
+        self.rows.decisions.append(values)
+        return Made("decision", len(self.rows.decisions) - 1)
+
+    def attempt(self, **values: Any) -> None:
+        self.rows.attempts.append(values)
+
+    def change(self, change: OperationChange) -> None:
+        self.changes.append(change)
+        self.rows.changes.append(change.rows)
+
+    def enqueue(
+        self, operation_id: str, kind: str, due_at: datetime, decision: Made | int | None = None
+    ) -> None:
+        self.rows.outbox.append(
+            {
+                "operation_id": operation_id,
+                "kind": kind,
+                "due_at": due_at,
+                "now": self.now,
+                "decision_id": decision,
+            }
+        )
+
+    def finish(self, outbox_row_id: int) -> None:
+        self.rows.finished_outbox_rows.append(outbox_row_id)
+
+    async def save(self, ledger: Ledger) -> None:
+        """Write what is planned (one store call), then what it touches; the
+        planner starts empty again, for what a caller plans after."""
+        rows, planned = self.rows, self.changes
+        self.rows, self.changes = Rows(), []
+        if not rows:
+            return
+        await ledger.save(rows, self.now)
+        for values in rows.decisions:
+            ledger_events.decision(ledger.conn, values)
+        await follow(ledger, planned)

@@ -34,10 +34,10 @@ from intentledger.domain.transport import Classification, ProviderAnswer, Verdic
 from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
-from intentledger.engine.unknown import mark_unknown
+from intentledger.engine.unknown import plan_unknown
 from intentledger.observability.logs import log_context
 from intentledger.providers.base import Provider, ProviderRequest
-from intentledger.store.ledger import Ledger
+from intentledger.store.ledger import Ledger, Loaded, Made
 from intentledger.store.tables import Record
 
 log = logging.getLogger(__name__)
@@ -183,35 +183,44 @@ class Dispatcher:
     async def _pre_submit(self, row: Record) -> Submission | None:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
-            now = self.clock()
-            # Locks in the one order every writer uses: mandate, operation, outbox row.
-            operation = await ledger.lock_operation(row.operation_id)
-            assert operation is not None, "outbox rows reference operations"
-            if not await ledger.holds_lease(row.id, self.worker_id, now):
-                # The lease ran out before we got here; whoever holds it now delivers.
-                return None
-            state = State(operation.state)
-            if state is State.SUBMITTING:
-                # Only the row that committed the live attempt may call it resumed;
-                # a superseded decision's row has nothing left to deliver.
-                live = await ledger.last_attempt(operation.operation_id)
-                if live is not None and live.decision_id == row.decision_id:
-                    await self._mark_resumed_unknown(ledger, operation, live.number, now)
-                await ledger.finish_outbox_row(row.id, now)
-                return None
-            if state is State.ACCEPTED and not await self._mandate_allows(ledger, operation, now):
-                await ledger.finish_outbox_row(row.id, now)
-                return None
-            plan = await self._plan_attempt(ledger, operation, row, now)
-            if plan is None:
-                # Nothing (more) to send: settled, cancelled, unresolved without an
-                # authorising decision, or a replay whose window has closed.
-                await ledger.finish_outbox_row(row.id, now)
-                return None
-            attempt, change = begin_attempt(operation, plan, row.decision_id, now, self.worker_id)
-            await ledger.add_attempt(**attempt)
-            await changes.write(ledger, change)
-            return Submission(plan.number, request_for(operation, plan.key))
+            planned = changes.Writes(self.clock())
+            submission = await self._plan_pre_submit(ledger, row, planned)
+            await planned.save(ledger)
+            return submission
+
+    async def _plan_pre_submit(
+        self, ledger: Ledger, row: Record, planned: changes.Writes
+    ) -> Submission | None:
+        now = planned.now
+        # Locks in the one order every writer uses: mandate, operation, outbox row.
+        loaded = await ledger.load(row.operation_id, delivery=(row.id, self.worker_id, now))
+        assert loaded is not None, "outbox rows reference operations"
+        if not loaded.lease_held:
+            # The lease ran out before we got here; whoever holds it now delivers.
+            return None
+        operation = loaded.operation
+        state = State(operation.state)
+        if state is State.SUBMITTING:
+            # Only the row that committed the live attempt may call it resumed;
+            # a superseded decision's row has nothing left to deliver.
+            planned.finish(row.id)
+            live = loaded.last_attempt
+            if live is not None and live.decision_id == row.decision_id:
+                await self._mark_resumed_unknown(ledger, operation, live.number, planned)
+            return None
+        if state is State.ACCEPTED and not await self._mandate_allows(ledger, operation, planned):
+            planned.finish(row.id)
+            return None
+        plan = await self._plan_attempt(ledger, operation, loaded.last_attempt, row, planned)
+        if plan is None:
+            # Nothing (more) to send: settled, cancelled, unresolved without an
+            # authorising decision, or a replay whose window has closed.
+            planned.finish(row.id)
+            return None
+        attempt, change = begin_attempt(operation, plan, row.decision_id, now, self.worker_id)
+        planned.attempt(**attempt)
+        planned.change(change)
+        return Submission(plan.number, request_for(operation, plan.key))
 
     async def _mandate_stop(self, ledger: Ledger, operation: Record) -> str | None:
         """What of the (already locked) mandate stops this operation being sent now."""
@@ -221,26 +230,29 @@ class Dispatcher:
         status = mandate.status if mandate is not None else None
         return mandate_stop(operation.kind, operation.mandate_id, status)
 
-    async def _mandate_allows(self, ledger: Ledger, operation: Record, now: datetime) -> bool:
+    async def _mandate_allows(
+        self, ledger: Ledger, operation: Record, planned: changes.Writes
+    ) -> bool:
         """Re-check the mandate before SUBMITTING; a payment whose mandate is no
         longer active is cancelled instead of sent."""
         status = await self._mandate_stop(ledger, operation)
         if status is None:
             return True
-        await changes.transition(
-            ledger,
-            operation,
-            State.CANCELLED,
-            now=now,
-            next_action=NextAction.NONE,
-            reason=f"mandate {operation.mandate_id} is {status}: not submitted",
-            source=self.worker_id,
-            retry_after_at=None,
+        planned.change(
+            changes.plan(
+                operation,
+                State.CANCELLED,
+                now=planned.now,
+                next_action=NextAction.NONE,
+                reason=f"mandate {operation.mandate_id} is {status}: not submitted",
+                source=self.worker_id,
+                retry_after_at=None,
+            )
         )
         return False
 
     async def _mandate_allows_new_request(
-        self, ledger: Ledger, operation: Record, now: datetime
+        self, ledger: Ledger, operation: Record, planned: changes.Writes
     ) -> bool:
         """A new-key request is a new charge: it goes to a person instead when the
         mandate is not active now, whatever was true when the payment was accepted."""
@@ -248,10 +260,9 @@ class Dispatcher:
         if status is None:
             return True
         reason = f"new request not sent: mandate {operation.mandate_id} is {status}"
-        await changes.decide(
-            ledger,
+        planned.decide(
             operation_id=operation.operation_id,
-            at=now,
+            at=planned.now,
             rule="mandate_not_active",
             inputs={"mandate_id": operation.mandate_id, "mandate_status": status},
             next_action=NextAction.OPERATOR,
@@ -259,25 +270,32 @@ class Dispatcher:
             source=self.worker_id,
         )
         if State(operation.state) is State.MANUAL_REVIEW:
-            await changes.update(ledger, operation, now=now, next_action=NextAction.OPERATOR)
+            planned.change(
+                changes.plan(operation, None, now=planned.now, next_action=NextAction.OPERATOR)
+            )
         else:
-            await changes.transition(
-                ledger,
-                operation,
-                State.MANUAL_REVIEW,
-                now=now,
-                next_action=NextAction.OPERATOR,
-                reason=reason,
-                source=self.worker_id,
+            planned.change(
+                changes.plan(
+                    operation,
+                    State.MANUAL_REVIEW,
+                    now=planned.now,
+                    next_action=NextAction.OPERATOR,
+                    reason=reason,
+                    source=self.worker_id,
+                )
             )
         return False
 
     async def _plan_attempt(
-        self, ledger: Ledger, operation: Record, row: Record, now: datetime
+        self,
+        ledger: Ledger,
+        operation: Record,
+        previous: Record | None,
+        row: Record,
+        planned: changes.Writes,
     ) -> AttemptPlan | None:
         """Which attempt this delivery may send (domain/dispatch_plan.py), or None;
         a replay's window and a new request's mandate are checked as it is sent."""
-        previous = await ledger.last_attempt(operation.operation_id)
         # A settled or cancelled operation's leftover row sends nothing: no
         # decision to read for it (the hot path of every stale outbox row).
         decision = (
@@ -298,17 +316,20 @@ class Dispatcher:
             return None
         if plan.replay:
             assert decision is not None, "a replay is authorised by a decision"
-            if not await self._replay_still_deduplicated(ledger, operation, decision, now):
+            if not await self._replay_still_deduplicated(ledger, operation, decision, planned):
                 return None
-        if plan.new_request and not await self._mandate_allows_new_request(ledger, operation, now):
+        if plan.new_request and not await self._mandate_allows_new_request(
+            ledger, operation, planned
+        ):
             return None
         return plan
 
     async def _replay_still_deduplicated(
-        self, ledger: Ledger, operation: Record, decision: Record, now: datetime
+        self, ledger: Ledger, operation: Record, decision: Record, planned: changes.Writes
     ) -> bool:
         """Re-validate a same-key replay at the moment it would be sent: a backlog
         may have pushed the key's age past the rule's bound since the decision."""
+        now = planned.now
         key = decision.inputs["provider_idempotency_key"]
         first_use = await ledger.first_use_of_key(operation.operation_id, key)
         bound = timedelta(seconds=decision.inputs["replay_bound_seconds"])
@@ -319,8 +340,7 @@ class Dispatcher:
             f"replay not sent: key age {key_age} reached the bound {bound} between the "
             f"decision at {decision.at.isoformat()} and the send; back to checking"
         )
-        await changes.decide(
-            ledger,
+        planned.decide(
             operation_id=operation.operation_id,
             at=now,
             rule="replay_window_closed",
@@ -335,21 +355,19 @@ class Dispatcher:
             key_age_at_decision=key_age,
             source=self.worker_id,
         )
-        await mark_unknown(
-            ledger, operation, now=now, check_at=now, reason=reason, source=self.worker_id
-        )
+        plan_unknown(planned, operation, check_at=now, reason=reason, source=self.worker_id)
         return False
 
     async def _mark_resumed_unknown(
-        self, ledger: Ledger, operation: Record, attempt_number: int, now: datetime
+        self, ledger: Ledger, operation: Record, attempt_number: int, planned: changes.Writes
     ) -> None:
         reason = (
             "delivery resumed while SUBMITTING: the previous holder's provider call "
             "may or may not have executed; not calling the provider again"
         )
-        observation_id = await ledger.add_observation(
+        observation = planned.observe(
             operation_id=operation.operation_id,
-            at=now,
+            at=planned.now,
             kind="resumed_submitting",
             source=self.worker_id,
             attempt_number=attempt_number,
@@ -360,8 +378,8 @@ class Dispatcher:
             ledger,
             operation,
             SubmitAnswer(attempt_number, Verdict.UNKNOWN, reason),
-            now,
-            observation_id,
+            planned,
+            observation,
         )
 
     async def weigh(
@@ -369,18 +387,22 @@ class Dispatcher:
         ledger: Ledger,
         operation: Record,
         answer: SubmitAnswer,
-        now: datetime,
-        observation_id: int,
+        planned: changes.Writes,
+        observation: Made,
+        loaded: Loaded | None = None,
     ) -> Effect:
-        """The funnel's judgement of a submit's answer, carried out."""
+        """The funnel's judgement of a submit's answer, carried out and saved
+        with what the caller planned."""
         return await weigh(
             ledger,
             operation,
             answer,
-            now=now,
+            now=planned.now,
             limits=Limits(self.settings.recheck_backoff, jitter=self.jitter()),
             source=self.worker_id,
-            observation_id=observation_id,
+            observation_id=observation,
+            writes=planned,
+            loaded=loaded,
         )
 
     # -- step 5: record -----------------------------------------------------
@@ -388,12 +410,14 @@ class Dispatcher:
     async def record(self, row: Record, submission: Submission, answer: ProviderAnswer) -> None:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
-            now = self.clock()
-            operation = await ledger.lock_operation(row.operation_id)
-            assert operation is not None
+            planned = changes.Writes(self.clock())
+            now = planned.now
+            loaded = await ledger.load(row.operation_id, evidence=True)
+            assert loaded is not None
+            operation = loaded.operation
             classification = classify(answer)
             retry_after = parse_retry_after(answer.retry_after, now)
-            observation_id = await ledger.add_observation(
+            observation = planned.observe(
                 **submit_result(
                     operation.operation_id,
                     now,
@@ -404,11 +428,12 @@ class Dispatcher:
                     retry_after,
                 )
             )
+            planned.finish(row.id)
             await self.weigh(
                 ledger,
                 operation,
                 as_evidence(submission.attempt_number, answer, classification, retry_after),
-                now,
-                observation_id,
+                planned,
+                observation,
+                loaded,
             )
-            await ledger.finish_outbox_row(row.id, now)

@@ -9,9 +9,9 @@ operation's lock. None of them decides an outcome itself.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from intentledger.domain.evidence import (
     AttemptFacts,
@@ -28,19 +28,52 @@ from intentledger.domain.transport import PROVING, Verdict
 from intentledger.domain.watching import Watch, settled_next_action
 from intentledger.engine import changes
 from intentledger.engine.refund_settlement import after_refund_settled
-from intentledger.engine.unknown import mark_unknown
-from intentledger.store.ledger import Ledger
+from intentledger.engine.unknown import plan_unknown
+from intentledger.store.ledger import Ledger, Loaded, Made
 from intentledger.store.tables import Record
+
+
+class EvidenceRow(NamedTuple):
+    """What the funnel reads of an observation (`Ledger.evidence_rows`)."""
+
+    kind: str
+    attempt_number: int | None
+    verdict: str | None
+    provider_reference: str | None
+
 
 # Sends an operation without evidence to the safety review (the reconciler's).
 Review = Callable[[Ledger, Record, datetime, str, str], Awaitable[None]]
 
 
-async def facts_of(ledger: Ledger, operation: Record) -> Facts:
-    """What the ledger knows about `operation`, read from its append-only rows."""
+async def facts_of(
+    ledger: Ledger,
+    operation: Record,
+    planned: Sequence[Mapping[str, Any]] = (),
+    loaded: Loaded | None = None,
+) -> Facts:
+    """What the ledger knows about `operation`, read from its append-only rows
+    (`loaded` with them, or read now) and the observations this unit of work
+    `planned` (the newest, written with the effect: what the ledger will know
+    once it commits)."""
     answers: dict[int, tuple[Verdict, str | None]] = {}
     checks = audits = 0
-    for row in await ledger.evidence_rows(operation.operation_id):
+    rows: list[Any] = list(
+        loaded.evidence
+        if loaded is not None and loaded.evidence is not None
+        else await ledger.evidence_rows(operation.operation_id)
+    )
+    rows += [
+        EvidenceRow(
+            values["kind"],
+            values.get("attempt_number"),
+            values.get("verdict"),
+            values.get("provider_reference"),
+        )
+        for values in planned
+        if values["operation_id"] == operation.operation_id
+    ]
+    for row in rows:
         if row.kind == "submit_result" and row.verdict in PROVING:
             answers.setdefault(row.attempt_number, (Verdict(row.verdict), row.provider_reference))
         elif row.kind == "lookup_result":
@@ -48,7 +81,9 @@ async def facts_of(ledger: Ledger, operation: Record) -> Facts:
         elif row.kind == "audit_lookup":
             audits += 1
     attempts = []
-    for a in await ledger.attempts_of(operation.operation_id):
+    for a in (
+        loaded.attempts if loaded is not None else await ledger.attempts_of(operation.operation_id)
+    ):
         answer, reference = answers.get(a.number, (None, None))
         key = a.provider_idempotency_key
         attempts.append(AttemptFacts(a.number, key, answer, reference, sent_at=a.submitted_at))
@@ -93,10 +128,15 @@ async def weigh(
     limits: Limits,
     source: str,
     review: Review | None = None,
-    observation_id: int | None = None,
+    observation_id: Made | int | None = None,
+    writes: changes.Writes | None = None,
+    loaded: Loaded | None = None,
 ) -> Effect:
-    """Judge `evidence` against what the ledger knows, and carry the effect out."""
-    facts = await facts_of(ledger, operation)
+    """Judge `evidence` against what the ledger knows, and carry the effect out.
+    `writes`: what the caller planned in this unit of work (its observation of
+    the evidence, the outbox row done), saved with the effect in one store call;
+    `loaded`: the operation's rows as the caller loaded them with its lock."""
+    facts = await facts_of(ledger, operation, writes.rows.observations if writes else (), loaded)
     effect = judge(facts, evidence, now, limits)
     await carry_out(
         ledger,
@@ -107,6 +147,7 @@ async def weigh(
         source=source,
         review=review,
         observation_id=observation_id,
+        writes=writes,
     )
     return effect
 
@@ -163,80 +204,92 @@ async def carry_out(
     now: datetime,
     source: str,
     review: Review | None = None,
-    observation_id: int | None = None,
+    observation_id: Made | int | None = None,
+    writes: changes.Writes | None = None,
 ) -> None:
+    """Plan the effect's rows beside the caller's, and save them once. Two
+    effects reach past the operation and save first: a settled refund's remedy
+    on its payment, and the safety review (each loads what it weighs)."""
+    planned = writes if writes is not None else changes.Writes(now)
     fields = _flags(operation, facts, effect)
     move = effect.move
     if move is Move.SETTLE:
-        await changes.write(ledger, settlement(operation, facts, effect, now=now, source=source))
+        planned.change(settlement(operation, facts, effect, now=now, source=source))
         if operation.kind == "refund":
+            await planned.save(ledger)
             settled = await _relock(ledger, operation)
             await after_refund_settled(ledger, settled, now, source)
     elif move is Move.UNKNOWN:
         assert effect.check_at is not None
-        await mark_unknown(
-            ledger,
+        plan_unknown(
+            planned,
             operation,
-            now=now,
             check_at=effect.check_at,
             reason=effect.reason,
             source=source,
             **fields,
         )
     elif move is Move.REQUEUE:
-        assert effect.check_at is not None
-        await _requeue(ledger, operation, effect, now, source, observation_id, fields)
+        _requeue(planned, operation, facts, effect, source, observation_id, fields)
     elif move is Move.REVIEW:
         assert review is not None, "only a scheduled check sends an operation to review"
         fields.pop("reconciliation_status", None)  # the review writes it with its transition
         if fields:
-            await changes.update(ledger, operation, now=now, **fields)
+            planned.change(changes.plan(operation, None, now=now, **fields))
+            await planned.save(ledger)
             operation = await _relock(ledger, operation)
+        else:
+            await planned.save(ledger)
         await review(ledger, operation, now, effect.reason, str(effect.reconciliation_status))
     elif move is Move.OPERATOR:
-        await _to_a_person(ledger, operation, facts, effect, now, source, fields, observation_id)
+        _to_a_person(planned, operation, facts, effect, source, fields, observation_id)
     elif move is Move.RESOLVE_CONTRADICTION:
         # The executions the provider showed stay written down whatever outcome
-        # is stated (a batch settles without the list: it is written now).
+        # is stated.
         fields["executed_references"] = sorted(effect.executed)
-        await changes.update(
-            ledger,
-            operation,
-            now=now,
-            outcome=effect.outcome,
-            outcome_contradicted=False,
-            # A duplicate still flagged, or a provider still not quiet, still needs a person.
-            next_action=settled_next_action(facts.duplicate_detected, False, facts.watch),
-            last_observed_at=now,
-            **fields,
+        fields.pop("next_action", None)
+        planned.change(
+            changes.plan(
+                operation,
+                None,
+                now=now,
+                outcome=effect.outcome,
+                outcome_contradicted=False,
+                # A duplicate still flagged, or a provider still not quiet, still needs a person.
+                next_action=settled_next_action(facts.duplicate_detected, False, facts.watch),
+                last_observed_at=now,
+                **fields,
+            )
         )
     elif move is Move.RECHECK:
         assert effect.check_at is not None
-        await changes.update(
-            ledger,
-            operation,
-            now=now,
-            last_observed_at=now,
-            retry_after_at=effect.check_at,
-            **fields,
+        planned.change(
+            changes.plan(
+                operation,
+                None,
+                now=now,
+                last_observed_at=now,
+                retry_after_at=effect.check_at,
+                **fields,
+            )
         )
-        await ledger.enqueue(operation.operation_id, "reconcile", effect.check_at, now)
+        planned.enqueue(operation.operation_id, "reconcile", effect.check_at)
     elif fields:
-        await changes.update(ledger, operation, now=now, **fields)
+        planned.change(changes.plan(operation, None, now=now, **fields))
     if effect.not_final is not None:
-        await _provider_not_final(ledger, operation, effect, now, source)
+        _provider_not_final(planned, operation, effect, now, source)
     if effect.verify_at is not None:
-        await ledger.enqueue(operation.operation_id, "audit", effect.verify_at, now)
+        planned.enqueue(operation.operation_id, "audit", effect.verify_at)
+    await planned.save(ledger)
 
 
-async def _provider_not_final(
-    ledger: Ledger, operation: Record, effect: Effect, now: datetime, source: str
+def _provider_not_final(
+    planned: changes.Writes, operation: Record, effect: Effect, now: datetime, source: str
 ) -> None:
     """The looks' budget ran out while the provider still shows something open: a
     person is told what, and why watching goes on (the decision row)."""
     assert effect.verify_at is not None
-    await changes.decide(
-        ledger,
+    planned.decide(
         operation_id=operation.operation_id,
         at=now,
         rule="provider_not_final",
@@ -256,25 +309,24 @@ async def _relock(ledger: Ledger, operation: Record) -> Record:
     return fresh
 
 
-async def _requeue(
-    ledger: Ledger,
+def _requeue(
+    planned: changes.Writes,
     operation: Record,
+    facts: Facts,
     effect: Effect,
-    now: datetime,
     source: str,
-    observation_id: int | None,
+    observation_id: Made | int | None,
     fields: dict[str, Any],
 ) -> None:
     """Evidence that the provider did not execute: back to ACCEPTED, sent again
     with the same provider key no earlier than the funnel's time, under a
     recorded decision citing that evidence."""
     assert effect.check_at is not None
+    assert facts.attempts, "only an attempt can be refused"
     fields.pop("next_action", None)  # the requeue says what is next
-    attempt = await ledger.last_attempt(operation.operation_id)
-    assert attempt is not None, "only an attempt can be refused"
-    due = effect.check_at
-    decision_id = await changes.decide(
-        ledger,
+    attempt = facts.attempts[-1]
+    due, now = effect.check_at, planned.now
+    decision = planned.decide(
         operation_id=operation.operation_id,
         at=now,
         rule="non_execution_evidence",
@@ -282,7 +334,7 @@ async def _requeue(
             "observation_id": observation_id,
             "evidence": effect.reason,
             "attempt_number": attempt.number,
-            "provider_idempotency_key": attempt.provider_idempotency_key,
+            "provider_idempotency_key": attempt.key,
             "send_no_earlier_than": due.isoformat(),
             "timing": effect.timing,
         },
@@ -293,35 +345,36 @@ async def _requeue(
         ),
         source=source,
     )
-    await changes.transition(
-        ledger,
-        operation,
-        State.ACCEPTED,
-        now=now,
-        next_action=NextAction.SUBMIT,
-        reason=effect.reason,
-        source=source,
-        last_observed_at=now,
-        retry_after_at=due,
-        **fields,
+    planned.change(
+        changes.plan(
+            operation,
+            State.ACCEPTED,
+            now=now,
+            next_action=NextAction.SUBMIT,
+            reason=effect.reason,
+            source=source,
+            last_observed_at=now,
+            retry_after_at=due,
+            **fields,
+        )
     )
-    await ledger.enqueue(operation.operation_id, "submit", due, now, decision_id=decision_id)
+    planned.enqueue(operation.operation_id, "submit", due, decision=decision)
 
 
-async def _to_a_person(
-    ledger: Ledger,
+def _to_a_person(
+    planned: changes.Writes,
     operation: Record,
     facts: Facts,
     effect: Effect,
-    now: datetime,
     source: str,
     fields: dict[str, Any],
-    observation_id: int | None,
+    observation_id: Made | int | None,
 ) -> None:
     """A person decides (a decision row says why under which rule): past the
     limits with no outcome, the checks go on, so evidence still settles it when
     it comes; after a refusal only a person can fix (a configuration error),
     nothing was executed and there is nothing to check."""
+    now = planned.now
     if effect.rule == "checks_exhausted":
         assert effect.check_at is not None
         inputs: dict[str, Any] = {
@@ -334,8 +387,7 @@ async def _to_a_person(
         }
     else:
         inputs = {"observation_id": observation_id, "evidence": effect.reason}
-    await changes.decide(
-        ledger,
+    planned.decide(
         operation_id=operation.operation_id,
         at=now,
         rule=effect.rule,
@@ -344,17 +396,19 @@ async def _to_a_person(
         reason=effect.reason,
         source=source,
     )
-    await changes.transition(
-        ledger,
-        operation,
-        State.MANUAL_REVIEW,
-        now=now,
-        next_action=NextAction.OPERATOR,
-        reason=effect.reason,
-        source=source,
-        last_observed_at=now,
-        retry_after_at=effect.check_at,
-        **fields,
+    fields.pop("next_action", None)  # a person is what is next
+    planned.change(
+        changes.plan(
+            operation,
+            State.MANUAL_REVIEW,
+            now=now,
+            next_action=NextAction.OPERATOR,
+            reason=effect.reason,
+            source=source,
+            last_observed_at=now,
+            retry_after_at=effect.check_at,
+            **fields,
+        )
     )
     if effect.check_at is not None:
-        await ledger.enqueue(operation.operation_id, "reconcile", effect.check_at, now)
+        planned.enqueue(operation.operation_id, "reconcile", effect.check_at)

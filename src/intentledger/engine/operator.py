@@ -128,7 +128,8 @@ async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome
     contradicted = bool(operation.outcome_contradicted)
     if not may_resolve(State(operation.state), contradicted):
         raise _not_allowed(operation, RESOLVABLE, "resolve")
-    observation_id = await ledger.add_observation(
+    planned = changes.Writes(now)
+    observation = planned.observe(
         operation_id=action.operation_id,
         at=now,
         kind="operator",
@@ -136,13 +137,12 @@ async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome
         verdict=outcome.value,
         reason=evidence,
     )
-    await changes.decide(
-        ledger,
+    planned.decide(
         operation_id=action.operation_id,
         at=now,
         rule="operator_contradiction_resolution" if contradicted else "operator_resolution",
         inputs={
-            "observation_id": observation_id,
+            "observation_id": observation,
             "evidence": evidence,
             **action.recorded_by(),
             "outcome": outcome.value,
@@ -165,7 +165,8 @@ async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome
         now=now,
         limits=Limits(VERIFY_AFTER),
         source=f"operator:{action.by}",
-        observation_id=observation_id,
+        observation_id=observation,
+        writes=planned,
     )
     return f"resolved as {outcome.value}"
 
@@ -202,8 +203,8 @@ async def approve_resubmission(
     policy = policy_for(operation.provider)
     first_use = await ledger.first_use_of_key(action.operation_id, last.provider_idempotency_key)
     key_age = now - first_use
-    decision_id = await changes.decide(
-        ledger,
+    planned = changes.Writes(now)
+    decision = planned.decide(
         operation_id=action.operation_id,
         at=now,
         rule="operator_approved_new_request",
@@ -228,18 +229,21 @@ async def approve_resubmission(
         key_age_at_decision=key_age,
         source=f"operator:{action.by}",
     )
-    await changes.update(
-        ledger,
-        operation,
-        now=now,
-        next_action=NextAction.RESUBMIT,
-        key_age_at_decision=key_age,
-        provider_retention_note=policy.note,
-        # Held from now, not from when the dispatcher sends it: an intent accepted
-        # in between must not take the room this key was approved with.
-        live_keys=keys,
+    planned.change(
+        changes.plan(
+            operation,
+            None,
+            now=now,
+            next_action=NextAction.RESUBMIT,
+            key_age_at_decision=key_age,
+            provider_retention_note=policy.note,
+            # Held from now, not from when the dispatcher sends it: an intent accepted
+            # in between must not take the room this key was approved with.
+            live_keys=keys,
+        )
     )
-    await ledger.enqueue(action.operation_id, "submit", now, now, decision_id=decision_id)
+    planned.enqueue(action.operation_id, "submit", now, decision=decision)
+    await planned.save(ledger)
     return f"new request approved with key {key}"
 
 
@@ -247,8 +251,8 @@ async def escalate(ledger: Ledger, now: datetime, action: OperatorAction) -> str
     """Hand an unresolved operation to a person now, whatever its rules would do."""
     reason = require_text(action.reason, "the reason")
     operation = await _locked(ledger, action.operation_id, ESCALATABLE, "escalate")
-    await changes.decide(
-        ledger,
+    planned = changes.Writes(now)
+    planned.decide(
         operation_id=action.operation_id,
         at=now,
         rule="operator_escalation",
@@ -257,15 +261,17 @@ async def escalate(ledger: Ledger, now: datetime, action: OperatorAction) -> str
         reason=f"{action.by} escalated it: {reason}",
         source=f"operator:{action.by}",
     )
-    await changes.transition(
-        ledger,
-        operation,
-        State.MANUAL_REVIEW,
-        now=now,
-        next_action=NextAction.OPERATOR,
-        reason=f"escalated by {action.by}: {reason}",
-        source=f"operator:{action.by}",
+    planned.change(
+        changes.plan(
+            operation,
+            State.MANUAL_REVIEW,
+            now=now,
+            next_action=NextAction.OPERATOR,
+            reason=f"escalated by {action.by}: {reason}",
+            source=f"operator:{action.by}",
+        )
     )
+    await planned.save(ledger)
     return "escalated to MANUAL_REVIEW"
 
 

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.evidence import Limits, Move, ProviderNotice
+from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
 from intentledger.providers.base import WebhookEvent
@@ -115,7 +116,8 @@ async def _judge(
     assert event.status is not None and event.object_id is not None
     reason = f"{event.type} {event.event_id}: {event.object_id} is {event.status}"
     source = f"webhook:{provider}"
-    observation_id = await ledger.add_observation(
+    planned = changes.Writes(now)
+    observation = planned.observe(
         operation_id=operation.operation_id,
         at=now,
         kind="provider_event",
@@ -137,7 +139,8 @@ async def _judge(
         now=now,
         limits=Limits(backoff),
         source=source,
-        observation_id=observation_id,
+        observation_id=observation,
+        writes=planned,
     )
     changed = effect.move is not Move.RECORD or effect.contradiction or effect.duplicate
     return "applied" if changed else "recorded"

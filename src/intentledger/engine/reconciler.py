@@ -114,31 +114,37 @@ class Reconciler:
     async def _begin_check(self, row: Record) -> tuple[Record, ProviderLookup] | None:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
-            now = self.clock()
+            planned = changes.Writes(self.clock())
             # Locks in the one order every writer uses: mandate, operation, outbox row.
             operation = await ledger.lock_operation(row.operation_id)
             assert operation is not None
-            if not await ledger.holds_lease(row.id, self.worker_id, now):
+            if not await ledger.holds_lease(row.id, self.worker_id, planned.now):
                 return None
             state = State(operation.state)
             if state is State.UNKNOWN:
-                await changes.transition(
-                    ledger,
-                    operation,
-                    State.RECONCILIATION_DUE,
-                    now=now,
-                    next_action=NextAction.RECONCILE,
-                    reason=f"check due at {_iso(operation.retry_after_at)}: asking the provider",
-                    source=self.worker_id,
+                planned.change(
+                    changes.plan(
+                        operation,
+                        State.RECONCILIATION_DUE,
+                        now=planned.now,
+                        next_action=NextAction.RECONCILE,
+                        reason=(
+                            f"check due at {_iso(operation.retry_after_at)}: asking the provider"
+                        ),
+                        source=self.worker_id,
+                    )
                 )
             elif state not in (State.RECONCILIATION_DUE, State.MANUAL_REVIEW):
                 # Settled or moved on since this check was scheduled. (A resumed
                 # RECONCILIATION_DUE simply looks again: lookups are reads. A
                 # person's queue is looked at while it stays there: the funnel
                 # keeps checking what the provider still calls processing.)
-                await ledger.finish_outbox_row(row.id, now)
+                planned.finish(row.id)
+                await planned.save(ledger)
                 return None
-            return operation, await operation_lookup(ledger, operation)
+            query = await operation_lookup(ledger, operation)
+            await planned.save(ledger)
+            return operation, query
 
     async def _record_check(self, row: Record, lookup: LookupAnswer) -> None:
         await self._record_lookup(row, lookup, kind="lookup_result")
@@ -150,13 +156,14 @@ class Reconciler:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()
-            operation = await ledger.lock_operation(row.operation_id)
-            assert operation is not None
-            last = await ledger.last_attempt(operation.operation_id)
+            loaded = await ledger.load(row.operation_id, evidence=True)
+            assert loaded is not None
+            operation, last = loaded.operation, loaded.last_attempt
             judgement = judge_lookup(lookup, last.submitted_at if last else None, now)
             answer = lookup.answer
             retry_after = parse_retry_after(answer.retry_after, now)
-            observation_id = await ledger.add_observation(
+            planned = changes.Writes(now)
+            observation = planned.observe(
                 operation_id=operation.operation_id,
                 at=now,
                 kind=kind,
@@ -172,6 +179,7 @@ class Reconciler:
                 retry_after_problem=retry_after.problem,
                 detail=lookup_detail(lookup),
             )
+            planned.finish(row.id)
             evidence = LookupResult(
                 judgement.verdict,
                 judgement.reason,
@@ -194,9 +202,10 @@ class Reconciler:
                 limits=Limits.of(rules, self.recheck_backoff, self.jitter()),
                 source=self.worker_id,
                 review=self._review,
-                observation_id=observation_id,
+                observation_id=observation,
+                writes=planned,
+                loaded=loaded,
             )
-            await ledger.finish_outbox_row(row.id, now)
 
     async def _review(
         self, ledger: Ledger, operation: Record, now: datetime, reason: str, status: str

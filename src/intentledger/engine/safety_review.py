@@ -25,7 +25,7 @@ from intentledger.domain.states import NextAction, State
 from intentledger.domain.transport import LookupVerdict
 from intentledger.engine import changes
 from intentledger.engine.new_keys import room_for_a_new_key
-from intentledger.engine.unknown import mark_unknown
+from intentledger.engine.unknown import plan_unknown
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
@@ -133,8 +133,10 @@ async def run_safety_review(
     document = _inputs_document(inputs, rules, decision, chosen_key)
     document["same_key"] = decision.resolution is Resolution.REPLAY_SAME_KEY
     document["unresolved_attempt"] = last.number
-    decision_id = await changes.decide(
-        ledger,
+    # Into SAFETY_REVIEW with the decision, then out to what it orders: two
+    # changes, each planned from the record as the one before left it.
+    planned = changes.Writes(now)
+    made = planned.decide(
         operation_id=operation.operation_id,
         at=now,
         rule=decision.rule,
@@ -144,37 +146,40 @@ async def run_safety_review(
         key_age_at_decision=decision.key_age,
         source=source,
     )
-    await changes.transition(
-        ledger,
-        operation,
-        State.SAFETY_REVIEW,
-        now=now,
-        next_action=decision.next_action,
-        reason=f"{reason}; safety review: {decision.rule}",
-        source=source,
-        key_age_at_decision=decision.key_age,
-        provider_retention_note=policy.note,
-        reconciliation_status=reconciliation_status,
-        last_observed_at=now,
-        # A new key is held from its decision on (engine/new_keys.py).
-        **({"live_keys": keys} if new_key else {}),
+    planned.change(
+        changes.plan(
+            operation,
+            State.SAFETY_REVIEW,
+            now=now,
+            next_action=decision.next_action,
+            reason=f"{reason}; safety review: {decision.rule}",
+            source=source,
+            key_age_at_decision=decision.key_age,
+            provider_retention_note=policy.note,
+            reconciliation_status=reconciliation_status,
+            last_observed_at=now,
+            # A new key is held from its decision on (engine/new_keys.py).
+            **({"live_keys": keys} if new_key else {}),
+        )
     )
     if decision.next_action is NextAction.RESUBMIT:
-        await ledger.enqueue(operation.operation_id, "submit", now, now, decision_id=decision_id)
+        planned.enqueue(operation.operation_id, "submit", now, decision=made)
+        await planned.save(ledger)
         return
+    await planned.save(ledger)
     reviewed = await ledger.lock_operation(operation.operation_id)
     assert reviewed is not None
     if decision.resolution is Resolution.KEEP_CHECKING:
-        await mark_unknown(
-            ledger, reviewed, now=now, check_at=recheck_at, reason=decision.reason, source=source
+        plan_unknown(planned, reviewed, check_at=recheck_at, reason=decision.reason, source=source)
+    else:
+        planned.change(
+            changes.plan(
+                reviewed,
+                State.MANUAL_REVIEW,
+                now=now,
+                next_action=NextAction.OPERATOR,
+                reason=decision.reason,
+                source=source,
+            )
         )
-        return
-    await changes.transition(
-        ledger,
-        reviewed,
-        State.MANUAL_REVIEW,
-        now=now,
-        next_action=NextAction.OPERATOR,
-        reason=decision.reason,
-        source=source,
-    )
+    await planned.save(ledger)

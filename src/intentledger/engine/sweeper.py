@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.domain.evidence import Limits, SubmitAnswer
 from intentledger.domain.states import State
 from intentledger.domain.transport import Verdict
+from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
 from intentledger.observability import ledger_events
@@ -63,7 +64,8 @@ class Sweeper:
                     f"SUBMITTING since {operation.updated_at.isoformat()}, longer than "
                     f"{self.stale_after}: the caller died mid-call; not sending again"
                 )
-                observation_id = await ledger.add_observation(
+                planned = changes.Writes(now)
+                observation = planned.observe(
                     operation_id=operation_id,
                     at=now,
                     kind="sweeper",
@@ -80,7 +82,8 @@ class Sweeper:
                     now=now,
                     limits=Limits(self.recheck_backoff, jitter=self.jitter()),
                     source=self.worker_id,
-                    observation_id=observation_id,
+                    observation_id=observation,
+                    writes=planned,
                 )
                 ledger_events.swept(conn, operation_id, attempt.number)
                 swept += 1

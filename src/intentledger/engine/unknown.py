@@ -17,6 +17,34 @@ from intentledger.store.ledger import Ledger
 from intentledger.store.tables import Record
 
 
+def plan_unknown(
+    planned: changes.Writes,
+    operation: Record,
+    *,
+    check_at: datetime,
+    reason: str,
+    source: str,
+    **fields: Any,
+) -> None:
+    now = planned.now
+    planned.change(
+        changes.plan(
+            operation,
+            State.UNKNOWN,
+            now=now,
+            next_action=NextAction.RECONCILE,
+            # The append-only trail keeps when the next look was scheduled for;
+            # retry_after_at on the record is overwritten by later checks.
+            reason=f"{reason}; next check at {check_at.isoformat()}",
+            source=source,
+            last_observed_at=now,
+            retry_after_at=check_at,
+            **fields,
+        )
+    )
+    planned.enqueue(operation.operation_id, "reconcile", check_at)
+
+
 async def mark_unknown(
     ledger: Ledger,
     operation: Record,
@@ -27,18 +55,6 @@ async def mark_unknown(
     source: str,
     **fields: Any,
 ) -> None:
-    await changes.transition(
-        ledger,
-        operation,
-        State.UNKNOWN,
-        now=now,
-        next_action=NextAction.RECONCILE,
-        # The append-only trail keeps when the next look was scheduled for;
-        # retry_after_at on the record is overwritten by later checks.
-        reason=f"{reason}; next check at {check_at.isoformat()}",
-        source=source,
-        last_observed_at=now,
-        retry_after_at=check_at,
-        **fields,
-    )
-    await ledger.enqueue(operation.operation_id, "reconcile", check_at, now)
+    planned = changes.Writes(now)
+    plan_unknown(planned, operation, check_at=check_at, reason=reason, source=source, **fields)
+    await planned.save(ledger)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -64,6 +64,62 @@ class OperationWrite:
     # The transition row, for a change of state; None for fields only.
     transition: Mapping[str, Any] | None
     shift: MandateShift | None
+
+
+@dataclass(frozen=True)
+class Made:
+    """The id the store makes for the `index`-th row of a kind in one `save`:
+    a decision may cite this save's observation, an outbox row its decision."""
+
+    kind: str  # "observation" | "decision"
+    index: int
+
+
+@dataclass
+class Rows:
+    """Everything one unit of work writes, planned before any of it is written
+    (engine/changes.Writes plans them; `Ledger.save` writes them in this order)."""
+
+    # Values of `add_observation` (with `detail`, the provider answer, apart).
+    observations: list[dict[str, Any]] = field(default_factory=list)
+    # Values of `add_decision`; an input may be a `Made` observation id.
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[OperationWrite] = field(default_factory=list)
+    # Values of `enqueue`; `decision_id` may be a `Made` decision id.
+    outbox: list[dict[str, Any]] = field(default_factory=list)
+    finished_outbox_rows: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return any(
+            (
+                self.observations,
+                self.decisions,
+                self.attempts,
+                self.changes,
+                self.outbox,
+                self.finished_outbox_rows,
+            )
+        )
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """An operation as a unit of work loads it, locked, with what its rules read."""
+
+    operation: Record
+    # Its attempts, by number.
+    attempts: Sequence[Record]
+    # What the evidence funnel reads of its observations (`evidence_rows`), oldest
+    # first; None unless asked for.
+    evidence: Sequence[Record] | None
+    # Whether the delivering outbox row is still leased to its owner (True when
+    # no row was named).
+    lease_held: bool
+
+    @property
+    def last_attempt(self) -> Record | None:
+        return self.attempts[-1] if self.attempts else None
 
 
 class ConcurrentUpdate(RuntimeError):
@@ -227,6 +283,30 @@ class Ledger:
             await self.lock_mandate(mandate_id)
         return await self.get_operation(operation_id, for_update=True)
 
+    async def load(
+        self,
+        operation_id: str,
+        *,
+        delivery: tuple[int, str, datetime] | None = None,
+        evidence: bool = False,
+    ) -> Loaded | None:
+        """Lock the operation (and its mandate first), then the delivering outbox
+        row `delivery` = (row id, lease owner, now) if named, and read its
+        attempts and, with `evidence`, what the funnel reads: one call for what
+        a unit of work decides on. None if there is no such operation."""
+        operation = await self.lock_operation(operation_id)
+        if operation is None:
+            return None
+        held = True
+        if delivery is not None:
+            held = await self.holds_lease(*delivery)
+        return Loaded(
+            operation,
+            await self.attempts_of(operation_id) if held else (),
+            await self.evidence_rows(operation_id) if evidence and held else None,
+            held,
+        )
+
     async def write_operation_change(self, write: OperationWrite, now: datetime) -> None:
         """One change to an operation as the engine planned it: its new values if
         it is still at the version planned from, what moves in its mandate's
@@ -245,6 +325,30 @@ class Ledger:
             await self.shift_mandate(write.shift, now)
         if write.transition is not None:
             await self.conn.execute(insert(transitions).values(**write.transition))
+
+    async def save(self, rows: Rows, now: datetime) -> None:
+        """Write a unit of work's planned rows: observations, decisions (citing
+        the observations' ids), attempts, the operations' changes, new outbox
+        rows (citing the decisions' ids), finished outbox rows."""
+        made: dict[Made, int] = {}
+        for index, values in enumerate(rows.observations):
+            made[Made("observation", index)] = await self.add_observation(**values)
+        for index, values in enumerate(rows.decisions):
+            inputs = values.get("inputs")
+            if isinstance(inputs, dict):
+                values = {
+                    **values,
+                    "inputs": {k: made[v] if isinstance(v, Made) else v for k, v in inputs.items()},
+                }
+            made[Made("decision", index)] = await self.add_decision(**values)
+        for attempt in rows.attempts:
+            await self.add_attempt(**_resolved(attempt, made))
+        for write in rows.changes:
+            await self.write_operation_change(write, now)
+        for values in rows.outbox:
+            await self.enqueue(**_resolved(values, made))
+        for row_id in rows.finished_outbox_rows:
+            await self.finish_outbox_row(row_id, now)
 
     async def record_initial_transition(
         self, operation_id: str, now: datetime, reason: str, source: str
@@ -570,3 +674,11 @@ class Ledger:
             .where(outbox.c.operation_id == operation_id, outbox.c.done_at.is_(None))
             .values(done_at=now)
         )
+
+
+def _resolved(values: Mapping[str, Any], made: Mapping[Made, int]) -> dict[str, Any]:
+    """`values` with a `Made` decision id replaced by the id the store made."""
+    decision = values.get("decision_id")
+    if isinstance(decision, Made):
+        return {**values, "decision_id": made[decision]}
+    return dict(values)
