@@ -38,7 +38,7 @@ from intentledger.engine.unknown import mark_unknown
 from intentledger.observability.logs import log_context
 from intentledger.providers.base import Provider, ProviderRequest
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import DecisionRecord, OperationRecord, OutboxRecord
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Submission:
 OUR_FIELDS = frozenset({"mandate_id", "payment_id"})
 
 
-def request_for(operation: Record, idempotency_key: str) -> ProviderRequest:
+def request_for(operation: OperationRecord, idempotency_key: str) -> ProviderRequest:
     """What to send for this operation's kind: its validated body, minus our own fields."""
     context = operation.request_context
     body = {k: v for k, v in context["body"].items() if k not in OUR_FIELDS}
@@ -126,7 +126,11 @@ def as_evidence(
 
 
 def begin_attempt(
-    operation: Record, plan: AttemptPlan, decision_id: int | None, now: datetime, source: str
+    operation: OperationRecord,
+    plan: AttemptPlan,
+    decision_id: int | None,
+    now: datetime,
+    source: str,
 ) -> tuple[dict[str, Any], changes.OperationChange]:
     """Step 3's rows, single or batched alike: the attempt, and SUBMITTING
     committed before provider I/O."""
@@ -169,7 +173,7 @@ class Dispatcher:
         self.worker_id = worker_id
         self.jitter = jitter
 
-    async def deliver_submit(self, row: Record) -> None:
+    async def deliver_submit(self, row: OutboxRecord) -> None:
         with log_context(operation_id=row.operation_id):
             submission = await self._pre_submit(row)
             if submission is None:
@@ -180,7 +184,7 @@ class Dispatcher:
 
     # -- step 3: pre-submit -------------------------------------------------
 
-    async def _pre_submit(self, row: Record) -> Submission | None:
+    async def _pre_submit(self, row: OutboxRecord) -> Submission | None:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()
@@ -213,7 +217,7 @@ class Dispatcher:
             await changes.write(ledger, change)
             return Submission(plan.number, request_for(operation, plan.key))
 
-    async def _mandate_stop(self, ledger: Ledger, operation: Record) -> str | None:
+    async def _mandate_stop(self, ledger: Ledger, operation: OperationRecord) -> str | None:
         """What of the (already locked) mandate stops this operation being sent now."""
         if operation.mandate_id is None:
             return None
@@ -221,7 +225,9 @@ class Dispatcher:
         status = mandate.status if mandate is not None else None
         return mandate_stop(operation.kind, operation.mandate_id, status)
 
-    async def _mandate_allows(self, ledger: Ledger, operation: Record, now: datetime) -> bool:
+    async def _mandate_allows(
+        self, ledger: Ledger, operation: OperationRecord, now: datetime
+    ) -> bool:
         """Re-check the mandate before SUBMITTING; a payment whose mandate is no
         longer active is cancelled instead of sent."""
         status = await self._mandate_stop(ledger, operation)
@@ -240,7 +246,7 @@ class Dispatcher:
         return False
 
     async def _mandate_allows_new_request(
-        self, ledger: Ledger, operation: Record, now: datetime
+        self, ledger: Ledger, operation: OperationRecord, now: datetime
     ) -> bool:
         """A new-key request is a new charge: it goes to a person instead when the
         mandate is not active now, whatever was true when the payment was accepted."""
@@ -273,7 +279,7 @@ class Dispatcher:
         return False
 
     async def _plan_attempt(
-        self, ledger: Ledger, operation: Record, row: Record, now: datetime
+        self, ledger: Ledger, operation: OperationRecord, row: OutboxRecord, now: datetime
     ) -> AttemptPlan | None:
         """Which attempt this delivery may send (domain/dispatch_plan.py), or None;
         a replay's window and a new request's mandate are checked as it is sent."""
@@ -305,7 +311,7 @@ class Dispatcher:
         return plan
 
     async def _replay_still_deduplicated(
-        self, ledger: Ledger, operation: Record, decision: Record, now: datetime
+        self, ledger: Ledger, operation: OperationRecord, decision: DecisionRecord, now: datetime
     ) -> bool:
         """Re-validate a same-key replay at the moment it would be sent: a backlog
         may have pushed the key's age past the rule's bound since the decision."""
@@ -341,7 +347,7 @@ class Dispatcher:
         return False
 
     async def _mark_resumed_unknown(
-        self, ledger: Ledger, operation: Record, attempt_number: int, now: datetime
+        self, ledger: Ledger, operation: OperationRecord, attempt_number: int, now: datetime
     ) -> None:
         reason = (
             "delivery resumed while SUBMITTING: the previous holder's provider call "
@@ -367,7 +373,7 @@ class Dispatcher:
     async def weigh(
         self,
         ledger: Ledger,
-        operation: Record,
+        operation: OperationRecord,
         answer: SubmitAnswer,
         now: datetime,
         observation_id: int,
@@ -385,7 +391,9 @@ class Dispatcher:
 
     # -- step 5: record -----------------------------------------------------
 
-    async def record(self, row: Record, submission: Submission, answer: ProviderAnswer) -> None:
+    async def record(
+        self, row: OutboxRecord, submission: Submission, answer: ProviderAnswer
+    ) -> None:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             now = self.clock()

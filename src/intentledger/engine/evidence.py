@@ -30,15 +30,15 @@ from intentledger.engine import changes
 from intentledger.engine.refund_settlement import after_refund_settled
 from intentledger.engine.unknown import mark_unknown
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord
 
 # Sends an operation without evidence to the safety review (the reconciler's).
-Review = Callable[[Ledger, Record, datetime, str, str], Awaitable[None]]
+Review = Callable[[Ledger, OperationRecord, datetime, str, str], Awaitable[None]]
 
 
-async def facts_of(ledger: Ledger, operation: Record) -> Facts:
+async def facts_of(ledger: Ledger, operation: OperationRecord) -> Facts:
     """What the ledger knows about `operation`, read from its append-only rows."""
-    answers: dict[int, tuple[Verdict, str | None]] = {}
+    answers: dict[int | None, tuple[Verdict, str | None]] = {}
     checks = audits = 0
     for row in await ledger.evidence_rows(operation.operation_id):
         if row.kind == "submit_result" and row.verdict in PROVING:
@@ -73,7 +73,7 @@ async def facts_of(ledger: Ledger, operation: Record) -> Facts:
     )
 
 
-async def authorised_keys(ledger: Ledger, operation: Record) -> frozenset[str]:
+async def authorised_keys(ledger: Ledger, operation: OperationRecord) -> frozenset[str]:
     """The key a decision authorised to be sent next (a new request, or a
     same-key replay), while the operation waits to send it."""
     if operation.next_action != NextAction.RESUBMIT:
@@ -86,7 +86,7 @@ async def authorised_keys(ledger: Ledger, operation: Record) -> frozenset[str]:
 
 async def weigh(
     ledger: Ledger,
-    operation: Record,
+    operation: OperationRecord,
     evidence: Evidence,
     *,
     now: datetime,
@@ -111,7 +111,7 @@ async def weigh(
     return effect
 
 
-def _flags(operation: Record, facts: Facts, effect: Effect) -> dict[str, Any]:
+def _flags(operation: OperationRecord, facts: Facts, effect: Effect) -> dict[str, Any]:
     """The record's fields the effect changes besides its state."""
     fields: dict[str, Any] = {}
     if effect.executed != facts.executed:
@@ -135,7 +135,7 @@ def _flags(operation: Record, facts: Facts, effect: Effect) -> dict[str, Any]:
 
 
 def settlement(
-    operation: Record, facts: Facts, effect: Effect, *, now: datetime, source: str
+    operation: OperationRecord, facts: Facts, effect: Effect, *, now: datetime, source: str
 ) -> changes.OperationChange:
     """The change an outcome makes (Move.SETTLE), single or batched alike."""
     assert effect.move is Move.SETTLE and effect.outcome is not None
@@ -156,7 +156,7 @@ def settlement(
 
 async def carry_out(
     ledger: Ledger,
-    operation: Record,
+    operation: OperationRecord,
     facts: Facts,
     effect: Effect,
     *,
@@ -230,7 +230,7 @@ async def carry_out(
 
 
 async def _provider_not_final(
-    ledger: Ledger, operation: Record, effect: Effect, now: datetime, source: str
+    ledger: Ledger, operation: OperationRecord, effect: Effect, now: datetime, source: str
 ) -> None:
     """The looks' budget ran out while the provider still shows something open: a
     person is told what, and why watching goes on (the decision row)."""
@@ -250,7 +250,7 @@ async def _provider_not_final(
     )
 
 
-async def _relock(ledger: Ledger, operation: Record) -> Record:
+async def _relock(ledger: Ledger, operation: OperationRecord) -> OperationRecord:
     fresh = await ledger.lock_operation(operation.operation_id)
     assert fresh is not None
     return fresh
@@ -258,7 +258,7 @@ async def _relock(ledger: Ledger, operation: Record) -> Record:
 
 async def _requeue(
     ledger: Ledger,
-    operation: Record,
+    operation: OperationRecord,
     effect: Effect,
     now: datetime,
     source: str,
@@ -310,7 +310,7 @@ async def _requeue(
 
 async def _to_a_person(
     ledger: Ledger,
-    operation: Record,
+    operation: OperationRecord,
     facts: Facts,
     effect: Effect,
     now: datetime,

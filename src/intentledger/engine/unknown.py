@@ -14,12 +14,12 @@ from typing import Any
 from intentledger.domain.states import NextAction, State
 from intentledger.engine import changes
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord
 
 
 async def mark_unknown(
     ledger: Ledger,
-    operation: Record,
+    operation: OperationRecord,
     *,
     now: datetime,
     check_at: datetime,
