@@ -6,11 +6,16 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row
-
 from intentledger.domain.evidence import recorded_executions
 from intentledger.domain.refunds import payment_refund_totals
-from intentledger.store.tables import Record
+from intentledger.store.records import (
+    AttemptRecord,
+    CardRecord,
+    MandateRecord,
+    ObservationWithDetailRecord,
+    OperationRecord,
+    TimelineRecord,
+)
 
 OPERATION_FIELDS = (
     "operation_id",
@@ -50,17 +55,17 @@ def json_value(value: Any) -> Any:
     return value
 
 
-def _mapping(row: Record | Mapping[str, Any]) -> Mapping[str, Any]:
-    if isinstance(row, Row):
-        return dict(row._mapping)
+def _mapping(row: OperationRecord | Mapping[str, Any]) -> Mapping[str, Any]:
+    if isinstance(row, OperationRecord):
+        return row.as_dict()
     return row
 
 
 def operation_document(
-    operation: Record | Mapping[str, Any],
-    attempts: Sequence[Record] = (),
-    submit_results: Sequence[Record] = (),
-    refunds: Sequence[Record] = (),
+    operation: OperationRecord | Mapping[str, Any],
+    attempts: Sequence[AttemptRecord] = (),
+    submit_results: Sequence[ObservationWithDetailRecord] = (),
+    refunds: Sequence[OperationRecord] = (),
 ) -> dict[str, Any]:
     """The public representation; a payment's `refunds` give its refunded and
     refundable amounts (none given: none made yet)."""
@@ -87,7 +92,9 @@ def operation_document(
     return document
 
 
-def attempt_document(attempt: Record, result: Record | None) -> dict[str, Any]:
+def attempt_document(
+    attempt: AttemptRecord, result: ObservationWithDetailRecord | None
+) -> dict[str, Any]:
     return {
         "number": attempt.number,
         "provider_idempotency_key": attempt.provider_idempotency_key,
@@ -103,7 +110,7 @@ def attempt_document(attempt: Record, result: Record | None) -> dict[str, Any]:
     }
 
 
-def mandate_document(mandate: Record) -> dict[str, Any]:
+def mandate_document(mandate: MandateRecord) -> dict[str, Any]:
     return {
         "id": mandate.mandate_id,
         "status": mandate.status,
@@ -119,7 +126,7 @@ def mandate_document(mandate: Record) -> dict[str, Any]:
     }
 
 
-def card_document(card: Record) -> dict[str, Any]:
+def card_document(card: CardRecord) -> dict[str, Any]:
     return {
         "id": card.card_id,
         "label": card.label,
@@ -136,12 +143,12 @@ def card_document(card: Record) -> dict[str, Any]:
 _EVENT_ORDER = {"observation": 0, "decision": 1, "transition": 2}
 
 
-def event_documents(tagged: Sequence[tuple[str, Record]]) -> list[dict[str, Any]]:
+def event_documents(tagged: Sequence[tuple[str, TimelineRecord]]) -> list[dict[str, Any]]:
     """Transitions, observations and decisions in time order. Within one
     instant, what was seen comes before what was decided and what changed."""
     ordered = sorted(tagged, key=lambda item: (item[1].at, _EVENT_ORDER[item[0]], item[1].id))
     events = []
     for kind, row in ordered:
-        fields = {k: json_value(v) for k, v in row._mapping.items() if k != "operation_id"}
+        fields = {k: json_value(v) for k, v in row.as_dict().items() if k != "operation_id"}
         events.append({"type": kind, **fields})
     return events

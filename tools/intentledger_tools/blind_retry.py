@@ -18,11 +18,13 @@ from intentledger import service
 from intentledger.cli import app
 from intentledger.engine.reconciler import Reconciler
 from intentledger.providers.base import ProviderLookup, ProviderRequest
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord, OutboxRecord
 
 
 class BlindRetryReconciler(Reconciler):
-    async def _begin_check(self, row: Record) -> tuple[Record, ProviderLookup] | None:
+    async def _begin_check(
+        self, row: OutboxRecord
+    ) -> tuple[OperationRecord, ProviderLookup] | None:
         begun = await super()._begin_check(row)
         if begun is not None:
             operation, _ = begun

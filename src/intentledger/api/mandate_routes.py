@@ -14,7 +14,7 @@ from intentledger.documents import mandate_document
 from intentledger.domain.canonical import request_hash
 from intentledger.engine import mandates
 from intentledger.engine.api_keys import Principal
-from intentledger.engine.queries import Record
+from intentledger.engine.queries import MandateRecord
 from intentledger.web.auth import authenticate
 from intentledger.web.problems import Problem, invalid_body_response
 from intentledger.web.validation import valid_idempotency_key
@@ -51,7 +51,7 @@ def _keyed(
     )
 
 
-def _respond(mandate: Record, replayed: bool, first_status: int) -> JSONResponse:
+def _respond(mandate: MandateRecord, replayed: bool, first_status: int) -> JSONResponse:
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     return JSONResponse(
         mandate_document(mandate), status_code=200 if replayed else first_status, headers=headers

@@ -18,7 +18,11 @@ from intentledger.domain.webhook_targets import MAX_URL_LENGTH
 from intentledger.engine import webhook_endpoints
 from intentledger.engine.api_keys import Principal
 from intentledger.engine.mandates import Keyed
-from intentledger.engine.queries import Record
+from intentledger.engine.queries import (
+    ListedDeliveryRecord,
+    WebhookAttemptRecord,
+    WebhookEndpointRecord,
+)
 from intentledger.web.auth import authenticate
 from intentledger.web.problems import Problem, invalid_body_response
 from intentledger.web.validation import valid_idempotency_key
@@ -54,7 +58,9 @@ class EndpointRequest(BaseModel):
     )
 
 
-def endpoint_document(endpoint: Record, *, with_secret: bool = False) -> dict[str, Any]:
+def endpoint_document(
+    endpoint: WebhookEndpointRecord, *, with_secret: bool = False
+) -> dict[str, Any]:
     document: dict[str, Any] = {
         "id": endpoint.endpoint_id,
         "url": endpoint.url,
@@ -179,7 +185,9 @@ async def list_deliveries(
     )
 
 
-def delivery_document(delivery: Record, attempts: list[Record]) -> dict[str, Any]:
+def delivery_document(
+    delivery: ListedDeliveryRecord, attempts: list[WebhookAttemptRecord]
+) -> dict[str, Any]:
     waiting = delivery.status == "pending" and delivery.lease_owner is None
     return {
         "id": delivery.id,

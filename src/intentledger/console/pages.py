@@ -47,11 +47,11 @@ from intentledger.domain.durations import parse_duration
 from intentledger.domain.mandates import MandateStatus
 from intentledger.domain.operator_rules import action_facts
 from intentledger.domain.safety import attempt_key
-from intentledger.domain.states import State
+from intentledger.domain.states import NextAction, State
 from intentledger.domain.work_queue import OPERATION_ID, Cursor, Need, QueueFacts, needs
 from intentledger.engine import operator, queries
 from intentledger.engine.api_keys import Principal
-from intentledger.engine.queries import ACTOR_LENGTH, QueueFilter, Record
+from intentledger.engine.queries import ACTOR_LENGTH, MerchantEventRecord, QueueFilter
 from intentledger.engine.refusal import Refusal
 from intentledger.web.operator_actions import ACTION_BODIES, perform_operator_action
 from intentledger.web.problems import Problem, problem_response
@@ -407,7 +407,7 @@ async def queue_page(
             "needs": needs(
                 QueueFacts(
                     State(row.state),
-                    row.next_action,
+                    NextAction(row.next_action),
                     bool(row.duplicate_detected),
                     bool(row.outcome_contradicted),
                     row.created_at,
@@ -489,7 +489,7 @@ async def _operation_story(request: Request, operation_id: str) -> dict[str, Any
     }
 
 
-def _announced(events: Sequence[Record]) -> list[dict[str, Any]]:
+def _announced(events: Sequence[MerchantEventRecord]) -> list[dict[str, Any]]:
     return [
         {"type": event.type, "at": json_value(event.created_at), "id": event.event_id}
         for event in events

@@ -52,7 +52,8 @@ class Evidence:
     lookup_failures: int
     first_not_found_at: datetime | None
     last_not_found_at: datetime | None
-    last_result: str
+    # The last lookup's reason, as recorded.
+    last_result: str | None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from intentledger.domain.merchant_events import (
 from intentledger.domain.states import State
 from intentledger.store import merchant_events
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord, WebhookEndpointRecord
 
 
 def new_event_id() -> str:
@@ -44,14 +44,14 @@ def view_of(values: Mapping[str, Any]) -> OperationView:
 
 
 async def operations_changed(
-    ledger: Ledger, changes: Sequence[tuple[Record, Mapping[str, Any]]], now: datetime
+    ledger: Ledger, changes: Sequence[tuple[OperationRecord, Mapping[str, Any]]], now: datetime
 ) -> None:
     """Announce what each change from `before` to `after` is news of, if
     anything; the endpoints of every actor with news are read once."""
     news = [
         (before, types)
         for before, after in changes
-        if (types := operation_events(view_of(dict(before._mapping)), view_of(after)))
+        if (types := operation_events(view_of(before.as_dict()), view_of(after)))
     ]
     if not news:
         return
@@ -66,9 +66,9 @@ async def operations_changed(
 
 async def _operation_news(
     ledger: Ledger,
-    before: Record,
+    before: OperationRecord,
     types: Sequence[str],
-    endpoints: Sequence[Record],
+    endpoints: Sequence[WebhookEndpointRecord],
     now: datetime,
 ) -> None:
     # The row as committed with this change, and its attempts: what GET shows.
@@ -111,7 +111,7 @@ async def _write_once(
     object_id: str,
     data: Mapping[str, Any],
     now: datetime,
-    endpoints: Sequence[Record],
+    endpoints: Sequence[WebhookEndpointRecord],
 ) -> None:
     """One `*.updated` event per object per transaction, showing the object as
     the transaction leaves it: suspending a mandate that cancels ten payments is
@@ -139,7 +139,7 @@ async def _write(
     object_id: str,
     data: Mapping[str, Any],
     now: datetime,
-    endpoints: Sequence[Record],
+    endpoints: Sequence[WebhookEndpointRecord],
 ) -> str | None:
     """Write the event and its deliveries; its id, or None if no endpoint takes it."""
     targets = sorted(e.endpoint_id for e in endpoints if subscribed(event_type, e.events))

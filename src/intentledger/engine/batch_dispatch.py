@@ -47,7 +47,7 @@ from intentledger.engine.dispatcher import (
 from intentledger.engine.evidence import settlement
 from intentledger.store.batches import BatchLedger
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord, OutboxRecord
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Prepared:
     version it left behind: if the version is still that when the answer is
     recorded, nothing else has touched the operation in between."""
 
-    row: Record
+    row: OutboxRecord
     submission: Submission
     version: int
 
@@ -69,7 +69,7 @@ class Sent:
     answer: ProviderAnswer
 
     @property
-    def row(self) -> Record:
+    def row(self) -> OutboxRecord:
         return self.prepared.row
 
     @property
@@ -77,7 +77,7 @@ class Sent:
         return self.prepared.submission
 
 
-async def deliver_submits(dispatcher: Dispatcher, rows: Sequence[Record]) -> None:
+async def deliver_submits(dispatcher: Dispatcher, rows: Sequence[OutboxRecord]) -> None:
     """Deliver leased `submit` rows; first attempts together, the rest one by one."""
     batch, others = await _pre_submit(dispatcher, rows)
     sending = asyncio.create_task(_send_all(dispatcher, batch))
@@ -99,8 +99,8 @@ async def _send_all(dispatcher: Dispatcher, batch: Sequence[Prepared]) -> list[S
 
 
 async def _pre_submit(
-    dispatcher: Dispatcher, rows: Sequence[Record]
-) -> tuple[list[Prepared], list[Record]]:
+    dispatcher: Dispatcher, rows: Sequence[OutboxRecord]
+) -> tuple[list[Prepared], list[OutboxRecord]]:
     """Commit SUBMITTING + attempt 1 for every row that is a plain first attempt;
     return those with what to send, and the rows left to the reference path."""
     if not rows:
@@ -112,7 +112,7 @@ async def _pre_submit(
         held = await ledger.leases_held((row.id for row in rows), dispatcher.worker_id, now)
         batch: list[Prepared] = []
         beginning: list[tuple[dict[str, Any], changes.OperationChange]] = []
-        others: list[Record] = []
+        others: list[OutboxRecord] = []
         taken: set[str] = set()
         for row in rows:
             operation = locked.operations[row.operation_id]
@@ -155,7 +155,7 @@ async def _pre_submit(
 
 
 def _plain_settlement(
-    operation: Record,
+    operation: OperationRecord,
     item: Sent,
     evidence: SubmitAnswer,
     now: datetime,

@@ -28,14 +28,14 @@ from intentledger.domain.watching import is_watched
 from intentledger.engine import announcements
 from intentledger.observability import ledger_events
 from intentledger.store.ledger import Ledger, Made, MandateShift, OperationWrite, Rows
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord
 
 
 @dataclass(frozen=True)
 class OperationChange:
     """One change to one operation, decided before any of it is written."""
 
-    before: Record
+    before: OperationRecord
     target: State
     rows: OperationWrite
     now: datetime
@@ -59,11 +59,11 @@ class OperationChange:
 
     def after(self) -> dict[str, Any]:
         """The record as this change leaves it."""
-        return {**self.before._mapping, **self.values}
+        return {**self.before.as_dict(), **self.values}
 
 
 def plan(
-    operation: Record,
+    operation: OperationRecord,
     target: State | None,
     *,
     now: datetime,
@@ -108,7 +108,7 @@ def plan(
 
 
 def _mandate_shift(
-    operation: Record, target: State, fields: Mapping[str, Any]
+    operation: OperationRecord, target: State, fields: Mapping[str, Any]
 ) -> MandateShift | None:
     """The mandate's books follow the operation: its share (domain.evidence.
     mandate_share) before the change and after it differ by exactly what moves
@@ -125,7 +125,9 @@ def _mandate_shift(
     )
 
 
-def share_of(operation: Record, state: State, changes: Mapping[str, Any] | None = None) -> Share:
+def share_of(
+    operation: OperationRecord, state: State, changes: Mapping[str, Any] | None = None
+) -> Share:
     """The operation's part of its mandate's books, with `changes` applied."""
     changes = changes or {}
 
@@ -136,6 +138,7 @@ def share_of(operation: Record, state: State, changes: Mapping[str, Any] | None 
     executed = recorded_executions(
         field("executed_references"), outcome, field("provider_reference")
     )
+    assert operation.amount is not None, "an operation under a mandate moves an amount"
     if operation.kind == "refund":
         return refund_mandate_share(
             operation.amount, state, Outcome(outcome) if outcome else None, executed
@@ -197,7 +200,7 @@ async def follow(
 
 async def transition(
     ledger: Ledger,
-    operation: Record,
+    operation: OperationRecord,
     target: State,
     *,
     now: datetime,
@@ -221,7 +224,9 @@ async def transition(
     )
 
 
-async def update(ledger: Ledger, operation: Record, *, now: datetime, **fields: Any) -> None:
+async def update(
+    ledger: Ledger, operation: OperationRecord, *, now: datetime, **fields: Any
+) -> None:
     """Change fields other than the state (those change with `transition`)."""
     next_action = fields.pop("next_action", None)
     await write(ledger, plan(operation, None, now=now, next_action=next_action, **fields))

@@ -38,7 +38,12 @@ from intentledger.engine.unknown import plan_unknown
 from intentledger.observability.logs import log_context
 from intentledger.providers.base import Provider, ProviderRequest
 from intentledger.store.ledger import Ledger, Loaded, Made
-from intentledger.store.tables import Record
+from intentledger.store.records import (
+    AttemptRecord,
+    DecisionRecord,
+    OperationRecord,
+    OutboxRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +70,7 @@ class Submission:
 OUR_FIELDS = frozenset({"mandate_id", "payment_id"})
 
 
-def request_for(operation: Record, idempotency_key: str) -> ProviderRequest:
+def request_for(operation: OperationRecord, idempotency_key: str) -> ProviderRequest:
     """What to send for this operation's kind: its validated body, minus our own fields."""
     context = operation.request_context
     body = {k: v for k, v in context["body"].items() if k not in OUR_FIELDS}
@@ -126,7 +131,11 @@ def as_evidence(
 
 
 def begin_attempt(
-    operation: Record, plan: AttemptPlan, decision_id: int | None, now: datetime, source: str
+    operation: OperationRecord,
+    plan: AttemptPlan,
+    decision_id: int | None,
+    now: datetime,
+    source: str,
 ) -> tuple[dict[str, Any], changes.OperationChange]:
     """Step 3's rows, single or batched alike: the attempt, and SUBMITTING
     committed before provider I/O."""
@@ -169,7 +178,7 @@ class Dispatcher:
         self.worker_id = worker_id
         self.jitter = jitter
 
-    async def deliver_submit(self, row: Record) -> None:
+    async def deliver_submit(self, row: OutboxRecord) -> None:
         with log_context(operation_id=row.operation_id):
             submission = await self._pre_submit(row)
             if submission is None:
@@ -180,7 +189,7 @@ class Dispatcher:
 
     # -- step 3: pre-submit -------------------------------------------------
 
-    async def _pre_submit(self, row: Record) -> Submission | None:
+    async def _pre_submit(self, row: OutboxRecord) -> Submission | None:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             planned = changes.Writes(self.clock())
@@ -189,7 +198,7 @@ class Dispatcher:
             return submission
 
     async def _plan_pre_submit(
-        self, ledger: Ledger, row: Record, planned: changes.Writes
+        self, ledger: Ledger, row: OutboxRecord, planned: changes.Writes
     ) -> Submission | None:
         now = planned.now
         # Locks in the one order every writer uses: mandate, operation, outbox row.
@@ -222,7 +231,7 @@ class Dispatcher:
         planned.change(change)
         return Submission(plan.number, request_for(operation, plan.key))
 
-    async def _mandate_stop(self, ledger: Ledger, operation: Record) -> str | None:
+    async def _mandate_stop(self, ledger: Ledger, operation: OperationRecord) -> str | None:
         """What of the (already locked) mandate stops this operation being sent now."""
         if operation.mandate_id is None:
             return None
@@ -231,7 +240,7 @@ class Dispatcher:
         return mandate_stop(operation.kind, operation.mandate_id, status)
 
     async def _mandate_allows(
-        self, ledger: Ledger, operation: Record, planned: changes.Writes
+        self, ledger: Ledger, operation: OperationRecord, planned: changes.Writes
     ) -> bool:
         """Re-check the mandate before SUBMITTING; a payment whose mandate is no
         longer active is cancelled instead of sent."""
@@ -252,7 +261,7 @@ class Dispatcher:
         return False
 
     async def _mandate_allows_new_request(
-        self, ledger: Ledger, operation: Record, planned: changes.Writes
+        self, ledger: Ledger, operation: OperationRecord, planned: changes.Writes
     ) -> bool:
         """A new-key request is a new charge: it goes to a person instead when the
         mandate is not active now, whatever was true when the payment was accepted."""
@@ -289,9 +298,9 @@ class Dispatcher:
     async def _plan_attempt(
         self,
         ledger: Ledger,
-        operation: Record,
-        previous: Record | None,
-        row: Record,
+        operation: OperationRecord,
+        previous: AttemptRecord | None,
+        row: OutboxRecord,
         planned: changes.Writes,
     ) -> AttemptPlan | None:
         """Which attempt this delivery may send (domain/dispatch_plan.py), or None;
@@ -325,7 +334,11 @@ class Dispatcher:
         return plan
 
     async def _replay_still_deduplicated(
-        self, ledger: Ledger, operation: Record, decision: Record, planned: changes.Writes
+        self,
+        ledger: Ledger,
+        operation: OperationRecord,
+        decision: DecisionRecord,
+        planned: changes.Writes,
     ) -> bool:
         """Re-validate a same-key replay at the moment it would be sent: a backlog
         may have pushed the key's age past the rule's bound since the decision."""
@@ -359,7 +372,11 @@ class Dispatcher:
         return False
 
     async def _mark_resumed_unknown(
-        self, ledger: Ledger, operation: Record, attempt_number: int, planned: changes.Writes
+        self,
+        ledger: Ledger,
+        operation: OperationRecord,
+        attempt_number: int,
+        planned: changes.Writes,
     ) -> None:
         reason = (
             "delivery resumed while SUBMITTING: the previous holder's provider call "
@@ -385,7 +402,7 @@ class Dispatcher:
     async def weigh(
         self,
         ledger: Ledger,
-        operation: Record,
+        operation: OperationRecord,
         answer: SubmitAnswer,
         planned: changes.Writes,
         observation: Made,
@@ -407,7 +424,9 @@ class Dispatcher:
 
     # -- step 5: record -----------------------------------------------------
 
-    async def record(self, row: Record, submission: Submission, answer: ProviderAnswer) -> None:
+    async def record(
+        self, row: OutboxRecord, submission: Submission, answer: ProviderAnswer
+    ) -> None:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             planned = changes.Writes(self.clock())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from intentledger.domain.evidence import (
     AttemptFacts,
@@ -29,26 +29,16 @@ from intentledger.domain.watching import Watch, settled_next_action
 from intentledger.engine import changes
 from intentledger.engine.refund_settlement import after_refund_settled
 from intentledger.engine.unknown import plan_unknown
-from intentledger.store.ledger import Ledger, Loaded, Made
-from intentledger.store.tables import Record
-
-
-class EvidenceRow(NamedTuple):
-    """What the funnel reads of an observation (`Ledger.evidence_rows`)."""
-
-    kind: str
-    attempt_number: int | None
-    verdict: str | None
-    provider_reference: str | None
-
+from intentledger.store.ledger import EvidenceRow, Ledger, Loaded, Made
+from intentledger.store.records import OperationRecord
 
 # Sends an operation without evidence to the safety review (the reconciler's).
-Review = Callable[[Ledger, Record, datetime, str, str], Awaitable[None]]
+Review = Callable[[Ledger, OperationRecord, datetime, str, str], Awaitable[None]]
 
 
 async def facts_of(
     ledger: Ledger,
-    operation: Record,
+    operation: OperationRecord,
     planned: Sequence[Mapping[str, Any]] = (),
     loaded: Loaded | None = None,
 ) -> Facts:
@@ -56,7 +46,7 @@ async def facts_of(
     (`loaded` with them, or read now) and the observations this unit of work
     `planned` (the newest, written with the effect: what the ledger will know
     once it commits)."""
-    answers: dict[int, tuple[Verdict, str | None]] = {}
+    answers: dict[int | None, tuple[Verdict, str | None]] = {}
     checks = audits = 0
     rows: list[Any] = list(
         loaded.evidence
@@ -108,7 +98,7 @@ async def facts_of(
     )
 
 
-async def authorised_keys(ledger: Ledger, operation: Record) -> frozenset[str]:
+async def authorised_keys(ledger: Ledger, operation: OperationRecord) -> frozenset[str]:
     """The key a decision authorised to be sent next (a new request, or a
     same-key replay), while the operation waits to send it."""
     if operation.next_action != NextAction.RESUBMIT:
@@ -121,7 +111,7 @@ async def authorised_keys(ledger: Ledger, operation: Record) -> frozenset[str]:
 
 async def weigh(
     ledger: Ledger,
-    operation: Record,
+    operation: OperationRecord,
     evidence: Evidence,
     *,
     now: datetime,
@@ -152,7 +142,7 @@ async def weigh(
     return effect
 
 
-def _flags(operation: Record, facts: Facts, effect: Effect) -> dict[str, Any]:
+def _flags(operation: OperationRecord, facts: Facts, effect: Effect) -> dict[str, Any]:
     """The record's fields the effect changes besides its state."""
     fields: dict[str, Any] = {}
     if effect.executed != facts.executed:
@@ -176,7 +166,7 @@ def _flags(operation: Record, facts: Facts, effect: Effect) -> dict[str, Any]:
 
 
 def settlement(
-    operation: Record, facts: Facts, effect: Effect, *, now: datetime, source: str
+    operation: OperationRecord, facts: Facts, effect: Effect, *, now: datetime, source: str
 ) -> changes.OperationChange:
     """The change an outcome makes (Move.SETTLE), single or batched alike."""
     assert effect.move is Move.SETTLE and effect.outcome is not None
@@ -197,7 +187,7 @@ def settlement(
 
 async def carry_out(
     ledger: Ledger,
-    operation: Record,
+    operation: OperationRecord,
     facts: Facts,
     effect: Effect,
     *,
@@ -284,7 +274,7 @@ async def carry_out(
 
 
 def _provider_not_final(
-    planned: changes.Writes, operation: Record, effect: Effect, now: datetime, source: str
+    planned: changes.Writes, operation: OperationRecord, effect: Effect, now: datetime, source: str
 ) -> None:
     """The looks' budget ran out while the provider still shows something open: a
     person is told what, and why watching goes on (the decision row)."""
@@ -303,7 +293,7 @@ def _provider_not_final(
     )
 
 
-async def _relock(ledger: Ledger, operation: Record) -> Record:
+async def _relock(ledger: Ledger, operation: OperationRecord) -> OperationRecord:
     fresh = await ledger.lock_operation(operation.operation_id)
     assert fresh is not None
     return fresh
@@ -311,7 +301,7 @@ async def _relock(ledger: Ledger, operation: Record) -> Record:
 
 def _requeue(
     planned: changes.Writes,
-    operation: Record,
+    operation: OperationRecord,
     facts: Facts,
     effect: Effect,
     source: str,
@@ -363,7 +353,7 @@ def _requeue(
 
 def _to_a_person(
     planned: changes.Writes,
-    operation: Record,
+    operation: OperationRecord,
     facts: Facts,
     effect: Effect,
     source: str,

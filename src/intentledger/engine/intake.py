@@ -24,7 +24,7 @@ from intentledger.engine.mandates import reserve_for_payment
 from intentledger.engine.refusal import claim_or_replay
 from intentledger.observability import ledger_events
 from intentledger.store.ledger import Ledger, new_operation_id
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ Prepare = Callable[[Ledger, datetime, dict[str, Any]], Awaitable[None]]
 
 @dataclass(frozen=True)
 class IntakeResult:
-    operation: Record | dict[str, Any]
+    operation: OperationRecord | dict[str, Any]
     replayed: bool
     # The operation's submit row, when the caller holds its lease (synchronous writes).
     held_row_id: int | None = None

@@ -30,7 +30,7 @@ from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.refusal import Refusal, claim_key, find_keyed_replay, retry_key_races
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import MandateRecord
 
 CREATE_ROUTE = "POST /v1/mandates"
 
@@ -59,8 +59,8 @@ async def _replay(ledger: Ledger, keyed: Keyed, now: datetime) -> str | None:
 
 async def create_mandate(
     engine: AsyncEngine, clock: Clock, keyed: Keyed, body: dict[str, Any]
-) -> tuple[Record, bool]:
-    async def attempt() -> tuple[Record, bool]:
+) -> tuple[MandateRecord, bool]:
+    async def attempt() -> tuple[MandateRecord, bool]:
         async with engine.begin() as conn:
             ledger = Ledger(conn)
             now = clock()
@@ -87,7 +87,7 @@ async def create_mandate(
     return await retry_key_races(attempt)
 
 
-async def _mandate(ledger: Ledger, mandate_id: str) -> Record:
+async def _mandate(ledger: Ledger, mandate_id: str) -> MandateRecord:
     mandate = await ledger.get_mandate(mandate_id)
     assert mandate is not None
     return mandate
@@ -144,8 +144,8 @@ async def cancel_unsubmitted(
 
 async def change_status(
     engine: AsyncEngine, clock: Clock, keyed: Keyed, mandate_id: str, action: MandateAction
-) -> tuple[Record, bool]:
-    async def attempt() -> tuple[Record, bool]:
+) -> tuple[MandateRecord, bool]:
+    async def attempt() -> tuple[MandateRecord, bool]:
         async with engine.begin() as conn:
             ledger = Ledger(conn)
             now = clock()
@@ -177,7 +177,7 @@ async def change_status(
     return await retry_key_races(attempt)
 
 
-async def read_mandate(engine: AsyncEngine, actor: str, mandate_id: str) -> Record | None:
+async def read_mandate(engine: AsyncEngine, actor: str, mandate_id: str) -> MandateRecord | None:
     async with engine.connect() as conn:
         mandate = await Ledger(conn).get_mandate(mandate_id)
     return mandate if mandate is not None and mandate.actor == actor else None

@@ -19,10 +19,10 @@ from intentledger.domain.states import State
 from intentledger.engine.changes import share_of
 from intentledger.engine.evidence import facts_of
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord
 
 
-async def room_for_a_new_key(ledger: Ledger, operation: Record) -> tuple[int, str | None]:
+async def room_for_a_new_key(ledger: Ledger, operation: OperationRecord) -> tuple[int, str | None]:
     """The live keys counting the new one, and why it does not fit (None: it does)."""
     facts = await facts_of(ledger, operation)
     keys = live_keys(facts.attempts, facts.authorised_keys) + 1
@@ -33,7 +33,8 @@ async def room_for_a_new_key(ledger: Ledger, operation: Record) -> tuple[int, st
     return keys, None
 
 
-async def _mandate_room(ledger: Ledger, payment: Record, keys: int) -> str | None:
+async def _mandate_room(ledger: Ledger, payment: OperationRecord, keys: int) -> str | None:
+    assert payment.mandate_id is not None, "asked only of a payment under a mandate"
     mandate = await ledger.get_mandate(payment.mandate_id)
     assert mandate is not None, "a payment names its mandate"
     state = State(payment.state)
@@ -51,9 +52,10 @@ async def _mandate_room(ledger: Ledger, payment: Record, keys: int) -> str | Non
     )
 
 
-async def _refund_room(ledger: Ledger, refund: Record, keys: int) -> str | None:
+async def _refund_room(ledger: Ledger, refund: OperationRecord, keys: int) -> str | None:
+    assert refund.parent_operation_id is not None, "a refund names its payment"
     payment = await ledger.get_operation(refund.parent_operation_id, for_update=True)
-    assert payment is not None, "a refund names its payment"
+    assert payment is not None, "a refund's payment exists"
     charge = refund.request_context.get("charge")
     views = [
         view_of(r, live_keys=keys) if r.operation_id == refund.operation_id else view_of(r)

@@ -33,7 +33,7 @@ from intentledger.engine.new_keys import room_for_a_new_key
 from intentledger.engine.refusal import Refusal, claim_key, find_keyed_replay, retry_key_races
 from intentledger.engine.safety_review import policy_document
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord
 from intentledger.store.work_queue import recent_operations
 
 # After a person's resolution the provider is asked once more, this soon.
@@ -89,7 +89,9 @@ class OperatorAction:
         return {"by": self.by} | {name: value for name, value in seen.items() if value is not None}
 
 
-def _not_allowed(operation: Record, allowed: frozenset[State], verb: str) -> ActionNotAllowed:
+def _not_allowed(
+    operation: OperationRecord, allowed: frozenset[State], verb: str
+) -> ActionNotAllowed:
     return ActionNotAllowed(
         f"cannot {verb} {operation.operation_id}: it is {operation.state} "
         f"(allowed from {', '.join(sorted(allowed))})"
@@ -98,7 +100,7 @@ def _not_allowed(operation: Record, allowed: frozenset[State], verb: str) -> Act
 
 async def _locked(
     ledger: Ledger, operation_id: str, allowed: frozenset[State], verb: str
-) -> Record:
+) -> OperationRecord:
     operation = await ledger.lock_operation(operation_id)
     if operation is None:
         raise OperationNotFound(operation_id)
@@ -336,7 +338,7 @@ async def perform(
 
 async def list_operations(
     engine: AsyncEngine, state: State | None = None, limit: int = 100
-) -> list[Record]:
+) -> list[OperationRecord]:
     async with engine.connect() as conn:
         return await recent_operations(conn, state, limit)
 

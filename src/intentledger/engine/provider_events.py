@@ -28,7 +28,7 @@ from intentledger.engine.evidence import weigh
 from intentledger.providers.base import WebhookEvent
 from intentledger.store import provider_events as event_store
 from intentledger.store.ledger import OPERATION_ID, Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ async def receive(
     )
 
 
-async def _ours(ledger: Ledger, provider: str, reference: str | None) -> Record | None:
+async def _ours(ledger: Ledger, provider: str, reference: str | None) -> OperationRecord | None:
     """The operation the event names, if it is ours and was sent to this provider."""
     if reference is None or not OPERATION_ID.fullmatch(reference):
         return None
@@ -97,7 +97,7 @@ async def _ours(ledger: Ledger, provider: str, reference: str | None) -> Record 
     return operation
 
 
-def _disposition(event: WebhookEvent, operation: Record | None) -> str:
+def _disposition(event: WebhookEvent, operation: OperationRecord | None) -> str:
     if event.status is None or not event.object_id:
         return "unmapped_type"  # a type the adapter does not read: nothing to judge
     if operation is None:
@@ -107,7 +107,7 @@ def _disposition(event: WebhookEvent, operation: Record | None) -> str:
 
 async def _judge(
     ledger: Ledger,
-    operation: Record,
+    operation: OperationRecord,
     provider: str,
     event: WebhookEvent,
     now: datetime,

@@ -17,18 +17,38 @@ from intentledger.domain.work_queue import Cursor
 from intentledger.store import work_queue as queue_store
 from intentledger.store.database import ping
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import ACTOR_LENGTH, Record
+from intentledger.store.records import (
+    AttemptRecord,
+    CardRecord,
+    ListedDeliveryRecord,
+    MandateRecord,
+    MerchantEventRecord,
+    ObservationWithDetailRecord,
+    OperationRecord,
+    QueueRow,
+    TimelineRecord,
+    WebhookAttemptRecord,
+    WebhookEndpointRecord,
+)
+from intentledger.store.tables import ACTOR_LENGTH
 from intentledger.store.work_queue import QueueFilter, QueuePage
 
 __all__ = [
     "ACTOR_LENGTH",
+    "CardRecord",
     "CardView",
+    "ListedDeliveryRecord",
+    "MandateRecord",
     "MandateView",
+    "MerchantEventRecord",
+    "OperationRecord",
     "OperationView",
     "QueueFilter",
     "QueuePage",
-    "Record",
+    "QueueRow",
     "Surroundings",
+    "WebhookAttemptRecord",
+    "WebhookEndpointRecord",
     "card_of",
     "card_view",
     "cards",
@@ -46,10 +66,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class OperationView:
-    operation: Record
-    attempts: Sequence[Record]
-    submit_results: Sequence[Record]
-    refunds: Sequence[Record]
+    operation: OperationRecord
+    attempts: Sequence[AttemptRecord]
+    submit_results: Sequence[ObservationWithDetailRecord]
+    refunds: Sequence[OperationRecord]
 
 
 async def check_database(engine: AsyncEngine) -> None:
@@ -73,7 +93,7 @@ async def operation_view(engine: AsyncEngine, operation_id: str) -> OperationVie
 
 async def operation_events(
     engine: AsyncEngine, operation_id: str
-) -> tuple[Record, list[tuple[str, Record]]] | None:
+) -> tuple[OperationRecord, list[tuple[str, TimelineRecord]]] | None:
     """The record and its tagged timeline, or None for no such operation."""
     async with engine.connect() as conn:
         ledger = Ledger(conn)
@@ -85,7 +105,7 @@ async def operation_events(
 
 async def payment_refunds(
     engine: AsyncEngine, payment_id: str
-) -> tuple[Record, Sequence[Record]] | None:
+) -> tuple[OperationRecord, Sequence[OperationRecord]] | None:
     """The operation and its refunds, or None for no such operation."""
     async with engine.connect() as conn:
         ledger = Ledger(conn)
@@ -95,7 +115,7 @@ async def payment_refunds(
         return payment, await ledger.refunds_of(payment_id)
 
 
-async def card_of(engine: AsyncEngine, card_id: str) -> Record | None:
+async def card_of(engine: AsyncEngine, card_id: str) -> CardRecord | None:
     async with engine.connect() as conn:
         return await Ledger(conn).get_card(card_id)
 
@@ -124,12 +144,12 @@ async def queue(
 class Surroundings:
     """What an operation's page shows beside its own record."""
 
-    merchant_events: Sequence[Record]
-    mandate: Record | None
-    card: Record | None
+    merchant_events: Sequence[MerchantEventRecord]
+    mandate: MandateRecord | None
+    card: CardRecord | None
 
 
-async def surroundings(engine: AsyncEngine, operation: Record) -> Surroundings:
+async def surroundings(engine: AsyncEngine, operation: OperationRecord) -> Surroundings:
     async with engine.connect() as conn:
         ledger = Ledger(conn)
         events = await queue_store.merchant_events_of(conn, operation.operation_id)
@@ -143,16 +163,16 @@ async def surroundings(engine: AsyncEngine, operation: Record) -> Surroundings:
 
 async def mandates(
     engine: AsyncEngine, status: str | None, actor: str | None, after: str | None, limit: int
-) -> Sequence[Record]:
+) -> Sequence[MandateRecord]:
     async with engine.connect() as conn:
         return await queue_store.list_mandates(conn, status, actor, after, limit)
 
 
 @dataclass(frozen=True)
 class MandateView:
-    mandate: Record
-    open_operations: Sequence[Record]
-    merchant_events: Sequence[Record]
+    mandate: MandateRecord
+    open_operations: Sequence[QueueRow]
+    merchant_events: Sequence[MerchantEventRecord]
 
 
 async def mandate_view(engine: AsyncEngine, mandate_id: str, limit: int) -> MandateView | None:
@@ -172,15 +192,15 @@ async def cards(
     actor: str | None,
     after: str | None,
     limit: int,
-) -> Sequence[Record]:
+) -> Sequence[CardRecord]:
     async with engine.connect() as conn:
         return await queue_store.list_cards(conn, indeterminate, actor, after, limit)
 
 
 @dataclass(frozen=True)
 class CardView:
-    card: Record
-    merchant_events: Sequence[Record]
+    card: CardRecord
+    merchant_events: Sequence[MerchantEventRecord]
 
 
 async def card_view(engine: AsyncEngine, card_id: str) -> CardView | None:

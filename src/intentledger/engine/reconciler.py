@@ -34,11 +34,11 @@ from intentledger.engine.evidence import weigh
 from intentledger.engine.safety_review import PolicyFor, RulesFor, run_safety_review
 from intentledger.providers.base import Provider, ProviderLookup
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord, OutboxRecord
 
 
 async def operation_lookup(
-    ledger: Ledger, operation: Record, *, exhaustive: bool = False
+    ledger: Ledger, operation: OperationRecord, *, exhaustive: bool = False
 ) -> ProviderLookup:
     """The provider read that would show this operation's write: by our
     reference, and by every provider id an answer or a lookup already named."""
@@ -84,7 +84,7 @@ class Reconciler:
         self.worker_id = worker_id
         self.jitter = jitter
 
-    async def deliver_reconcile(self, row: Record) -> None:
+    async def deliver_reconcile(self, row: OutboxRecord) -> None:
         begun = await self._begin_check(row)
         if begun is None:
             return
@@ -93,7 +93,7 @@ class Reconciler:
         lookup = await self.provider.lookup(query)
         await self._record_lookup(row, lookup, kind="lookup_result", looked_at=looked_at)
 
-    async def deliver_audit(self, row: Record) -> None:
+    async def deliver_audit(self, row: OutboxRecord) -> None:
         """Look at a settled operation again: every charge the provider shows
         under our reference meets the recorded outcome in the funnel (a second
         execution, a contradiction, a charge a person's statement did not name)."""
@@ -111,7 +111,9 @@ class Reconciler:
         lookup = await self.provider.lookup(query)
         await self._record_lookup(row, lookup, kind="audit_lookup", looked_at=looked_at)
 
-    async def _begin_check(self, row: Record) -> tuple[Record, ProviderLookup] | None:
+    async def _begin_check(
+        self, row: OutboxRecord
+    ) -> tuple[OperationRecord, ProviderLookup] | None:
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             planned = changes.Writes(self.clock())
@@ -146,11 +148,11 @@ class Reconciler:
             await planned.save(ledger)
             return operation, query
 
-    async def _record_check(self, row: Record, lookup: LookupAnswer) -> None:
+    async def _record_check(self, row: OutboxRecord, lookup: LookupAnswer) -> None:
         await self._record_lookup(row, lookup, kind="lookup_result")
 
     async def _record_lookup(
-        self, row: Record, lookup: LookupAnswer, kind: str, looked_at: datetime | None = None
+        self, row: OutboxRecord, lookup: LookupAnswer, kind: str, looked_at: datetime | None = None
     ) -> None:
         """Record what the lookup showed, and let the funnel judge it."""
         async with self.engine.begin() as conn:
@@ -208,7 +210,7 @@ class Reconciler:
             )
 
     async def _review(
-        self, ledger: Ledger, operation: Record, now: datetime, reason: str, status: str
+        self, ledger: Ledger, operation: OperationRecord, now: datetime, reason: str, status: str
     ) -> None:
         checks = len(await ledger.lookups_of(operation.operation_id))
         delay = recheck_delay(checks, self.recheck_backoff, jitter=self.jitter())

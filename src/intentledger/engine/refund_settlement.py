@@ -14,14 +14,17 @@ from intentledger.domain.states import NextAction
 from intentledger.domain.watching import settled_next_action
 from intentledger.engine import changes
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord
 
 
-async def after_refund_settled(ledger: Ledger, refund: Record, now: datetime, source: str) -> None:
+async def after_refund_settled(
+    ledger: Ledger, refund: OperationRecord, now: datetime, source: str
+) -> None:
     """A refund of a duplicate settled: once every extra charge of its payment
     is refunded, the payment's duplicate flag clears, with the decision saying so."""
     if not refund.request_context.get("remedies_duplicate"):
         return
+    assert refund.parent_operation_id is not None, "a refund names its payment"
     payment = await ledger.get_operation(refund.parent_operation_id, for_update=True)
     if payment is None or not payment.duplicate_detected:
         return

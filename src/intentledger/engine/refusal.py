@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from intentledger.domain.durations import format_duration
 from intentledger.domain.replay_window import replay_window_passed
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import IdempotencyRecord
 
 T = TypeVar("T")
 # Losing a race for a key costs one retry; more than a few means something else.
@@ -107,7 +107,9 @@ async def find_keyed_replay(ledger: Ledger, keyed: IdempotencyClaim, now: dateti
     )
 
 
-def replay_of(existing: Record, request_hash: str, now: datetime, window: timedelta) -> str:
+def replay_of(
+    existing: IdempotencyRecord, request_hash: str, now: datetime, window: timedelta
+) -> str:
     """What an equal earlier request made with this key; IdempotencyKeyReused
     when the key's record is for a different request; KeyExpired, whatever the
     request, once the key's replay window has passed."""

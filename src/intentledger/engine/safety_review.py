@@ -27,7 +27,7 @@ from intentledger.engine import changes
 from intentledger.engine.new_keys import room_for_a_new_key
 from intentledger.engine.unknown import plan_unknown
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord
 
 PolicyFor = Callable[[str], RetentionPolicy]
 RulesFor = Callable[[str], SafetyRules]
@@ -96,7 +96,7 @@ def _inputs_document(
 
 async def run_safety_review(
     ledger: Ledger,
-    operation: Record,
+    operation: OperationRecord,
     *,
     now: datetime,
     policy: RetentionPolicy,

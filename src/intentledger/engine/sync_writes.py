@@ -20,7 +20,7 @@ from intentledger.engine.dispatcher import Dispatcher
 from intentledger.engine.intake import Intent, Prepare, accept, reserve_under_mandate
 from intentledger.engine.refusal import Refusal
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord
 
 # Seconds a client is asked to wait before retrying a request still in progress.
 IN_PROGRESS_RETRY_AFTER = 1
@@ -28,7 +28,7 @@ IN_PROGRESS_RETRY_AFTER = 1
 
 @dataclass(frozen=True)
 class WriteResult:
-    operation: Record
+    operation: OperationRecord
     replayed: bool
 
 

@@ -14,12 +14,12 @@ from typing import Any
 from intentledger.domain.states import NextAction, State
 from intentledger.engine import changes
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OperationRecord
 
 
 def plan_unknown(
     planned: changes.Writes,
-    operation: Record,
+    operation: OperationRecord,
     *,
     check_at: datetime,
     reason: str,
@@ -47,7 +47,7 @@ def plan_unknown(
 
 async def mark_unknown(
     ledger: Ledger,
-    operation: Record,
+    operation: OperationRecord,
     *,
     now: datetime,
     check_at: datetime,

@@ -33,7 +33,11 @@ from intentledger.engine.clock import Clock
 from intentledger.engine.mandates import Keyed
 from intentledger.engine.refusal import Refusal, claim_key, find_keyed_replay, retry_key_races
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import (
+    ListedDeliveryRecord,
+    WebhookAttemptRecord,
+    WebhookEndpointRecord,
+)
 from intentledger.store.webhooks import WebhookStore
 
 CREATE_ROUTE = "POST /v1/webhook-endpoints"
@@ -108,7 +112,7 @@ async def check_target(url: str, allow_private: bool, resolver: Resolver = resol
 
 @dataclass(frozen=True)
 class Created:
-    endpoint: Record
+    endpoint: WebhookEndpointRecord
     replayed: bool
 
 
@@ -172,7 +176,7 @@ async def create_endpoint(
     return await retry_key_races(attempt)
 
 
-async def _replay(ledger: Ledger, keyed: Keyed, now: datetime) -> Record | None:
+async def _replay(ledger: Ledger, keyed: Keyed, now: datetime) -> WebhookEndpointRecord | None:
     """The endpoint an equal earlier request made (IdempotencyKeyReused if the
     key came with another request)."""
     found = await find_keyed_replay(ledger, keyed, now)
@@ -183,12 +187,14 @@ async def _replay(ledger: Ledger, keyed: Keyed, now: datetime) -> Record | None:
     return endpoint
 
 
-async def list_endpoints(engine: AsyncEngine, actor: str) -> Sequence[Record]:
+async def list_endpoints(engine: AsyncEngine, actor: str) -> Sequence[WebhookEndpointRecord]:
     async with engine.connect() as conn:
         return await WebhookStore(conn).endpoints(actor)
 
 
-async def read_endpoint(engine: AsyncEngine, actor: str, endpoint_id: str) -> Record | None:
+async def read_endpoint(
+    engine: AsyncEngine, actor: str, endpoint_id: str
+) -> WebhookEndpointRecord | None:
     """The actor's endpoint, deleted ones included (with their `deleted_at`): a
     replayed creation answers with a deleted endpoint, which must then read back
     as what it is rather than as missing. Another actor's is None."""
@@ -203,8 +209,8 @@ async def delete_endpoint(engine: AsyncEngine, clock: Clock, actor: str, endpoin
 
 @dataclass(frozen=True)
 class DeliveryPage:
-    deliveries: Sequence[Record]
-    attempts: dict[int, list[Record]]
+    deliveries: Sequence[ListedDeliveryRecord]
+    attempts: dict[int, list[WebhookAttemptRecord]]
     has_more: bool
 
 

@@ -26,7 +26,7 @@ from intentledger.observability import ledger_events
 from intentledger.observability.logs import log_context
 from intentledger.store.batches import BatchLedger
 from intentledger.store.ledger import Ledger
-from intentledger.store.tables import Record
+from intentledger.store.records import OutboxRecord
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +67,11 @@ class Worker:
         await self.deliver(row)
         return True
 
-    async def deliver(self, row: Record) -> None:
+    async def deliver(self, row: OutboxRecord) -> None:
         with log_context(operation_id=row.operation_id):
             await self._deliver(row)
 
-    async def _deliver(self, row: Record) -> None:
+    async def _deliver(self, row: OutboxRecord) -> None:
         if row.kind == "submit":
             await self.dispatcher.deliver_submit(row)
         elif row.kind == "reconcile":

@@ -24,8 +24,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from intentledger.domain.states import NextAction, State
 from intentledger.observability import ledger_events
 from intentledger.store.ledger import ConcurrentUpdate, Ledger, OperationWrite
+from intentledger.store.records import (
+    IdempotencyRecord,
+    MandateRecord,
+    OperationRecord,
+    OutboxRecord,
+)
 from intentledger.store.tables import (
-    Record,
     UTCDateTime,
     attempts,
     idempotency_records,
@@ -42,8 +47,8 @@ from intentledger.store.tables import (
 class Locked:
     """Operations locked for a state change, and the mandates locked before them."""
 
-    operations: dict[str, Record]
-    mandates: dict[str, Record]
+    operations: dict[str, OperationRecord]
+    mandates: dict[str, MandateRecord]
 
 
 class BatchLedger:
@@ -53,7 +58,7 @@ class BatchLedger:
 
     async def claim_outbox_rows(
         self, now: datetime, lease: timedelta, owner: str, limit: int
-    ) -> list[Record]:
+    ) -> list[OutboxRecord]:
         """Lease up to `limit` due rows, earliest due first (see Ledger.claim_outbox_row)."""
         due = (
             select(outbox.c.id)
@@ -69,7 +74,8 @@ class BatchLedger:
             .values(lease_owner=owner, due_at=now + lease, deliveries=outbox.c.deliveries + 1)
             .returning(outbox)
         )
-        return sorted(result.all(), key=lambda row: (row.created_at, row.id))
+        claimed = [OutboxRecord.of(row) for row in result]
+        return sorted(claimed, key=lambda row: (row.created_at, row.id))
 
     async def lock(self, operation_ids: Iterable[str]) -> Locked:
         """Lock the operations' mandates, then the operations (Ledger.lock_operation's order)."""
@@ -81,7 +87,7 @@ class BatchLedger:
                 .distinct()
             )
         ).scalars()
-        locked_mandates: dict[str, Record] = {}
+        locked_mandates: dict[str, MandateRecord] = {}
         wanted = sorted(mandate_ids)
         if wanted:
             rows = await self.conn.execute(
@@ -90,14 +96,14 @@ class BatchLedger:
                 .order_by(mandates.c.mandate_id)
                 .with_for_update()
             )
-            locked_mandates = {row.mandate_id: row for row in rows}
+            locked_mandates = {row.mandate_id: MandateRecord.of(row) for row in rows}
         rows = await self.conn.execute(
             select(operations)
             .where(operations.c.operation_id.in_(ids))
             .order_by(operations.c.operation_id)
             .with_for_update()
         )
-        return Locked({row.operation_id: row for row in rows}, locked_mandates)
+        return Locked({row.operation_id: OperationRecord.of(row) for row in rows}, locked_mandates)
 
     async def leases_held(self, row_ids: Iterable[int], owner: str, now: datetime) -> set[int]:
         """Lock the outbox rows; the ones `owner` still holds an unexpired lease on."""
@@ -315,7 +321,7 @@ class BatchLedger:
 
     async def idempotency_records(
         self, keys: Iterable[tuple[str, str, str]]
-    ) -> dict[tuple[str, str, str], Record]:
+    ) -> dict[tuple[str, str, str], IdempotencyRecord]:
         """The records of (actor, route, idempotency key) triples that have one."""
         wanted = sorted(set(keys))
         rows = await self.conn.execute(
@@ -327,13 +333,15 @@ class BatchLedger:
                 ).in_(wanted)
             )
         )
-        return {(row.actor, row.route, row.idempotency_key): row for row in rows}
+        return {
+            (row.actor, row.route, row.idempotency_key): IdempotencyRecord.of(row) for row in rows
+        }
 
-    async def operations(self, operation_ids: Iterable[str]) -> dict[str, Record]:
+    async def operations(self, operation_ids: Iterable[str]) -> dict[str, OperationRecord]:
         rows = await self.conn.execute(
             select(operations).where(operations.c.operation_id.in_(sorted(set(operation_ids))))
         )
-        return {row.operation_id: row for row in rows}
+        return {row.operation_id: OperationRecord.of(row) for row in rows}
 
     async def claim_and_accept(
         self, accepted: Sequence[tuple[Mapping[str, Any], str]], reason: str, now: datetime

@@ -14,16 +14,28 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from sqlalchemy import Insert, bindparam, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import NextAction, State
+from intentledger.store.records import (
+    ApiKeyRecord,
+    AttemptRecord,
+    CardRecord,
+    DecisionRecord,
+    IdempotencyRecord,
+    MandateRecord,
+    ObservationWithDetailRecord,
+    OperationRecord,
+    OutboxRecord,
+    TimelineRecord,
+    TransitionRecord,
+)
 from intentledger.store.tables import (
     Json,
-    Record,
     api_keys,
     attempts,
     cards,
@@ -107,19 +119,35 @@ class Rows:
 class Loaded:
     """An operation as a unit of work loads it, locked, with what its rules read."""
 
-    operation: Record
+    operation: OperationRecord
     # Its attempts, by number.
-    attempts: Sequence[Record]
+    attempts: Sequence[AttemptRecord]
     # What the evidence funnel reads of its observations (`evidence_rows`), oldest
     # first; None unless asked for.
-    evidence: Sequence[Record] | None
+    evidence: Sequence[EvidenceRow] | None
     # Whether the delivering outbox row is still leased to its owner (True when
     # no row was named).
     lease_held: bool
 
     @property
-    def last_attempt(self) -> Record | None:
+    def last_attempt(self) -> AttemptRecord | None:
         return self.attempts[-1] if self.attempts else None
+
+
+class KeyHolder(NamedTuple):
+    """Who a live API key speaks for."""
+
+    actor: str
+    is_operator: bool
+
+
+class EvidenceRow(NamedTuple):
+    """What the evidence funnel reads of an observation."""
+
+    kind: str
+    attempt_number: int | None
+    verdict: str | None
+    provider_reference: str | None
 
 
 class ConcurrentUpdate(RuntimeError):
@@ -144,13 +172,14 @@ class Ledger:
 
     # -- auth ---------------------------------------------------------------
 
-    async def find_api_key(self, token_hash: str) -> Record | None:
+    async def find_api_key(self, token_hash: str) -> KeyHolder | None:
         result = await self.conn.execute(
             select(api_keys.c.actor, api_keys.c.is_operator).where(
                 api_keys.c.token_hash == token_hash, api_keys.c.revoked_at.is_(None)
             )
         )
-        return result.first()
+        found = result.first()
+        return None if found is None else KeyHolder(*found)
 
     async def add_api_key(
         self, token_hash: str, actor: str, is_operator: bool, now: datetime
@@ -162,25 +191,25 @@ class Ledger:
         )
         return int(result.inserted_primary_key[0])  # type: ignore[index]
 
-    async def api_keys(self) -> Sequence[Record]:
+    async def api_keys(self) -> list[ApiKeyRecord]:
         result = await self.conn.execute(select(api_keys).order_by(api_keys.c.id))
-        return result.all()
+        return [ApiKeyRecord.of(row) for row in result]
 
-    async def revoke_api_key(self, key_id: int, now: datetime) -> Record | None:
+    async def revoke_api_key(self, key_id: int, now: datetime) -> ApiKeyRecord | None:
         """Revoke a key (once); the key's row, or None if there is no such key."""
         await self.conn.execute(
             update(api_keys)
             .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
             .values(revoked_at=now)
         )
-        found: Record | None = (
-            await self.conn.execute(select(api_keys).where(api_keys.c.id == key_id))
-        ).first()
-        return found
+        found = (await self.conn.execute(select(api_keys).where(api_keys.c.id == key_id))).first()
+        return None if found is None else ApiKeyRecord.of(found)
 
     # -- intake -------------------------------------------------------------
 
-    async def find_idempotency_record(self, actor: str, route: str, key: str) -> Record | None:
+    async def find_idempotency_record(
+        self, actor: str, route: str, key: str
+    ) -> IdempotencyRecord | None:
         result = await self.conn.execute(
             select(
                 idempotency_records.c.request_hash,
@@ -193,7 +222,8 @@ class Ledger:
                 idempotency_records.c.idempotency_key == key,
             )
         )
-        return result.first()
+        found = result.first()
+        return None if found is None else IdempotencyRecord(actor, route, key, *found)
 
     # Built once: `insert(operations).values(**row)` per call made ~20 bind
     # parameters and a cache key every time before the compiled form was found.
@@ -260,13 +290,16 @@ class Ledger:
 
     # -- operations ---------------------------------------------------------
 
-    async def get_operation(self, operation_id: str, *, for_update: bool = False) -> Record | None:
+    async def get_operation(
+        self, operation_id: str, *, for_update: bool = False
+    ) -> OperationRecord | None:
         query = select(operations).where(operations.c.operation_id == operation_id)
         if for_update:
             query = query.with_for_update()
-        return (await self.conn.execute(query)).first()
+        found = (await self.conn.execute(query)).first()
+        return None if found is None else OperationRecord.of(found)
 
-    async def lock_operation(self, operation_id: str) -> Record | None:
+    async def lock_operation(self, operation_id: str) -> OperationRecord | None:
         """Lock an operation for a state change: its mandate first, then the row.
 
         Every writer takes row locks in one order, mandate -> operation -> outbox
@@ -400,14 +433,15 @@ class Ledger:
     async def add_attempt(self, **values: Any) -> None:
         await self.conn.execute(insert(attempts).values(**values))
 
-    async def last_attempt(self, operation_id: str) -> Record | None:
+    async def last_attempt(self, operation_id: str) -> AttemptRecord | None:
         result = await self.conn.execute(
             select(attempts)
             .where(attempts.c.operation_id == operation_id)
             .order_by(attempts.c.number.desc())
             .limit(1)
         )
-        return result.first()
+        found = result.first()
+        return None if found is None else AttemptRecord.of(found)
 
     async def first_use_of_key(self, operation_id: str, key: str) -> datetime:
         """When `key` was first sent: a key's age never restarts on a replay."""
@@ -422,7 +456,7 @@ class Ledger:
             raise LookupError(f"{operation_id} never sent key {key!r}")
         return first if first.tzinfo else first.replace(tzinfo=UTC)
 
-    async def evidence_rows(self, operation_id: str) -> Sequence[Record]:
+    async def evidence_rows(self, operation_id: str) -> list[EvidenceRow]:
         """What the evidence funnel reads of an operation's observations."""
         result = await self.conn.execute(
             select(
@@ -434,59 +468,61 @@ class Ledger:
             .where(observations.c.operation_id == operation_id)
             .order_by(observations.c.id)
         )
-        return result.all()
+        return [EvidenceRow(*row) for row in result]
 
-    async def observations_of_kind(self, operation_id: str, kind: str) -> Sequence[Record]:
+    async def observations_of_kind(
+        self, operation_id: str, kind: str
+    ) -> list[ObservationWithDetailRecord]:
         read = observations_with_detail
         result = await self.conn.execute(
             select(read)
             .where(read.c.operation_id == operation_id, read.c.kind == kind)
             .order_by(read.c.id)
         )
-        return result.all()
+        return [ObservationWithDetailRecord.of(row) for row in result]
 
-    async def latest_decision(self, operation_id: str) -> Record | None:
+    async def latest_decision(self, operation_id: str) -> DecisionRecord | None:
         result = await self.conn.execute(
             select(decisions)
             .where(decisions.c.operation_id == operation_id)
             .order_by(decisions.c.id.desc())
             .limit(1)
         )
-        latest: Record | None = result.first()
-        return latest
+        latest = result.first()
+        return None if latest is None else DecisionRecord.of(latest)
 
-    async def refunds_of(self, payment_id: str) -> Sequence[Record]:
+    async def refunds_of(self, payment_id: str) -> list[OperationRecord]:
         """The payment's refund operations, oldest first."""
         result = await self.conn.execute(
             select(operations)
             .where(operations.c.parent_operation_id == payment_id)
             .order_by(operations.c.created_at, operations.c.operation_id)
         )
-        return result.all()
+        return [OperationRecord.of(row) for row in result]
 
-    async def attempts_of(self, operation_id: str) -> Sequence[Record]:
+    async def attempts_of(self, operation_id: str) -> list[AttemptRecord]:
         result = await self.conn.execute(
             select(attempts)
             .where(attempts.c.operation_id == operation_id)
             .order_by(attempts.c.number)
         )
-        return result.all()
+        return [AttemptRecord.of(row) for row in result]
 
-    async def submit_results_of(self, operation_id: str) -> Sequence[Record]:
+    async def submit_results_of(self, operation_id: str) -> list[ObservationWithDetailRecord]:
         return await self.observations_of_kind(operation_id, "submit_result")
 
-    async def events_of(self, operation_id: str) -> list[tuple[str, Record]]:
+    async def events_of(self, operation_id: str) -> list[tuple[str, TimelineRecord]]:
         """Transitions, observations and decisions, each tagged with its type."""
-        tagged: list[tuple[str, Record]] = []
-        for kind, table in (
-            ("transition", transitions),
-            ("observation", observations_with_detail),
-            ("decision", decisions),
+        tagged: list[tuple[str, TimelineRecord]] = []
+        for kind, table, record in (
+            ("transition", transitions, TransitionRecord),
+            ("observation", observations_with_detail, ObservationWithDetailRecord),
+            ("decision", decisions, DecisionRecord),
         ):
             rows = await self.conn.execute(
                 select(table).where(table.c.operation_id == operation_id).order_by(table.c.id)
             )
-            tagged.extend((kind, row) for row in rows)
+            tagged.extend((kind, record.of(row)) for row in rows)
         return tagged
 
     # -- outbox -------------------------------------------------------------
@@ -515,13 +551,13 @@ class Ledger:
         )
         return int(result.inserted_primary_key[0])  # type: ignore[index]
 
-    async def get_outbox_row(self, row_id: int) -> Record | None:
-        found: Record | None = (
-            await self.conn.execute(select(outbox).where(outbox.c.id == row_id))
-        ).first()
-        return found
+    async def get_outbox_row(self, row_id: int) -> OutboxRecord | None:
+        found = (await self.conn.execute(select(outbox).where(outbox.c.id == row_id))).first()
+        return None if found is None else OutboxRecord.of(found)
 
-    async def claim_outbox_row(self, now: datetime, lease: timedelta, owner: str) -> Record | None:
+    async def claim_outbox_row(
+        self, now: datetime, lease: timedelta, owner: str
+    ) -> OutboxRecord | None:
         """Lease one due row. Its due time moves to the lease's end, so if the
         holder dies the row falls due again by itself (at-least-once delivery)."""
         due = (
@@ -542,8 +578,8 @@ class Ledger:
             )
             .returning(outbox)
         )
-        claimed: Record | None = result.first()
-        return claimed
+        claimed = result.first()
+        return None if claimed is None else OutboxRecord.of(claimed)
 
     async def holds_lease(self, row_id: int, owner: str, now: datetime) -> bool:
         """Lock the row and tell whether `owner` still holds an unexpired lease on it."""
@@ -577,7 +613,7 @@ class Ledger:
             .values(done_at=now)
         )
 
-    async def lookups_of(self, operation_id: str) -> Sequence[Record]:
+    async def lookups_of(self, operation_id: str) -> list[ObservationWithDetailRecord]:
         return await self.observations_of_kind(operation_id, "lookup_result")
 
     async def stale_submitting(self, cutoff: datetime, limit: int) -> list[str]:
@@ -593,12 +629,12 @@ class Ledger:
     async def insert_card(self, **values: Any) -> None:
         await self.conn.execute(insert(cards).values(**values))
 
-    async def get_card(self, card_id: str, *, for_update: bool = False) -> Record | None:
+    async def get_card(self, card_id: str, *, for_update: bool = False) -> CardRecord | None:
         query = select(cards).where(cards.c.card_id == card_id)
         if for_update:
             query = query.with_for_update()
-        found: Record | None = (await self.conn.execute(query)).first()
-        return found
+        found = (await self.conn.execute(query)).first()
+        return None if found is None else CardRecord.of(found)
 
     async def update_card(self, card_id: str, now: datetime, **values: Any) -> None:
         await self.conn.execute(
@@ -609,15 +645,15 @@ class Ledger:
 
     # -- mandates -------------------------------------------------------------
 
-    async def lock_mandate(self, mandate_id: str) -> Record | None:
+    async def lock_mandate(self, mandate_id: str) -> MandateRecord | None:
         query = select(mandates).where(mandates.c.mandate_id == mandate_id).with_for_update()
-        locked: Record | None = (await self.conn.execute(query)).first()
-        return locked
+        locked = (await self.conn.execute(query)).first()
+        return None if locked is None else MandateRecord.of(locked)
 
-    async def get_mandate(self, mandate_id: str) -> Record | None:
+    async def get_mandate(self, mandate_id: str) -> MandateRecord | None:
         query = select(mandates).where(mandates.c.mandate_id == mandate_id)
-        found: Record | None = (await self.conn.execute(query)).first()
-        return found
+        found = (await self.conn.execute(query)).first()
+        return None if found is None else MandateRecord.of(found)
 
     async def insert_mandate(self, **values: Any) -> None:
         await self.conn.execute(insert(mandates).values(**values))
@@ -639,7 +675,7 @@ class Ledger:
             spent=mandates.c.spent + shift.spent,
         )
 
-    async def accepted_under_mandate(self, mandate_id: str) -> Sequence[Record]:
+    async def accepted_under_mandate(self, mandate_id: str) -> list[OperationRecord]:
         """The mandate's payments not yet submitted, locked (after the mandate).
         Refunds of its payments are not among them: a suspension stops charges,
         not money going back."""
@@ -653,7 +689,7 @@ class Ledger:
             .order_by(operations.c.created_at)
             .with_for_update()
         )
-        return result.all()
+        return [OperationRecord.of(row) for row in result]
 
     async def submit_pending(self, operation_id: str) -> bool:
         """A submit outbox row of the operation not done yet: a call may be in flight."""

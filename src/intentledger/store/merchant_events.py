@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import Column, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from intentledger.store.records import WebhookEndpointRecord
 from intentledger.store.tables import (
-    Record,
     cards,
     mandates,
     merchant_events,
@@ -22,7 +22,7 @@ from intentledger.store.tables import (
 
 async def listening_endpoints(
     conn: AsyncConnection, actors: Iterable[str]
-) -> dict[str, list[Record]]:
+) -> dict[str, list[WebhookEndpointRecord]]:
     """The live endpoints of each of `actors` that has any."""
     wanted = sorted(set(actors))
     if not wanted:
@@ -32,30 +32,34 @@ async def listening_endpoints(
             webhook_endpoints.c.actor.in_(wanted), webhook_endpoints.c.deleted_at.is_(None)
         )
     )
-    found: dict[str, list[Record]] = {}
+    found: dict[str, list[WebhookEndpointRecord]] = {}
     for row in rows:
-        found.setdefault(row.actor, []).append(row)
+        found.setdefault(row.actor, []).append(WebhookEndpointRecord.of(row))
     return found
 
 
-async def endpoints_of_mandate_owner(conn: AsyncConnection, mandate_id: str) -> Sequence[Record]:
+async def endpoints_of_mandate_owner(
+    conn: AsyncConnection, mandate_id: str
+) -> list[WebhookEndpointRecord]:
     return await _endpoints_of_owner(conn, mandates.c.actor, mandates.c.mandate_id, mandate_id)
 
 
-async def endpoints_of_card_owner(conn: AsyncConnection, card_id: str) -> Sequence[Record]:
+async def endpoints_of_card_owner(
+    conn: AsyncConnection, card_id: str
+) -> list[WebhookEndpointRecord]:
     return await _endpoints_of_owner(conn, cards.c.actor, cards.c.card_id, card_id)
 
 
 async def _endpoints_of_owner(
     conn: AsyncConnection, owner: Column[Any], key: Column[Any], value: str
-) -> Sequence[Record]:
+) -> list[WebhookEndpointRecord]:
     """The live endpoints of whoever owns the mandate or card `value`, in one read."""
     result = await conn.execute(
         select(webhook_endpoints)
         .join(owner.table, owner == webhook_endpoints.c.actor)
         .where(key == value, webhook_endpoints.c.deleted_at.is_(None))
     )
-    return result.all()
+    return [WebhookEndpointRecord.of(row) for row in result]
 
 
 async def add_event(

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from intentledger.store.tables import Record, provider_events
+from intentledger.store.tables import provider_events
+
+
+class StoredEvent(NamedTuple):
+    """What became of an event stored before."""
+
+    disposition: str
+    operation_id: str | None
 
 
 async def store_once(
@@ -60,14 +67,14 @@ def _insert_once(dialect: str) -> Any:
     )
 
 
-async def stored_event(conn: AsyncConnection, provider: str, event_id: str) -> Record:
+async def stored_event(conn: AsyncConnection, provider: str, event_id: str) -> StoredEvent:
     """The disposition and operation of an event stored before."""
     result = await conn.execute(
         select(provider_events.c.disposition, provider_events.c.operation_id)
         .where(provider_events.c.provider == provider)
         .where(provider_events.c.event_id == event_id)
     )
-    return result.one()
+    return StoredEvent(*result.one())
 
 
 async def set_disposition(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     ColumnElement,
@@ -44,6 +44,13 @@ from intentledger.store.tables import (
 )
 
 _FINAL = [state.value for state in FINAL]
+
+
+class Candidate(NamedTuple):
+    """An operation chosen for reaping, with the request body it loses."""
+
+    operation_id: str
+    request_context: Any
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,7 @@ async def reap_batch(conn: AsyncConnection, now: datetime, cutoff: datetime, lim
     return await _reap(conn, chosen, now)
 
 
-async def lock_candidates(conn: AsyncConnection, cutoff: datetime, limit: int) -> list[Any]:
+async def lock_candidates(conn: AsyncConnection, cutoff: datetime, limit: int) -> list[Candidate]:
     query = (
         select(operations.c.operation_id, operations.c.request_context)
         .where(reapable(cutoff))
@@ -138,7 +145,7 @@ async def lock_candidates(conn: AsyncConnection, cutoff: datetime, limit: int) -
         # Without statistics SQLite picks the (state, updated_at) index and sorts
         # every settled operation, the reaped ones too, at every batch.
         query = query.with_hint(operations, "INDEXED BY ix_operations_reapable", "sqlite")
-    return list(await conn.execute(query))
+    return [Candidate(*row) for row in await conn.execute(query)]
 
 
 async def still_reapable(conn: AsyncConnection, ids: list[str], cutoff: datetime) -> set[str]:
@@ -150,7 +157,7 @@ async def still_reapable(conn: AsyncConnection, ids: list[str], cutoff: datetime
     return {row.operation_id for row in rows}
 
 
-async def _reap(conn: AsyncConnection, chosen: list[Any], now: datetime) -> Reaped:
+async def _reap(conn: AsyncConnection, chosen: list[Candidate], now: datetime) -> Reaped:
     ids = [row.operation_id for row in chosen]
     details = 0
     if conn.dialect.name != "postgresql":

@@ -26,7 +26,6 @@ from sqlalchemy import (
     Integer,
     Interval,
     MetaData,
-    Row,
     String,
     Table,
     Text,
@@ -481,6 +480,3 @@ webhook_attempts = Table(
     _timestamp("next_attempt_at", nullable=True),
     Index(None, "delivery_id", "id"),
 )
-
-# A row of any of the tables above, as the repository returns it.
-Record = Row[*tuple[Any, ...]]

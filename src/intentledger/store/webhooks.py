@@ -10,8 +10,12 @@ from typing import Any
 from sqlalchemy import and_, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from intentledger.store.records import (
+    ListedDeliveryRecord,
+    WebhookAttemptRecord,
+    WebhookEndpointRecord,
+)
 from intentledger.store.tables import (
-    Record,
     merchant_events,
     webhook_attempts,
     webhook_deliveries,
@@ -54,25 +58,25 @@ class WebhookStore:
     async def insert_endpoint(self, **values: Any) -> None:
         await self.conn.execute(insert(webhook_endpoints).values(**values))
 
-    async def endpoint_of(self, actor: str, endpoint_id: str) -> Record | None:
+    async def endpoint_of(self, actor: str, endpoint_id: str) -> WebhookEndpointRecord | None:
         """The actor's endpoint, deleted or not (its history stays readable);
         another actor's is as missing as one never made."""
         found = await self.endpoint_by_id(endpoint_id)
         return found if found is not None and found.actor == actor else None
 
-    async def endpoint_by_id(self, endpoint_id: str) -> Record | None:
+    async def endpoint_by_id(self, endpoint_id: str) -> WebhookEndpointRecord | None:
         """Deleted or not (an idempotent replay of a creation finds it so)."""
         query = select(webhook_endpoints).where(webhook_endpoints.c.endpoint_id == endpoint_id)
-        found: Record | None = (await self.conn.execute(query)).first()
-        return found
+        found = (await self.conn.execute(query)).first()
+        return None if found is None else WebhookEndpointRecord.of(found)
 
-    async def endpoints(self, actor: str) -> Sequence[Record]:
+    async def endpoints(self, actor: str) -> list[WebhookEndpointRecord]:
         result = await self.conn.execute(
             select(webhook_endpoints)
             .where(webhook_endpoints.c.actor == actor, webhook_endpoints.c.deleted_at.is_(None))
             .order_by(webhook_endpoints.c.created_at, webhook_endpoints.c.endpoint_id)
         )
-        return result.all()
+        return [WebhookEndpointRecord.of(row) for row in result]
 
     async def delete_endpoint(self, actor: str, endpoint_id: str, now: datetime) -> bool:
         """Stop the endpoint and cancel what it has not yet received; False if
@@ -113,7 +117,7 @@ class WebhookStore:
 
     async def deliveries(
         self, endpoint_id: str, limit: int, starting_after: int | None
-    ) -> Sequence[Record]:
+    ) -> list[ListedDeliveryRecord]:
         """Newest first, `limit` of them, older than delivery `starting_after`."""
         query = (
             select(
@@ -129,10 +133,12 @@ class WebhookStore:
         )
         if starting_after is not None:
             query = query.where(webhook_deliveries.c.id < starting_after)
-        return (await self.conn.execute(query)).all()
+        return [ListedDeliveryRecord.of(row) for row in await self.conn.execute(query)]
 
-    async def attempts_of(self, delivery_ids: Sequence[int]) -> dict[int, list[Record]]:
-        found: dict[int, list[Record]] = {i: [] for i in delivery_ids}
+    async def attempts_of(
+        self, delivery_ids: Sequence[int]
+    ) -> dict[int, list[WebhookAttemptRecord]]:
+        found: dict[int, list[WebhookAttemptRecord]] = {i: [] for i in delivery_ids}
         if not delivery_ids:
             return found
         rows = await self.conn.execute(
@@ -141,7 +147,7 @@ class WebhookStore:
             .order_by(webhook_attempts.c.id)
         )
         for row in rows:
-            found[row.delivery_id].append(row)
+            found[row.delivery_id].append(WebhookAttemptRecord.of(row))
         return found
 
     # -- the workers' side ------------------------------------------------------

@@ -21,9 +21,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from intentledger.domain.states import FINAL, NextAction, State
 from intentledger.domain.watching import Watch
 from intentledger.domain.work_queue import WAITING_STATES, Cursor, Need
+from intentledger.store.records import (
+    CardRecord,
+    MandateRecord,
+    MerchantEventRecord,
+    OperationRecord,
+    QueueRow,
+)
 from intentledger.store.tables import (
     WORK_QUEUE_PREDICATE,
-    Record,
     UTCDateTime,
     cards,
     mandates,
@@ -61,7 +67,7 @@ class QueueFilter:
 
 @dataclass(frozen=True)
 class QueuePage:
-    rows: Sequence[Record]
+    rows: Sequence[QueueRow]
     # Where the next page starts; None on the last page.
     next_cursor: Cursor | None
     counts: dict[Need, int]
@@ -116,14 +122,15 @@ async def work_queue(
                 bindparam("after_operation_id", after.operation_id, type_=String()),
             )
         )
-    rows = list(
-        await conn.execute(
+    rows = [
+        QueueRow.of(row)
+        for row in await conn.execute(
             select(*QUEUE_COLUMNS)
             .where(*paged)
             .order_by(operations.c.created_at, operations.c.operation_id)
             .limit(page_size + 1)
         )
-    )
+    ]
     next_cursor = None
     if len(rows) > page_size:
         rows = rows[:page_size]
@@ -173,19 +180,19 @@ async def queue_providers(conn: AsyncConnection) -> list[str]:
     return [row.provider for row in rows]
 
 
-async def merchant_events_of(conn: AsyncConnection, object_id: str) -> Sequence[Record]:
+async def merchant_events_of(conn: AsyncConnection, object_id: str) -> list[MerchantEventRecord]:
     """The webhook events announced about one object (an operation, mandate, card)."""
     rows = await conn.execute(
         select(merchant_events)
         .where(merchant_events.c.object_id == object_id)
         .order_by(merchant_events.c.created_at, merchant_events.c.event_id)
     )
-    return list(rows)
+    return [MerchantEventRecord.of(row) for row in rows]
 
 
 async def open_operations_of_mandate(
     conn: AsyncConnection, mandate_id: str, limit: int
-) -> Sequence[Record]:
+) -> list[QueueRow]:
     """The mandate's operations without a final state, newest first: what its
     reservation is made of."""
     rows = await conn.execute(
@@ -197,12 +204,12 @@ async def open_operations_of_mandate(
         .order_by(operations.c.created_at.desc())
         .limit(limit)
     )
-    return list(rows)
+    return [QueueRow.of(row) for row in rows]
 
 
 async def list_mandates(
     conn: AsyncConnection, status: str | None, actor: str | None, after: str | None, limit: int
-) -> Sequence[Record]:
+) -> list[MandateRecord]:
     query = select(mandates).order_by(mandates.c.mandate_id).limit(limit)
     if status is not None:
         query = query.where(mandates.c.status == status)
@@ -210,7 +217,7 @@ async def list_mandates(
         query = query.where(mandates.c.actor == actor)
     if after is not None:
         query = query.where(mandates.c.mandate_id > after)
-    return list(await conn.execute(query))
+    return [MandateRecord.of(row) for row in await conn.execute(query)]
 
 
 async def list_cards(
@@ -219,7 +226,7 @@ async def list_cards(
     actor: str | None,
     after: str | None,
     limit: int,
-) -> Sequence[Record]:
+) -> list[CardRecord]:
     query = select(cards).order_by(cards.c.card_id).limit(limit)
     if indeterminate is not None:
         query = query.where(cards.c.indeterminate.is_(indeterminate))
@@ -227,12 +234,14 @@ async def list_cards(
         query = query.where(cards.c.actor == actor)
     if after is not None:
         query = query.where(cards.c.card_id > after)
-    return list(await conn.execute(query))
+    return [CardRecord.of(row) for row in await conn.execute(query)]
 
 
-async def recent_operations(conn: AsyncConnection, state: State | None, limit: int) -> list[Record]:
+async def recent_operations(
+    conn: AsyncConnection, state: State | None, limit: int
+) -> list[OperationRecord]:
     """Operations of every actor, newest first, optionally of one state."""
     query = select(operations).order_by(operations.c.created_at.desc()).limit(limit)
     if state is not None:
         query = query.where(operations.c.state == state)
-    return list((await conn.execute(query)).all())
+    return [OperationRecord.of(row) for row in await conn.execute(query)]
