@@ -242,3 +242,36 @@ async def test_claims_take_the_earliest_due_rows_up_to_the_limit(engine: AsyncEn
     async with engine.connect() as conn:
         leased = (await conn.execute(select(outbox.c.lease_owner, outbox.c.deliveries))).all()
     assert sorted(leased) == [("a", 1)] * 3 + [("b", 1)] * 2
+
+
+async def test_a_batch_of_a_success_and_a_decline_settles_as_one_shape_of_rows(
+    engine: AsyncEngine, sandbox: str, monkeypatch: Any
+) -> None:
+    """A success sets columns a decline does not (the reference it adopts, the
+    executions, the live keys): the batch still writes one set of columns, so
+    PostgreSQL settles it in one statement (`changes.alike`)."""
+    shapes: list[list[tuple[str, ...]]] = []
+    write = BatchLedger._write_changes
+
+    async def spy(self: BatchLedger, writes: Any, *args: Any, **kwargs: Any) -> None:
+        shapes.append(sorted({tuple(w.values) for w in writes}))
+        await write(self, writes, *args, **kwargs)
+
+    monkeypatch.setattr(BatchLedger, "_write_changes", spy)
+    clock = MovableClock()
+    ok = await accept(engine, clock, "pm_ok", key="ok")
+    declined = await accept(engine, clock, "pm_declined", key="declined")
+    await deliver_in_one_batch(make_worker(engine, sandbox, clock, worker="w"), 2)
+    begin, settle = shapes
+    assert len(begin) == 1 and len(settle) == 1, shapes
+    async with engine.connect() as conn:
+        ledger = Ledger(conn)
+        succeeded, failed = await ledger.get_operation(ok), await ledger.get_operation(declined)
+    assert succeeded is not None and failed is not None
+    assert (succeeded.outcome, failed.outcome) == ("succeeded", "failed")
+    assert succeeded.executed_references == [succeeded.provider_reference]
+    assert (failed.provider_reference, failed.executed_references, failed.live_keys) == (
+        None,
+        None,
+        0,
+    )

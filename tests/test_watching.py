@@ -320,3 +320,32 @@ def test_migration_0017_holds_every_live_key_and_gives_it_back_on_downgrade(
     upgrade(url)
     assert books() == (5 * AMOUNT, AMOUNT)
     engine.dispose()
+
+
+async def test_a_resolution_before_the_approved_key_is_sent_holds_one_key(
+    engine: AsyncEngine,
+) -> None:
+    """A person approves a new key, then resolves the payment before it is sent:
+    the key will never be sent, so only attempt 1's key stays held. (The
+    resolution's decision is planned beside the funnel's effect; the funnel must
+    read it as the latest, as it read it once it was written first.)"""
+    story = Story(engine)
+    keyed = mandates.Keyed("alice", mandates.CREATE_ROUTE, "md", "h")
+    limits = {"currency": "EUR", "max_amount": AMOUNT, "total_limit": 4 * AMOUNT}
+    mandate, _ = await mandates.create_mandate(engine, story.clock, keyed, limits)
+    op_id = await story.pay("pay-1", mandate.mandate_id)
+    await story.drain("lose_after")  # attempt 1 may have executed
+    await story.escalate(op_id)
+    await story.approve(op_id)  # key 2 authorised, not sent yet
+    op = await story.operation(op_id)
+    assert (op.next_action, op.live_keys) == (NextAction.RESUBMIT, 2)
+    async with engine.connect() as conn:
+        books_before = (await conn.execute(text("SELECT reserved, spent FROM mandates"))).one()
+    assert tuple(books_before) == (2 * AMOUNT, 0)
+    await story.resolve(op_id, Outcome.FAILED)
+    op = await story.operation(op_id)
+    assert op.state == State.OUTCOME_KNOWN
+    assert op.live_keys == 1
+    async with engine.connect() as conn:
+        books_after = (await conn.execute(text("SELECT reserved, spent FROM mandates"))).one()
+    assert tuple(books_after) == (AMOUNT, 0)

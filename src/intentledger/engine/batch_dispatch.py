@@ -145,7 +145,7 @@ async def _pre_submit(
         if beginning:
             await ledger.begin_attempts(
                 [attempt for attempt, _ in beginning],
-                [change.rows for _, change in beginning],
+                changes.alike([change for _, change in beginning]),
                 now,
             )
             await changes.follow(
@@ -239,6 +239,6 @@ async def _record_together(dispatcher: Dispatcher, sent: Sequence[Sent]) -> list
             settled.append(change)
             delivered.append(item.row.id)
         if settled:
-            await ledger.settle(observed, [change.rows for change in settled], delivered, now)
+            await ledger.settle(observed, changes.alike(settled), delivered, now)
             await changes.follow(Ledger(conn), settled, stage="settle")
     return rest

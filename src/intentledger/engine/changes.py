@@ -16,7 +16,7 @@ The store persists and loads; it never decides, renders or counts.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -151,6 +151,28 @@ def share_of(
         keys=field("live_keys"),
         watched=is_watched(field("watch")),
     )
+
+
+def alike(changes: Sequence[OperationChange]) -> list[OperationWrite]:
+    """The changes' rows with one set of columns, in one order, so a batch
+    writes them in one statement: a column one change sets and another does
+    not (a decline adopts no reference) is written by the other with the value
+    its record holds, unchanged under the lock it was planned with."""
+    columns = list(dict.fromkeys(name for change in changes for name in change.values))
+    rows = []
+    for change in changes:
+        values = change.values
+        current = None if len(values) == len(columns) else change.before.as_dict()
+        rows.append(
+            replace(
+                change.rows,
+                values={
+                    name: values[name] if current is None or name in values else current[name]
+                    for name in columns
+                },
+            )
+        )
+    return rows
 
 
 async def write(ledger: Ledger, change: OperationChange) -> None:
@@ -296,11 +318,18 @@ class Writes:
 
     def observe(self, **values: Any) -> Made:
         self.rows.observations.append(values)
-        return Made("observation", len(self.rows.observations) - 1)
+        return Made("observation", len(self.rows.observations) - 1, self.rows.save)
 
     def decide(self, **values: Any) -> Made:
+        for cited in values.get("inputs", {}).values():
+            self._unsaved(cited)
         self.rows.decisions.append(values)
-        return Made("decision", len(self.rows.decisions) - 1)
+        return Made("decision", len(self.rows.decisions) - 1, self.rows.save)
+
+    def _unsaved(self, cited: object) -> None:
+        """A `Made` id cited is one this save will make (an earlier save's
+        rows are written: cite the id that save made, not its placeholder)."""
+        assert not isinstance(cited, Made) or cited.save == self.rows.save, cited
 
     def attempt(self, **values: Any) -> None:
         self.rows.attempts.append(values)
@@ -321,6 +350,7 @@ class Writes:
                 "decision_id": decision,
             }
         )
+        self._unsaved(decision)
 
     def finish(self, outbox_row_id: int) -> None:
         self.rows.finished_outbox_rows.append(outbox_row_id)
@@ -329,7 +359,7 @@ class Writes:
         """Write what is planned (one store call), then what it touches; the
         planner starts empty again, for what a caller plans after."""
         rows, planned = self.rows, self.changes
-        self.rows, self.changes = Rows(), []
+        self.rows, self.changes = Rows(save=rows.save + 1), []
         if not rows:
             return
         await ledger.save(rows, self.now)

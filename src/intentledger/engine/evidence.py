@@ -29,7 +29,7 @@ from intentledger.domain.watching import Watch, settled_next_action
 from intentledger.engine import changes
 from intentledger.engine.refund_settlement import after_refund_settled
 from intentledger.engine.unknown import plan_unknown
-from intentledger.store.ledger import EvidenceRow, Ledger, Loaded, Made
+from intentledger.store.ledger import EvidenceRow, Ledger, Loaded, Made, Rows
 from intentledger.store.records import OperationRecord
 
 # Sends an operation without evidence to the safety review (the reconciler's).
@@ -39,13 +39,15 @@ Review = Callable[[Ledger, OperationRecord, datetime, str, str], Awaitable[None]
 async def facts_of(
     ledger: Ledger,
     operation: OperationRecord,
-    planned: Sequence[Mapping[str, Any]] = (),
+    planned: Rows | None = None,
     loaded: Loaded | None = None,
 ) -> Facts:
     """What the ledger knows about `operation`, read from its append-only rows
-    (`loaded` with them, or read now) and the observations this unit of work
-    `planned` (the newest, written with the effect: what the ledger will know
-    once it commits)."""
+    (`loaded` with them, or read now) and the observations and decisions this
+    unit of work `planned` (the newest, written with the effect: what the
+    ledger will know once it commits)."""
+    observations = planned.observations if planned is not None else ()
+    decisions = planned.decisions if planned is not None else ()
     answers: dict[int | None, tuple[Verdict, str | None]] = {}
     checks = audits = 0
     rows: list[Any] = list(
@@ -60,7 +62,7 @@ async def facts_of(
             values.get("verdict"),
             values.get("provider_reference"),
         )
-        for values in planned
+        for values in observations
         if values["operation_id"] == operation.operation_id
     ]
     for row in rows:
@@ -94,19 +96,30 @@ async def facts_of(
         # Only a settled operation's watching asks (an unresolved one is SUBMITTING).
         submit_in_flight=State(operation.state) in FINAL
         and await ledger.submit_pending(operation.operation_id),
-        authorised_keys=await authorised_keys(ledger, operation),
+        authorised_keys=await authorised_keys(ledger, operation, decisions),
     )
 
 
-async def authorised_keys(ledger: Ledger, operation: OperationRecord) -> frozenset[str]:
+async def authorised_keys(
+    ledger: Ledger, operation: OperationRecord, planned: Sequence[Mapping[str, Any]] = ()
+) -> frozenset[str]:
     """The key a decision authorised to be sent next (a new request, or a
-    same-key replay), while the operation waits to send it."""
+    same-key replay), while the operation waits to send it. The latest decision
+    is the newest this unit of work `planned` for it, if any (a person's
+    resolution supersedes an approval not yet sent), else the ledger's."""
     if operation.next_action != NextAction.RESUBMIT:
         return frozenset()
-    decision = await ledger.latest_decision(operation.operation_id)
-    if decision is None or decision.next_action != NextAction.RESUBMIT:
+    mine = [d for d in planned if d["operation_id"] == operation.operation_id]
+    if mine:
+        next_action, inputs = mine[-1]["next_action"], mine[-1]["inputs"]
+    else:
+        decision = await ledger.latest_decision(operation.operation_id)
+        if decision is None:
+            return frozenset()
+        next_action, inputs = decision.next_action, decision.inputs
+    if next_action != NextAction.RESUBMIT:
         return frozenset()
-    return frozenset({decision.inputs["provider_idempotency_key"]})
+    return frozenset({inputs["provider_idempotency_key"]})
 
 
 async def weigh(
@@ -126,7 +139,7 @@ async def weigh(
     `writes`: what the caller planned in this unit of work (its observation of
     the evidence, the outbox row done), saved with the effect in one store call;
     `loaded`: the operation's rows as the caller loaded them with its lock."""
-    facts = await facts_of(ledger, operation, writes.rows.observations if writes else (), loaded)
+    facts = await facts_of(ledger, operation, writes.rows if writes else None, loaded)
     effect = judge(facts, evidence, now, limits)
     await carry_out(
         ledger,

@@ -13,7 +13,6 @@ from typing import Any
 
 from intentledger.domain.states import NextAction, State
 from intentledger.engine import changes
-from intentledger.store.ledger import Ledger
 from intentledger.store.records import OperationRecord
 
 
@@ -43,18 +42,3 @@ def plan_unknown(
         )
     )
     planned.enqueue(operation.operation_id, "reconcile", check_at)
-
-
-async def mark_unknown(
-    ledger: Ledger,
-    operation: OperationRecord,
-    *,
-    now: datetime,
-    check_at: datetime,
-    reason: str,
-    source: str,
-    **fields: Any,
-) -> None:
-    planned = changes.Writes(now)
-    plan_unknown(planned, operation, check_at=check_at, reason=reason, source=source, **fields)
-    await planned.save(ledger)

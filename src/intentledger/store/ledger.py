@@ -85,6 +85,9 @@ class Made:
 
     kind: str  # "observation" | "decision"
     index: int
+    # Which save of its planner it belongs to: an id of an earlier save is
+    # never looked up in a later one.
+    save: int = 0
 
 
 @dataclass
@@ -101,6 +104,8 @@ class Rows:
     # Values of `enqueue`; `decision_id` may be a `Made` decision id.
     outbox: list[dict[str, Any]] = field(default_factory=list)
     finished_outbox_rows: list[int] = field(default_factory=list)
+    # The planner's count of saves before this one (`Made.save`).
+    save: int = 0
 
     def __bool__(self) -> bool:
         return any(
@@ -365,7 +370,7 @@ class Ledger:
         rows (citing the decisions' ids), finished outbox rows."""
         made: dict[Made, int] = {}
         for index, values in enumerate(rows.observations):
-            made[Made("observation", index)] = await self.add_observation(**values)
+            made[Made("observation", index, rows.save)] = await self.add_observation(**values)
         for index, values in enumerate(rows.decisions):
             inputs = values.get("inputs")
             if isinstance(inputs, dict):
@@ -373,7 +378,7 @@ class Ledger:
                     **values,
                     "inputs": {k: made[v] if isinstance(v, Made) else v for k, v in inputs.items()},
                 }
-            made[Made("decision", index)] = await self.add_decision(**values)
+            made[Made("decision", index, rows.save)] = await self.add_decision(**values)
         for attempt in rows.attempts:
             await self.add_attempt(**_resolved(attempt, made))
         for write in rows.changes:
