@@ -39,6 +39,7 @@ from intentledger.engine.operator import (
     require_text,
 )
 from intentledger.engine.refusal import Refusal
+from intentledger.store.intake import IntakeLedger
 from intentledger.store.ledger import Ledger
 
 REFUND_ROUTE = "POST /v1/payments/{id}/refunds"
@@ -198,8 +199,9 @@ async def refund_duplicate(
         reason=f"{action.by} refunds duplicate charge {charge}: {reason}",
         source=f"operator:{action.by}",
     )
-    await ledger.insert_intent(values, outbox_kind="submit", due_at=now)
-    await ledger.record_initial_transition(
-        values["operation_id"], now, f"refund of duplicate {charge}", f"operator:{action.by}"
+    # A person's remedy, not a request: no key of its own to claim (the
+    # operator's request, when keyed, claimed the operator's key).
+    await IntakeLedger(ledger.conn).accept_one(
+        values, f"operator:{action.by}", f"refund of duplicate {charge}", now
     )
     return f"refund {values['operation_id']} of duplicate charge {charge} accepted"

@@ -12,10 +12,9 @@ import re
 import secrets
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any
 
-from sqlalchemy import Insert, bindparam, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.cards import CARD_KINDS, status_after
@@ -56,6 +55,17 @@ def new_operation_id() -> str:
 
 # What new_operation_id makes: anything else names no operation of ours.
 OPERATION_ID = re.compile(r"op_[0-9a-f]{24}")
+
+
+def new_row_lease(due_at: datetime, hold: tuple[str, timedelta] | None) -> dict[str, Any]:
+    """A new outbox row's due time, lease owner and deliveries: due at `due_at`,
+    or with `hold=(owner, lease)` already leased to `owner`, which delivers it
+    (a synchronous write in the request path); if that process dies, the
+    lease runs out and the row falls due like any other."""
+    if hold is None:
+        return {"due_at": due_at, "lease_owner": None, "deliveries": 0}
+    owner, lease = hold
+    return {"due_at": due_at + lease, "lease_owner": owner, "deliveries": 1}
 
 
 class Ledger:
@@ -102,7 +112,7 @@ class Ledger:
         ).first()
         return found
 
-    # -- intake -------------------------------------------------------------
+    # -- idempotency records (intake's writes are store/intake.py) ------------
 
     async def find_idempotency_record(self, actor: str, route: str, key: str) -> Record | None:
         result = await self.conn.execute(
@@ -118,55 +128,6 @@ class Ledger:
             )
         )
         return result.first()
-
-    # Built once: `insert(operations).values(**row)` per call made ~20 bind
-    # parameters and a cache key every time before the compiled form was found.
-    _insert_operation: ClassVar[Insert] = insert(operations)
-
-    async def insert_intent(
-        self,
-        operation: Mapping[str, Any],
-        outbox_kind: str,
-        due_at: datetime,
-        hold: tuple[str, timedelta] | None = None,
-    ) -> int:
-        """The operation and its outbox row (the idempotency record came first)."""
-        await self.conn.execute(self._insert_operation, operation)
-        return await self.enqueue(
-            operation["operation_id"], outbox_kind, due_at, operation["created_at"], hold=hold
-        )
-
-    # Claim a key unless its record exists, on either database; RETURNING names
-    # the record only when this statement inserted it.
-    claim_key_statements: ClassVar[Mapping[str, Insert]] = {
-        "postgresql": postgresql.insert(idempotency_records)
-        .on_conflict_do_nothing(index_elements=list(idempotency_records.primary_key))
-        .returning(idempotency_records.c.resource_id),
-        "sqlite": sqlite.insert(idempotency_records)
-        .on_conflict_do_nothing(index_elements=list(idempotency_records.primary_key))
-        .returning(idempotency_records.c.resource_id),
-    }
-
-    async def claim_idempotency_key(
-        self, actor: str, route: str, key: str, request_hash: str, resource_id: str, now: datetime
-    ) -> bool:
-        """Write the key's record unless (actor, route, key) has one; True if
-        this call wrote it. On PostgreSQL an uncommitted record of a concurrent
-        transaction makes this wait for it: if it commits, nothing is written
-        (and a SELECT after this one sees that record); if it rolls back, ours is.
-        """
-        result = await self.conn.execute(
-            self.claim_key_statements[self.conn.dialect.name],
-            {
-                "actor": actor,
-                "route": route,
-                "idempotency_key": key,
-                "request_hash": request_hash,
-                "resource_id": resource_id,
-                "created_at": now,
-            },
-        )
-        return result.first() is not None
 
     async def add_idempotency_record(
         self, actor: str, route: str, key: str, request_hash: str, resource_id: str, now: datetime
@@ -257,24 +218,6 @@ class Ledger:
         ledger_events.flags_raised(self.conn, operation, fields)
         after = {**operation._mapping, "state": target, "next_action": next_action, **fields}
         await announcements.operation_changed(self, operation, after, now)
-
-    async def record_initial_transition(
-        self, operation_id: str, now: datetime, reason: str, source: str
-    ) -> None:
-        await self.conn.execute(
-            insert(transitions).values(
-                operation_id=operation_id,
-                at=now,
-                from_state=None,
-                to_state=State.ACCEPTED,
-                next_action=NextAction.SUBMIT,
-                reason=reason,
-                source=source,
-            )
-        )
-        ledger_events.transition(
-            self.conn, operation_id, None, State.ACCEPTED, NextAction.SUBMIT, reason
-        )
 
     # -- append-only companions --------------------------------------------
 
@@ -413,14 +356,11 @@ class Ledger:
         hold: tuple[str, timedelta] | None = None,
     ) -> int:
         """Add a delivery row; with `hold=(owner, lease)` it starts leased to `owner`."""
-        owner, lease = hold if hold is not None else (None, timedelta(0))
         result = await self.conn.execute(
             insert(outbox).values(
                 operation_id=operation_id,
                 kind=kind,
-                due_at=due_at + lease,
-                lease_owner=owner,
-                deliveries=0 if hold is None else 1,
+                **new_row_lease(due_at, hold),
                 decision_id=decision_id,
                 created_at=now,
             )
