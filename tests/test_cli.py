@@ -30,7 +30,7 @@ from intentledger.domain.states import NextAction, State
 from intentledger.engine import changes
 from intentledger.engine.api_keys import create_api_key, hash_token
 from intentledger.engine.clock import system_clock
-from intentledger.engine.intake import Intent, PaymentIntent, accept, accept_payment
+from intentledger.engine.intake import Intent, accept
 from intentledger.ports import free_port
 from intentledger.settings import Settings
 from intentledger.store.database import create_ledger_engine
@@ -215,10 +215,10 @@ async def _accept(database_url: str, amount: int, currency: str, actor: str = "d
     body = {"amount": amount, "currency": currency, "payment_method": "pm_ok", "metadata": {}}
     engine = create_ledger_engine(database_url)
     try:
-        accepted = await accept_payment(
+        accepted = await accept(
             engine,
             system_clock,
-            PaymentIntent(
+            Intent(
                 actor=actor,
                 route=PAYMENTS,
                 idempotency_key=f"k-{amount}-{currency}-{time.time_ns()}",

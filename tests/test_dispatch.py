@@ -14,8 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.retention import sandbox_policy
 from intentledger.domain.safety import SafetyRules
+from intentledger.engine import intake
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings
-from intentledger.engine.intake import PaymentIntent, accept_payment
+from intentledger.engine.intake import Intent
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.worker import Worker
@@ -85,7 +86,7 @@ async def accept(
     engine: AsyncEngine, clock: Any, payment_method: str, key: str | None = None
 ) -> str:
     body = {"amount": 500, "currency": "EUR", "payment_method": payment_method, "metadata": {}}
-    intent = PaymentIntent(
+    intent = Intent(
         actor="alice",
         route=ROUTE,
         idempotency_key=key or f"key-{payment_method}-{time.time_ns()}",
@@ -93,7 +94,7 @@ async def accept(
         body=body,
         provider="sandbox",
     )
-    result = await accept_payment(engine, clock, intent)
+    result = await intake.accept(engine, clock, intent)
     return str(result.operation["operation_id"])
 
 

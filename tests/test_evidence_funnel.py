@@ -22,7 +22,7 @@ from intentledger.domain.canonical import request_hash
 from intentledger.domain.safety import SafetyRules
 from intentledger.domain.states import NextAction, Outcome, State
 from intentledger.engine import batch_dispatch, mandates, operator
-from intentledger.engine.intake import PaymentIntent, accept_payment
+from intentledger.engine.intake import Intent, accept
 from intentledger.engine.operator import OperatorAction
 from intentledger.store.batches import BatchLedger
 from intentledger.store.ledger import Ledger
@@ -62,8 +62,8 @@ async def pay_under(scene: Scene, mandate_id: str, key: str, amount: int = AMOUN
         "metadata": {},
         "mandate_id": mandate_id,
     }
-    intent = PaymentIntent("ana", ROUTE, key, request_hash("ana", ROUTE, body), body, "sandbox")
-    return str((await accept_payment(scene.engine, scene.clock, intent)).operation["operation_id"])
+    intent = Intent("ana", ROUTE, key, request_hash("ana", ROUTE, body), body, "sandbox")
+    return str((await accept(scene.engine, scene.clock, intent)).operation["operation_id"])
 
 
 async def books(scene: Scene, mandate_id: str) -> tuple[int, int]:

@@ -19,8 +19,8 @@ from intentledger.engine.clock import system_clock
 from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.intake import IntakeResult, Intent, accept, operation_values
 from intentledger.engine.refusal import IdempotencyKeyReused
-from intentledger.store.batches import ACCEPT_GROUP_COLUMNS
 from intentledger.store.group_statement import GroupStatement, group_statement_for
+from intentledger.store.intake import ACCEPT_GROUP_COLUMNS
 from intentledger.store.tables import idempotency_records, operations, outbox, transitions
 
 ROUTE = "POST /v1/payments"
@@ -204,7 +204,7 @@ async def test_on_postgresql_a_group_is_one_autocommitted_statement(
     results = await asyncio.gather(*(groups.accept(intent(f"k{n}")) for n in range(20)))
     assert not any(r.replayed for r in results)
     assert len(on_group_connection) == 1 and on_group_connection[0][1] is True
-    # Migration 0015's function: its plan is kept per server connection.
+    # Migration 0019's function: its plan is kept per server connection.
     assert "intentledger_accept_group(" in on_group_connection[0][0]
     assert on_ledger == []  # no BEGIN, no COMMIT, no pre-ping: the statement alone
     assert groups_committed() - before == 1  # and it was counted
@@ -288,8 +288,7 @@ async def test_a_group_that_committed_and_then_failed_answers_each_request_as_ne
 
 
 def test_the_group_function_takes_every_column_intake_writes() -> None:
-    """Migration 0015's function lists the operation columns it writes; a column
+    """Migration 0019's function lists the operation columns it writes; a column
     added to `operation_values` without a migration that replaces the function
-    would take the inline statement instead (correct, not kept planned): this
-    says so before it ships."""
+    would be refused by the writer: this says so before it ships."""
     assert tuple(operation_values(intent("k"), system_clock())) == ACCEPT_GROUP_COLUMNS

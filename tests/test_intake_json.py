@@ -14,7 +14,8 @@ from intentledger.api.app import AcceptedIntent
 from intentledger.documents import operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.engine.intake import Intent, operation_values
-from intentledger.store.batches import _json_rows, json_intake_rows
+from intentledger.store.batches import _json_rows
+from intentledger.store.intake import json_intake_rows
 
 ROUTE = "POST /v1/payments"
 # Any Unicode a validated request may carry (no lone surrogates: the canonical

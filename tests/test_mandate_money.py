@@ -12,7 +12,7 @@ from intentledger.domain.evidence import AUDIT_LOOKS
 from intentledger.domain.safety import SafetyRules
 from intentledger.domain.states import Outcome
 from intentledger.engine import mandates
-from intentledger.engine.intake import PaymentIntent, accept_payment
+from intentledger.engine.intake import Intent, accept
 from intentledger.engine.operator import OperatorAction, perform, resolve
 from intentledger.store.ledger import Ledger
 from tests.test_dispatch import MovableClock, make_worker, operation
@@ -28,10 +28,8 @@ async def pay(engine: AsyncEngine, clock: Any, mandate_id: str, method: str, amo
         "metadata": {},
         "mandate_id": mandate_id,
     }
-    intent = PaymentIntent(
-        "ana", ROUTE, f"k-{method}", request_hash("ana", ROUTE, body), body, "sandbox"
-    )
-    return str((await accept_payment(engine, clock, intent)).operation["operation_id"])
+    intent = Intent("ana", ROUTE, f"k-{method}", request_hash("ana", ROUTE, body), body, "sandbox")
+    return str((await accept(engine, clock, intent)).operation["operation_id"])
 
 
 async def books(engine: AsyncEngine, mandate_id: str) -> tuple[int, int]:

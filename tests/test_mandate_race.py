@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.canonical import request_hash
 from intentledger.engine import mandates
-from intentledger.engine.intake import PaymentIntent, accept_payment
+from intentledger.engine.intake import Intent, accept
 from intentledger.store.tables import mandates as mandates_table
 from intentledger.store.tables import operations, transitions
 from tests.test_dispatch import make_worker
@@ -42,10 +42,10 @@ async def queue_payments(engine: AsyncEngine, mandate_id: str, trial: int) -> li
             "metadata": {},
             "mandate_id": mandate_id,
         }
-        intent = PaymentIntent(
+        intent = Intent(
             "racer", ROUTE, f"t{trial}-p{n}", request_hash("racer", ROUTE, body), body, "sandbox"
         )
-        ids.append(str((await accept_payment(engine, clock, intent)).operation["operation_id"]))
+        ids.append(str((await accept(engine, clock, intent)).operation["operation_id"]))
     return ids
 
 

@@ -83,25 +83,36 @@ def test_the_sweeper_and_the_lease_must_outlast_every_provider_call() -> None:
     assert Settings(submit_timeout="3s").request_path_timeout == timedelta(seconds=3)
 
 
-def test_migration_0015_makes_the_group_function_on_postgresql_and_takes_it_away(
+def test_migrations_0015_and_0019_make_the_group_function_on_postgresql_and_take_it_away(
     backend: str, databases: Databases
 ) -> None:
+    """0015 made intake's group function; 0019 replaced it by intake's one writer."""
     url = databases.create(backend)
     engine = create_sync_engine(url)
+    first = "intentledger_accept_group(jsonb, timestamptz, text, text, text, text)"
+    writer = (
+        "intentledger_accept_group(jsonb, timestamptz, text, text, text, text, "
+        "boolean, timestamptz, text, integer)"
+    )
 
-    def has_function() -> bool:
+    def functions() -> set[str]:
         if backend != "postgresql":
-            return False
+            return set()
         with engine.connect() as conn:
-            found = conn.execute(
-                text("SELECT to_regprocedure(:name) IS NOT NULL"),
-                {"name": "intentledger_accept_group(jsonb, timestamptz, text, text, text, text)"},
-            )
-            return bool(found.scalar_one())
+            return {
+                name
+                for name in (first, writer)
+                if conn.execute(
+                    text("SELECT to_regprocedure(:name) IS NOT NULL"), {"name": name}
+                ).scalar_one()
+            }
 
-    assert has_function() == (backend == "postgresql")
+    on_postgresql = backend == "postgresql"
+    assert functions() == ({writer} if on_postgresql else set())
+    command.downgrade(alembic_config(url), "0018")
+    assert functions() == ({first} if on_postgresql else set())
     command.downgrade(alembic_config(url), "0014")
-    assert not has_function()
+    assert functions() == set()
     upgrade(url)
-    assert has_function() == (backend == "postgresql")
+    assert functions() == ({writer} if on_postgresql else set())
     engine.dispose()

@@ -78,9 +78,9 @@ from intentledger.domain.safety import SafetyRules, replay_bound
 from intentledger.domain.states import UNRESOLVED, Outcome, State
 from intentledger.domain.transport import ChargeSeen, LookupAnswer, ProviderAnswer
 from intentledger.domain.watching import is_watched
-from intentledger.engine import mandates, operator
+from intentledger.engine import intake, mandates, operator
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings, Submission
-from intentledger.engine.intake import PaymentIntent, accept_payment
+from intentledger.engine.intake import Intent
 from intentledger.engine.operator import ESCALATABLE, OperatorAction
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
@@ -776,10 +776,10 @@ class RecoveryModel(RuleBasedStateMachine):
                 "mandate_id": self.mandate_id,
             }
             route = "POST /v1/payments"
-            intent = PaymentIntent(
+            intent = Intent(
                 "alice", route, key, request_hash("alice", route, body), body, "sandbox"
             )
-            accepted = self.run(accept_payment(self.engine, self.clock, intent))
+            accepted = self.run(intake.accept(self.engine, self.clock, intent))
             self.operation_ids.append(str(accepted.operation["operation_id"]))
         else:
             self.operation_ids.append(self.run(accept(self.engine, self.clock, "pm_model", key)))

@@ -42,7 +42,7 @@ from intentledger.engine import queries
 from intentledger.engine.api_keys import Principal
 from intentledger.engine.clock import Clock
 from intentledger.engine.group_intake import IntakeGroups
-from intentledger.engine.intake import PaymentIntent
+from intentledger.engine.intake import Intent
 from intentledger.engine.sync_writes import SyncWriter
 from intentledger.providers.base import KINDS, WebhookReader
 from intentledger.web.auth import authenticate
@@ -101,7 +101,7 @@ async def create_payment(request: Request) -> JSONResponse:
     except ValidationError as exc:
         return invalid_body_response(request.url.path, exc.errors())
     body = payment.model_dump(mode="json", exclude_none=True)
-    intent = PaymentIntent(
+    intent = Intent(
         actor=principal.actor,
         route=PAYMENTS_ROUTE,
         idempotency_key=key,

@@ -1,19 +1,20 @@
 """Group commit for intake: concurrent payment intents share one transaction.
 
 Every intent still gets exactly the rows `accept()` writes — its idempotency
-record (claimed first), its ACCEPTED operation, its due outbox row and its first
-transition — and its request still answers only after the commit that made
-those rows durable. What changes is that one commit makes a whole group durable:
-while a group's transaction runs, the intents that arrive queue up and form the
-next group, so a busy process commits often-many intents per round trip and an
-idle one commits each intent at once.
+record (claimed first), its ACCEPTED operation, its due outbox row and its
+first transition, written by the same writer (store/intake.py) — and its
+request still answers only after the commit that made those rows durable.
+What changes is that one commit makes a whole group durable: while a group's
+transaction runs, the intents that arrive queue up and form the next group,
+so a busy process commits often-many intents per round trip and an idle one
+commits each intent at once.
 
-On PostgreSQL a group is one statement, which is a transaction by itself: given
-a `group_statement` (store/group_statement.py), it goes over that connection of
-its own in autocommit, one round trip where the pool's pre-ping, BEGIN, the
-statement and COMMIT were four. Retries among the group's intents are then
-judged on the ledger engine, after the commit, as any retry reads what
-committed before it.
+On PostgreSQL the writer is one statement, which is a transaction by itself:
+given a `group_statement` (store/group_statement.py), it goes over that
+connection of its own in autocommit, one round trip where the pool's
+pre-ping, BEGIN, the statement and COMMIT were four. Retries among the
+group's intents are then judged on the ledger engine, after the commit, as
+any retry reads what committed before it.
 
 Intents with work of their own inside the transaction (a mandate's reservation)
 take `accept()` itself. If a group's transaction fails, each of its intents is
@@ -47,8 +48,8 @@ from intentledger.engine.intake import (
 )
 from intentledger.engine.refusal import Refusal, replay_of
 from intentledger.observability import ledger_events
-from intentledger.store.batches import BatchLedger
 from intentledger.store.group_statement import GroupStatement
+from intentledger.store.intake import IntakeLedger
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +159,8 @@ class IntakeGroups:
         accepted = [(v, accepted_by(w.intent)) for w, v in zip(group, values, strict=True)]
         outcomes: dict[int, IntakeResult | BaseException] = {}
         statement = self.group_statement
-        if statement is not None and statement.takes(list(values[0])):
-            claimed = await statement.claim_and_accept(accepted, ACCEPTED_REASON, now)
+        if statement is not None:
+            claimed = await statement.accept_group(accepted, ACCEPTED_REASON, now)
             # Committed by the statement itself: counted now.
             ledger_events.transitions_committed(
                 None, State.ACCEPTED, len(claimed), "intake", group_size=len(group)
@@ -168,12 +169,16 @@ class IntakeGroups:
             if len(claimed) < len(group):
                 async with self.engine.connect() as conn:
                     await self._judge_retries(
-                        BatchLedger(conn), group, claimed, values, outcomes, now
+                        IntakeLedger(conn), group, claimed, values, outcomes, now
                     )
         else:
             async with self.engine.begin() as conn:
-                ledger = BatchLedger(conn)
-                claimed = await ledger.claim_and_accept(accepted, ACCEPTED_REASON, now)
+                ledger = IntakeLedger(conn)
+                claimed = await ledger.accept_group(accepted, ACCEPTED_REASON, now)
+                # The group is every intent in the transaction; the new ones made transitions.
+                ledger_events.transitions(
+                    conn, None, State.ACCEPTED, len(claimed), "intake", group_size=len(group)
+                )
                 self._new_intents(group, values, claimed, outcomes)
                 if len(claimed) < len(group):
                     await self._judge_retries(ledger, group, claimed, values, outcomes, now)
@@ -192,7 +197,7 @@ class IntakeGroups:
 
     @staticmethod
     async def _judge_retries(
-        ledger: BatchLedger,
+        ledger: IntakeLedger,
         group: list[_Waiting],
         claimed: set[str],
         values: list[dict[str, object]],
@@ -204,7 +209,7 @@ class IntakeGroups:
         retries = [
             w for w, v in zip(group, values, strict=True) if v["operation_id"] not in claimed
         ]
-        records = await ledger.idempotency_records(w.key for w in retries)
+        records = await ledger.idempotency_records([w.key for w in retries])
         originals: dict[int, str] = {}
         for waiting in retries:
             record = records.get(waiting.key)
@@ -217,7 +222,7 @@ class IntakeGroups:
                 )
             except Refusal as refusal:
                 outcomes[id(waiting)] = refusal
-        found = await ledger.operations(originals.values())
+        found = await ledger.operations(list(originals.values()))
         for waiting in retries:
             if id(waiting) in originals:
                 outcomes[id(waiting)] = IntakeResult(found[originals[id(waiting)]], replayed=True)

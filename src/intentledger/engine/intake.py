@@ -5,7 +5,11 @@ One transaction writes the idempotency record, the operation (ACCEPTED) and its
 outbox row. An equal retry returns the original operation; the same key with a
 different request is refused. The key is claimed first, by an INSERT that does
 nothing if the key has a record; a request that loses the race for its key
-becomes a replay or a conflict like any other retry (`claim_or_replay`).
+becomes a replay or a conflict like any other retry (`claim_or_replay`). Then
+the kind's own checks and writes (`Prepare`), then the rest of the intent's
+rows, written by intake's one writer (store/intake.py) as a group of one; a
+group of concurrent intents goes through the same writer
+(engine/group_intake.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from intentledger.engine.clock import Clock
 from intentledger.engine.mandates import reserve_for_payment
 from intentledger.engine.refusal import claim_or_replay
 from intentledger.observability import ledger_events
+from intentledger.store.intake import IntakeLedger
 from intentledger.store.ledger import Ledger, new_operation_id
 from intentledger.store.records import OperationRecord
 
@@ -40,9 +45,6 @@ class Intent:
     # How long an equal retry of this request's key replays (decision 0018).
     replay_window: timedelta = DEFAULT_REPLAY_WINDOW
 
-
-# Payments were the first kind of intent; the name stays for readability at call sites.
-PaymentIntent = Intent
 
 # Kind-specific checks and writes inside the intake transaction (a mandate's
 # reservation, a card's projection). Raising refuses the request: nothing is
@@ -89,6 +91,7 @@ def operation_values(intent: Intent, now: datetime) -> dict[str, Any]:
         "amount": intent.body.get("amount"),
         "currency": intent.body.get("currency"),
         "mandate_id": intent.body.get("mandate_id"),
+        "parent_operation_id": None,  # a refund's payment, set by its `Prepare`
         "version": 1,
         "duplicate_detected": False,
         "outcome_contradicted": False,
@@ -136,9 +139,8 @@ async def accept(
             assert operation is not None, "an idempotency record names its operation"
             return IntakeResult(operation, replayed=True)
         await prepare(ledger, now, values)
-        row_id = await ledger.insert_intent(values, outbox_kind="submit", due_at=now, hold=hold)
-        await ledger.record_initial_transition(
-            values["operation_id"], now, ACCEPTED_REASON, source=accepted_by(intent)
+        row_id = await IntakeLedger(conn).accept_one(
+            values, accepted_by(intent), ACCEPTED_REASON, now, hold=hold
         )
         ledger_events.transition(
             ledger.conn,
@@ -149,7 +151,3 @@ async def accept(
             ACCEPTED_REASON,
         )
         return IntakeResult(values, replayed=False, held_row_id=row_id if hold else None)
-
-
-async def accept_payment(engine: AsyncEngine, clock: Clock, intent: Intent) -> IntakeResult:
-    return await accept(engine, clock, intent)

@@ -41,6 +41,7 @@ from intentledger.engine.operator import (
 )
 from intentledger.engine.refusal import Refusal
 from intentledger.observability import ledger_events
+from intentledger.store.intake import IntakeLedger
 from intentledger.store.ledger import Ledger
 
 REFUND_ROUTE = "POST /v1/payments/{id}/refunds"
@@ -201,12 +202,11 @@ async def refund_duplicate(
         reason=f"{action.by} refunds duplicate charge {charge}: {reason}",
         source=f"operator:{action.by}",
     )
-    await ledger.insert_intent(values, outbox_kind="submit", due_at=now)
-    reason = f"refund of duplicate {charge}"
-    await ledger.record_initial_transition(
-        values["operation_id"], now, reason, f"operator:{action.by}"
-    )
+    # A person's remedy, not a request: no key of its own to claim (the
+    # operator's request, when keyed, claimed the operator's key).
+    accepted = f"refund of duplicate {charge}"
+    await IntakeLedger(ledger.conn).accept_one(values, f"operator:{action.by}", accepted, now)
     ledger_events.transition(
-        ledger.conn, values["operation_id"], None, State.ACCEPTED, NextAction.SUBMIT, reason
+        ledger.conn, values["operation_id"], None, State.ACCEPTED, NextAction.SUBMIT, accepted
     )
     return f"refund {values['operation_id']} of duplicate charge {charge} accepted"

@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from intentledger.domain.durations import format_duration
 from intentledger.domain.replay_window import replay_window_passed
+from intentledger.store.intake import IntakeLedger
 from intentledger.store.ledger import Ledger
 from intentledger.store.records import IdempotencyRecord
 
@@ -162,7 +163,15 @@ async def claim_or_replay(
     # Records are never deleted; the loop only guards against one vanishing
     # between the INSERT and the read, which would free the key again.
     for _ in range(_MAX_KEY_RACES):
-        if await ledger.claim_idempotency_key(actor, route, key, request_hash, resource_id, now):
+        record = {
+            "actor": actor,
+            "route": route,
+            "idempotency_key": key,
+            "request_hash": request_hash,
+            "resource_id": resource_id,
+            "created_at": now,
+        }
+        if await IntakeLedger(ledger.conn).claim_keys([record]):
             return None
         original = await find_replay(ledger, actor, route, key, request_hash, now, window)
         if original is not None:

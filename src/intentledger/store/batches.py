@@ -16,16 +16,13 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
-import orjson
-from sqlalchemy import Table, TextClause, bindparam, insert, select, text, tuple_, update
+from sqlalchemy import Table, TextClause, bindparam, insert, select, text, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import NextAction, State
-from intentledger.observability import ledger_events
 from intentledger.store.ledger import ConcurrentUpdate, Ledger, OperationWrite
 from intentledger.store.records import (
-    IdempotencyRecord,
     MandateRecord,
     OperationRecord,
     OutboxRecord,
@@ -33,7 +30,6 @@ from intentledger.store.records import (
 from intentledger.store.tables import (
     UTCDateTime,
     attempts,
-    idempotency_records,
     mandates,
     observation_details,
     observations,
@@ -310,164 +306,10 @@ class BatchLedger:
             ],
         )
 
-    # -- grouped intake -------------------------------------------------------
-
-    async def claim_keys(self, records: Sequence[Mapping[str, Any]]) -> set[str]:
-        """Write each idempotency record unless its key already has one (see
-        `Ledger.claim_idempotency_key`); the resource ids of the records written."""
-        statement = Ledger.claim_key_statements[self.conn.dialect.name]
-        result = await self.conn.execute(statement, list(records))
-        return {row.resource_id for row in result}
-
-    async def idempotency_records(
-        self, keys: Iterable[tuple[str, str, str]]
-    ) -> dict[tuple[str, str, str], IdempotencyRecord]:
-        """The records of (actor, route, idempotency key) triples that have one."""
-        wanted = sorted(set(keys))
-        rows = await self.conn.execute(
-            select(idempotency_records).where(
-                tuple_(
-                    idempotency_records.c.actor,
-                    idempotency_records.c.route,
-                    idempotency_records.c.idempotency_key,
-                ).in_(wanted)
-            )
-        )
-        return {
-            (row.actor, row.route, row.idempotency_key): IdempotencyRecord.of(row) for row in rows
-        }
-
-    async def operations(self, operation_ids: Iterable[str]) -> dict[str, OperationRecord]:
-        rows = await self.conn.execute(
-            select(operations).where(operations.c.operation_id.in_(sorted(set(operation_ids))))
-        )
-        return {row.operation_id: OperationRecord.of(row) for row in rows}
-
-    async def claim_and_accept(
-        self, accepted: Sequence[tuple[Mapping[str, Any], str]], reason: str, now: datetime
-    ) -> set[str]:
-        """For each (ACCEPTED operation row, source of its first transition): claim
-        its idempotency key (see `claim_keys`), and for the keys claimed write the
-        operation, its due submit row and its first transition, as `accept()`
-        does. The operation ids whose keys were claimed.
-
-        On PostgreSQL all of it is one statement: the group goes over as one JSON
-        parameter that the inserts read (`_claim_and_accept_sql`, or the same
-        statement in the function `intentledger_accept_group`). Four statements
-        per group, three of them pipelined executemany, were a quarter of an API
-        process's CPU (docs/benchmarks.md).
-        """
-        if not accepted:
-            return set()
-        if self.conn.dialect.name != "postgresql":
-            claimed = await self._claim_and_accept_stepwise(accepted, reason, now)
-        else:
-            claimed = await self._claim_and_accept_in_one_statement(accepted, reason, now)
-        # The group is every intent in the transaction; the new ones made transitions.
-        ledger_events.transitions(
-            self.conn, None, State.ACCEPTED, len(claimed), "intake", group_size=len(accepted)
-        )
-        return claimed
-
-    async def _claim_and_accept_in_one_statement(
-        self, accepted: Sequence[tuple[Mapping[str, Any], str]], reason: str, now: datetime
-    ) -> set[str]:
-        columns = tuple(accepted[0][0])
-        statement = (
-            _ACCEPT_GROUP_CALL
-            if columns == ACCEPT_GROUP_COLUMNS
-            else _claim_and_accept_sql(self.conn.dialect, columns)
-        )
-        result = await self.conn.execute(statement, accept_group_parameters(accepted, reason, now))
-        return {row.resource_id for row in result}
-
-    async def _claim_and_accept_stepwise(
-        self, accepted: Sequence[tuple[Mapping[str, Any], str]], reason: str, now: datetime
-    ) -> set[str]:
-        claimed = await self.claim_keys(
-            [
-                {
-                    "actor": row["actor"],
-                    "route": row["route"],
-                    "idempotency_key": row["idempotency_key"],
-                    "request_hash": row["request_hash"],
-                    "resource_id": row["operation_id"],
-                    "created_at": now,
-                }
-                # In key order: two processes claiming the same keys wait for
-                # each other in one order and cannot deadlock.
-                for row, _ in sorted(accepted, key=lambda pair: _key_of(pair[0]))
-            ]
-        )
-        new = [(row, source) for row, source in accepted if row["operation_id"] in claimed]
-        if new:
-            await self.insert_operations([row for row, _ in new])
-            await self.enqueue_submits([row["operation_id"] for row, _ in new], now)
-            await self.log_transitions(
-                [(row["operation_id"], reason, source) for row, source in new],
-                None,
-                State.ACCEPTED,
-                NextAction.SUBMIT,
-                now,
-            )
-        return claimed
-
-    async def insert_operations(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        await self.conn.execute(insert(operations), list(rows))
-
-    async def enqueue_submits(self, operation_ids: Sequence[str], now: datetime) -> None:
-        """A due `submit` row per operation, as `Ledger.enqueue` writes one."""
-        await self.conn.execute(
-            insert(outbox),
-            [
-                {
-                    "operation_id": operation_id,
-                    "kind": "submit",
-                    "due_at": now,
-                    "lease_owner": None,
-                    "deliveries": 0,
-                    "decision_id": None,
-                    "created_at": now,
-                }
-                for operation_id in operation_ids
-            ],
-        )
-
-
-# The column of intake's JSON rows that carries each first transition's source.
-TRANSITION_SOURCE = "transition_source"
-
 
 def _json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     """Rows as one JSON parameter, for `jsonb_to_recordset` to read back."""
     return json.dumps(rows, default=_json_instant, ensure_ascii=False)
-
-
-def json_intake_rows(rows: Sequence[Mapping[str, Any]]) -> str:
-    """`_json_rows` for intake's rows, by orjson: about a twelfth of the CPU.
-
-    Only for these: a validated request's values (integer amounts within 64
-    bits, strings, no floats). Elsewhere rows carry provider answers, where
-    orjson would refuse an integer beyond 64 bits and write NaN as null.
-    Instants still go through `_json_instant`, as in `_json_rows`."""
-    return orjson.dumps(
-        rows, default=_json_instant, option=orjson.OPT_PASSTHROUGH_DATETIME
-    ).decode()
-
-
-def accept_group_parameters(
-    accepted: Sequence[tuple[Mapping[str, Any], str]], reason: str, now: datetime
-) -> dict[str, Any]:
-    """The group statement's parameters, whichever connection sends it
-    (here, or store/group_statement.py): the rows with each transition's
-    source as one JSON value, the instant, the reason and the transition."""
-    rows = [{**row, TRANSITION_SOURCE: source} for row, source in accepted]
-    return {
-        "rows": json_intake_rows(rows),
-        "now": now,
-        "reason": reason,
-        **_states(None, State.ACCEPTED, NextAction.SUBMIT),
-    }
 
 
 def _json_instant(value: object) -> str:
@@ -492,87 +334,6 @@ def _record(dialect: Dialect, table: Table, columns: Iterable[str]) -> str:
     """A `jsonb_to_recordset` column list typed from `table`'s definition, so
     the rows are typed exactly as an INSERT of the same values would type them."""
     return ", ".join(f"{name} {table.c[name].type.compile(dialect=dialect)}" for name in columns)
-
-
-def _key_of(row: Mapping[str, Any]) -> tuple[str, str, str]:
-    return (row["actor"], row["route"], row["idempotency_key"])
-
-
-# The operation columns `intentledger_accept_group` (migration 0015) takes: what
-# `operation_values` writes. For these the group calls the function, whose plan
-# PostgreSQL keeps per server connection even when nothing is prepared (behind
-# a pooler); rows of other columns take the same statement inline.
-ACCEPT_GROUP_COLUMNS = (
-    "operation_id",
-    "idempotency_key",
-    "state",
-    "request_context",
-    "next_action",
-    "actor",
-    "route",
-    "kind",
-    "request_hash",
-    "provider",
-    "amount",
-    "currency",
-    "mandate_id",
-    "version",
-    "duplicate_detected",
-    "outcome_contradicted",
-    "created_at",
-    "updated_at",
-)
-_ACCEPT_GROUP_CALL = text(
-    "SELECT resource_id FROM intentledger_accept_group("
-    "CAST(:rows AS jsonb), :now, :from_state, :to_state, :next_action, :reason) AS resource_id"
-).bindparams(bindparam("now", type_=UTCDateTime()))
-
-
-@cache
-def _claim_and_accept_sql(dialect: Dialect, columns: tuple[str, ...]) -> TextClause:
-    """`claim_and_accept` on PostgreSQL as one statement, for rows with these columns.
-
-    The record's column types come from the table definition, so the rows are
-    typed exactly as an INSERT of the same values would type them. Keys are
-    claimed in key order (the same order in every process, so two groups
-    cannot deadlock on each other's keys); an uncommitted record of another
-    transaction makes the claim wait for it, as `Ledger.claim_idempotency_key`
-    does. Only rows whose key was claimed go on; the foreign keys of the outbox
-    rows and transitions are checked at the end of the statement, after every
-    insert in it.
-    """
-    record = _record(dialect, operations, columns)
-    names = ", ".join(columns)
-    sql = f"""
-        WITH accepted AS (
-            SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb))
-                AS r({record}, {TRANSITION_SOURCE} text)
-        ), claimed AS (
-            INSERT INTO idempotency_records
-                (actor, route, idempotency_key, request_hash, resource_id, created_at)
-            SELECT actor, route, idempotency_key, request_hash, operation_id, :now
-            FROM accepted
-            ORDER BY actor, route, idempotency_key
-            ON CONFLICT (actor, route, idempotency_key) DO NOTHING
-            RETURNING resource_id
-        ), new AS (
-            SELECT accepted.* FROM accepted
-            JOIN claimed ON claimed.resource_id = accepted.operation_id
-        ), new_operations AS (
-            INSERT INTO operations ({names}) SELECT {names} FROM new
-        ), new_outbox AS (
-            INSERT INTO outbox (operation_id, kind, due_at, deliveries, created_at)
-            SELECT operation_id, 'submit', :now, 0, :now FROM new
-        ), new_transitions AS (
-            INSERT INTO transitions
-                (operation_id, at, from_state, to_state, next_action, reason, source)
-            SELECT operation_id, :now, :from_state, :to_state, :next_action, :reason,
-                {TRANSITION_SOURCE}
-            FROM new
-        )
-        SELECT resource_id FROM claimed
-    """
-    return text(sql).bindparams(bindparam("now", type_=UTCDateTime()))
 
 
 # The column of the JSON rows of `_changes_sql` naming the version a change was planned from.

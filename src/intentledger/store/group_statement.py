@@ -1,12 +1,15 @@
 """Intake's group statement, on a psycopg connection of its own.
 
-On PostgreSQL a group of intents is one statement, migration 0015's
-`intentledger_accept_group`, and so a transaction by itself. Sent through
-SQLAlchemy it also paid for a pool checkout, a greenlet switch, an execution
-context and the result's wrapping: about a fifth of an API process's CPU per
-intent (docs/benchmarks.md step 25). An API process's one committer sends one
-group at a time (engine/group_intake.py), so one connection, kept open and in
-autocommit, is all it needs: one round trip per group, nothing else sent.
+A transport, not a second writer: it sends the call `IntakeLedger` sends
+(store/intake.py: the same function, migration 0019's
+`intentledger_accept_group`, with the same parameters), only over another
+connection. On PostgreSQL a group of intents is that one statement, and so a
+transaction by itself. Sent through SQLAlchemy it also paid for a pool
+checkout, a greenlet switch, an execution context and the result's wrapping:
+about a fifth of an API process's CPU per intent (docs/benchmarks.md step
+25). An API process's one committer sends one group at a time
+(engine/group_intake.py), so one connection, kept open and in autocommit, is
+all it needs: one round trip per group, nothing else sent.
 
 There is no pre-ping. A connection that fails its statement (the server
 restarted, a pooler dropped it) is closed and the error goes to the caller,
@@ -18,20 +21,16 @@ prepared, as on every other connection.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-from intentledger.store.batches import ACCEPT_GROUP_COLUMNS, accept_group_parameters
 from intentledger.store.database import Pooler, connect_args, dialect_of, libpq_url
+from intentledger.store.intake import Accepted, accept_group_call, accept_group_parameters
 
-_ACCEPT_GROUP = (
-    "SELECT resource_id FROM intentledger_accept_group("
-    "%(rows)s::jsonb, %(now)s, %(from_state)s, %(to_state)s, %(next_action)s, %(reason)s)"
-    " AS resource_id"
-)
+_ACCEPT_GROUP = accept_group_call("%({})s")
 
 
 class GroupStatement:
@@ -40,16 +39,11 @@ class GroupStatement:
         self._connect_args = connect_args(url, pooler)
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
-    @staticmethod
-    def takes(columns: Sequence[str]) -> bool:
-        """Whether operation rows of these columns fit the function."""
-        return tuple(columns) == ACCEPT_GROUP_COLUMNS
-
-    async def claim_and_accept(
-        self, accepted: Sequence[tuple[Mapping[str, Any], str]], reason: str, now: datetime
+    async def accept_group(
+        self, accepted: Sequence[Accepted], reason: str, now: datetime
     ) -> set[str]:
-        """`BatchLedger.claim_and_accept` for rows `takes()` fits, committed by
-        the statement itself: the operation ids whose keys were claimed."""
+        """`IntakeLedger.accept_group`, committed by the statement itself: the
+        operation ids whose keys were claimed."""
         parameters = accept_group_parameters(accepted, reason, now)
         conn = self._conn
         if conn is None or conn.closed:

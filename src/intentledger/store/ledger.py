@@ -14,13 +14,12 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
-from sqlalchemy import Insert, bindparam, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from intentledger.domain.states import NextAction, State
+from intentledger.domain.states import State
 from intentledger.store.records import (
     ApiKeyRecord,
     AttemptRecord,
@@ -167,6 +166,17 @@ def new_operation_id() -> str:
 OPERATION_ID = re.compile(r"op_[0-9a-f]{24}")
 
 
+def new_row_lease(due_at: datetime, hold: tuple[str, timedelta] | None) -> dict[str, Any]:
+    """A new outbox row's due time, lease owner and deliveries: due at `due_at`,
+    or with `hold=(owner, lease)` already leased to `owner`, which delivers it
+    (a synchronous write in the request path); if that process dies, the
+    lease runs out and the row falls due like any other."""
+    if hold is None:
+        return {"due_at": due_at, "lease_owner": None, "deliveries": 0}
+    owner, lease = hold
+    return {"due_at": due_at + lease, "lease_owner": owner, "deliveries": 1}
+
+
 class Ledger:
     def __init__(self, conn: AsyncConnection) -> None:
         self.conn = conn
@@ -210,7 +220,7 @@ class Ledger:
         found = (await self.conn.execute(select(api_keys).where(api_keys.c.id == key_id))).first()
         return None if found is None else ApiKeyRecord.of(found)
 
-    # -- intake -------------------------------------------------------------
+    # -- idempotency records (intake's writes are store/intake.py) ------------
 
     async def find_idempotency_record(
         self, actor: str, route: str, key: str
@@ -229,55 +239,6 @@ class Ledger:
         )
         found = result.first()
         return None if found is None else IdempotencyRecord(actor, route, key, *found)
-
-    # Built once: `insert(operations).values(**row)` per call made ~20 bind
-    # parameters and a cache key every time before the compiled form was found.
-    _insert_operation: ClassVar[Insert] = insert(operations)
-
-    async def insert_intent(
-        self,
-        operation: Mapping[str, Any],
-        outbox_kind: str,
-        due_at: datetime,
-        hold: tuple[str, timedelta] | None = None,
-    ) -> int:
-        """The operation and its outbox row (the idempotency record came first)."""
-        await self.conn.execute(self._insert_operation, operation)
-        return await self.enqueue(
-            operation["operation_id"], outbox_kind, due_at, operation["created_at"], hold=hold
-        )
-
-    # Claim a key unless its record exists, on either database; RETURNING names
-    # the record only when this statement inserted it.
-    claim_key_statements: ClassVar[Mapping[str, Insert]] = {
-        "postgresql": postgresql.insert(idempotency_records)
-        .on_conflict_do_nothing(index_elements=list(idempotency_records.primary_key))
-        .returning(idempotency_records.c.resource_id),
-        "sqlite": sqlite.insert(idempotency_records)
-        .on_conflict_do_nothing(index_elements=list(idempotency_records.primary_key))
-        .returning(idempotency_records.c.resource_id),
-    }
-
-    async def claim_idempotency_key(
-        self, actor: str, route: str, key: str, request_hash: str, resource_id: str, now: datetime
-    ) -> bool:
-        """Write the key's record unless (actor, route, key) has one; True if
-        this call wrote it. On PostgreSQL an uncommitted record of a concurrent
-        transaction makes this wait for it: if it commits, nothing is written
-        (and a SELECT after this one sees that record); if it rolls back, ours is.
-        """
-        result = await self.conn.execute(
-            self.claim_key_statements[self.conn.dialect.name],
-            {
-                "actor": actor,
-                "route": route,
-                "idempotency_key": key,
-                "request_hash": request_hash,
-                "resource_id": resource_id,
-                "created_at": now,
-            },
-        )
-        return result.first() is not None
 
     async def add_idempotency_record(
         self, actor: str, route: str, key: str, request_hash: str, resource_id: str, now: datetime
@@ -387,21 +348,6 @@ class Ledger:
             await self.enqueue(**_resolved(values, made))
         for row_id in rows.finished_outbox_rows:
             await self.finish_outbox_row(row_id, now)
-
-    async def record_initial_transition(
-        self, operation_id: str, now: datetime, reason: str, source: str
-    ) -> None:
-        await self.conn.execute(
-            insert(transitions).values(
-                operation_id=operation_id,
-                at=now,
-                from_state=None,
-                to_state=State.ACCEPTED,
-                next_action=NextAction.SUBMIT,
-                reason=reason,
-                source=source,
-            )
-        )
 
     # -- append-only companions --------------------------------------------
 
@@ -542,14 +488,11 @@ class Ledger:
         hold: tuple[str, timedelta] | None = None,
     ) -> int:
         """Add a delivery row; with `hold=(owner, lease)` it starts leased to `owner`."""
-        owner, lease = hold if hold is not None else (None, timedelta(0))
         result = await self.conn.execute(
             insert(outbox).values(
                 operation_id=operation_id,
                 kind=kind,
-                due_at=due_at + lease,
-                lease_owner=owner,
-                deliveries=0 if hold is None else 1,
+                **new_row_lease(due_at, hold),
                 decision_id=decision_id,
                 created_at=now,
             )

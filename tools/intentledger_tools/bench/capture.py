@@ -23,7 +23,7 @@ from intentledger.engine.intake import Intent, accept
 from intentledger.service import build_worker
 from intentledger.settings import Settings
 from intentledger.store.database import create_ledger_engine
-from intentledger.store.tables import outbox
+from intentledger.store.tables import idempotency_records, operations, outbox, transitions
 
 PAYMENTS_ROUTE = "POST /v1/payments"
 BENCH_ACTOR = "bench"
@@ -115,15 +115,20 @@ def recording(engine: AsyncEngine) -> Iterator[Recording]:
 
 @dataclass(frozen=True)
 class IntakeCapture:
-    """One `accept()`: the key claimed (INSERT ... ON CONFLICT DO NOTHING), then three INSERTs."""
+    """One `accept()`: the key claimed (INSERT ... ON CONFLICT DO NOTHING), then
+    intake's writer (store/intake.py; on PostgreSQL one call of its function)."""
 
     transaction: list[Statement]
     operation_id: str
     idempotency_key: str
+    # (table, column values) of each row the intake wrote, in the order it
+    # writes them, read back after the commit (the writer sends its rows as
+    # one JSON parameter, not as an INSERT per table).
+    rows: list[tuple[str, dict[str, Any]]]
 
     def insert_values(self) -> list[tuple[str, dict[str, Any]]]:
-        """(table, column values) of each INSERT, in the order the intake writes them."""
-        return [(s.table, s.params) for s in self.transaction if s.table is not None]
+        """(table, column values) of each row the intake wrote, in its order."""
+        return self.rows
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,29 @@ async def capture_intake(engine: AsyncEngine, key: str = "bench-capture-key") ->
         result = await accept(engine, system_clock, intent)
     if len(rec.transactions) != 1:
         raise RuntimeError(f"expected one intake transaction, saw {len(rec.transactions)}")
-    return IntakeCapture(rec.transactions[0], result.operation_id, key)
+    rows = await _rows_written(engine, result.operation_id)
+    return IntakeCapture(rec.transactions[0], result.operation_id, key, rows)
+
+
+async def _rows_written(engine: AsyncEngine, operation_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """The intake's rows of `operation_id`: every column but the generated ids
+    and those left NULL (NULL is what a load that leaves them out writes)."""
+    written: list[tuple[str, dict[str, Any]]] = []
+    async with engine.connect() as conn:
+        for table, column in (
+            (idempotency_records, idempotency_records.c.resource_id),
+            (operations, operations.c.operation_id),
+            (outbox, outbox.c.operation_id),
+            (transitions, transitions.c.operation_id),
+        ):
+            row = (await conn.execute(select(table).where(column == operation_id))).one()
+            values = {
+                name: value
+                for name, value in row._mapping.items()
+                if name != "id" and value is not None
+            }
+            written.append((table.name, values))
+    return written
 
 
 async def capture_dispatch(database_url: str, sandbox_url: str, batch: int) -> DispatchCapture:
