@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,23 @@ def test_a_bad_sandbox_key_retention_is_refused_before_anything_starts(
     )
     assert done.returncode == 2, done
     assert says in done.stderr
+
+
+def test_a_run_with_a_retention_starts_every_process_through_the_tools_build(
+    tmp_path: Path,
+) -> None:
+    """The service refuses a window of minutes: `--retention` starts the fleet
+    through intentledger_tools.short_retention, a mutation's worker included."""
+    python = [sys.executable, "-m"]
+    plain = Fleet(ChaosConfig("postgresql://unused/none"), tmp_path)
+    assert plain._command("api0")[:3] == [*python, "intentledger.cli"]
+    assert "INTENTLEDGER_REPLAY_WINDOW" not in plain.env
+    config = ChaosConfig(
+        "postgresql://unused/none", retention=timedelta(minutes=3), mutation="blind-retry"
+    )
+    fleet = Fleet(config, tmp_path)
+    assert fleet.env["INTENTLEDGER_REPLAY_WINDOW"] == "3m"
+    through = [*python, chaos.SHORT_RETENTION, "--run"]
+    assert fleet._command("sandbox")[:6] == [*through, "intentledger.cli", "sandbox"]
+    assert fleet._command("api0")[:6] == [*through, "intentledger.cli", "serve"]
+    assert fleet._command("worker0")[:6] == [*through, chaos.MUTATIONS["blind-retry"], "worker"]

@@ -168,7 +168,6 @@ def _flags(command: str) -> set[str]:
         (
             "serve",
             {
-                "short_retention_for_tests",
                 "stripe_api_key",
                 "stripe_webhook_secret",
                 "metrics_port",
@@ -178,7 +177,6 @@ def _flags(command: str) -> set[str]:
         (
             "worker",
             {
-                "short_retention_for_tests",
                 "stripe_api_key",
                 "stripe_webhook_secret",
                 "sandbox_webhook_secret",
@@ -193,7 +191,7 @@ def _flags(command: str) -> set[str]:
     ],
 )
 def test_every_setting_is_a_flag_of_the_same_name(command: str, not_applicable: set[str]) -> None:
-    """README: INTENTLEDGER_X is also --x (the *_for_tests ones are test-only variables)."""
+    """README: INTENTLEDGER_X is also --x."""
     wanted = {f"--{name.replace('_', '-')}" for name in Settings.model_fields} - {
         f"--{name.replace('_', '-')}" for name in not_applicable
     }

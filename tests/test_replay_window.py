@@ -7,8 +7,12 @@ endpoints, operator actions)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,6 +30,10 @@ from intentledger.engine.api_keys import create_api_key
 from intentledger.settings import Settings
 from intentledger.store import tables
 from intentledger.store.group_statement import group_statement_for
+from intentledger_tools import blind_retry, short_retention
+from intentledger_tools.chaos import CLIENT_PATIENCE_SECONDS
+from intentledger_tools.short_retention import SHORTEST_TEST_REPLAY_WINDOW, ShortRetentionSettings
+from tests.support import INTENTLEDGER
 from tests.test_recovery_model import START, ControlledClock
 
 WINDOW = timedelta(days=30)
@@ -202,24 +210,56 @@ async def test_refunds_and_operator_actions_keep_the_window(api: Api, engine: As
 def test_the_window_is_a_setting_with_a_floor() -> None:
     assert Settings().replay_window == DEFAULT_REPLAY_WINDOW == timedelta(days=30)
     assert Settings(replay_window="7d").replay_window == timedelta(days=7)
-    with pytest.raises(ValueError, match="replay_window must be at least"):
+    with pytest.raises(ValueError, match="replay_window must be at least 1h"):
         Settings(replay_window="59m")
     assert timedelta(hours=1) == SHORTEST_REPLAY_WINDOW
-    # Only the soak's test-only switch lifts the floor (chaos --retention).
-    short = Settings(replay_window="5m", record_retention="5m", short_retention_for_tests=True)
+    # The service has no switch that lowers it (the one it had is gone).
+    with pytest.raises(ValueError, match="replay_window must be at least 1h"):
+        Settings(replay_window="5m", record_retention="5m", short_retention_for_tests=True)
+
+
+def test_only_the_tools_build_lowers_the_floor_for_the_soak() -> None:
+    """`chaos --retention` starts its fleet through intentledger_tools.short_retention."""
+    short = ShortRetentionSettings(replay_window="5m", record_retention="5m")
     assert short.replay_window == short.record_retention == timedelta(minutes=5)
     with pytest.raises(ValueError, match="record_retention must be at least"):
-        Settings(replay_window="5m", record_retention="4m", short_retention_for_tests=True)
-    # Even then, never shorter than a client's retries last, nor with a real provider.
-    with pytest.raises(ValueError, match="replay_window must be at least 3m, even in tests"):
-        Settings(replay_window="2m", record_retention="2m", short_retention_for_tests=True)
+        ShortRetentionSettings(replay_window="5m", record_retention="4m")
+    # Even then, never shorter than the chaos client's retries last, nor with a real provider.
+    assert timedelta(seconds=CLIENT_PATIENCE_SECONDS) < SHORTEST_TEST_REPLAY_WINDOW
+    with pytest.raises(ValueError, match="replay_window must be at least 3m"):
+        ShortRetentionSettings(replay_window="2m", record_retention="2m")
     with pytest.raises(ValueError, match="sandbox provider only"):
-        Settings(
-            replay_window="5m",
-            record_retention="5m",
-            short_retention_for_tests=True,
-            provider="stripe",
+        ShortRetentionSettings(replay_window="5m", record_retention="5m", provider="stripe")
+
+
+def test_the_command_refuses_a_short_window_that_the_tools_build_takes(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "INTENTLEDGER_REPLAY_WINDOW": "5m",
+        "INTENTLEDGER_RECORD_RETENTION": "5m",
+        "INTENTLEDGER_SHORT_RETENTION_FOR_TESTS": "true",
+    }
+    migrate = ["migrate", "--database-url", f"sqlite:///{tmp_path / 'ledger.db'}"]
+    tools_build = [sys.executable, "-m", short_retention.__name__]
+
+    def run(command: list[str], **more_env: str) -> tuple[int, str]:
+        done = subprocess.run(
+            command, env={**env, **more_env}, capture_output=True, text=True, timeout=120
         )
+        return done.returncode, " ".join(done.stderr.split())
+
+    refused, says = run([*INTENTLEDGER, *migrate])
+    assert refused == 2 and "replay_window must be at least 1h" in says, says
+    taken, says = run([*tools_build, *migrate])
+    assert taken == 0, says
+    assert (
+        "keys expire and records are reaped after 5m" in says and "never for a real ledger" in says
+    )
+    # Through another of the tools' builds (a mutation run that also reaps).
+    taken, says = run([*tools_build, "--run", blind_retry.__name__, *migrate])
+    assert taken == 0 and "reaped after 5m" in says, says
+    refused, says = run([*tools_build, *migrate], INTENTLEDGER_PROVIDER="stripe")
+    assert refused == 2 and "sandbox provider only" in says, says
 
 
 def test_the_window_is_closed_at_its_end() -> None:

@@ -18,9 +18,15 @@ from tests.support import INTENTLEDGER
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL_COMMANDS = {"bench", "chaos", "demo"}
-# The deliberate double charge the chaos harness must catch, under any of the
-# spellings a setting, a flag or an environment variable would give it.
-TEST_ONLY_SWITCHES = ("break_for_tests", "blind_retry")
+# The deliberate double charge the chaos harness must catch, and the soak's
+# replay window of minutes, under any of the spellings a setting, a flag or an
+# environment variable would give them.
+TEST_ONLY_SWITCHES = (
+    "break_for_tests",
+    "blind_retry",
+    "short_retention",
+    "shortest_test_replay_window",
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +79,11 @@ def test_the_dev_install_has_the_tools_and_their_commands() -> None:
     assert set(commands) == TOOL_COMMANDS
     for command in commands.values():
         assert callable(command.load())
-    from intentledger_tools import blind_retry, chaos, demo
+    from intentledger_tools import blind_retry, chaos, demo, short_retention
     from intentledger_tools.bench import runner
 
     assert chaos.MUTATIONS["blind-retry"] == blind_retry.__name__
+    assert short_retention.__name__ == chaos.SHORT_RETENTION
     assert demo.SCENARIOS and runner.PHASES
     listed = subprocess.run(
         [*INTENTLEDGER, "--help"], capture_output=True, text=True, timeout=60, check=True

@@ -242,12 +242,6 @@ def _configure_logging(settings: Settings) -> None:
     from intentledger.observability.logs import configure_logging
 
     configure_logging(settings.log_format)
-    if settings.short_retention_for_tests:
-        log.warning(
-            "INTENTLEDGER_SHORT_RETENTION_FOR_TESTS is set: keys expire and records are "
-            "reaped after %s; this is for the soak test only, never for a real ledger",
-            format_duration(settings.replay_window),
-        )
 
 
 def _require_provider(settings: Settings) -> None:

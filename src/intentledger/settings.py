@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,10 +24,6 @@ def _duration(value: Any) -> Any:
 
 
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
-
-
-# The soak's floor under INTENTLEDGER_SHORT_RETENTION_FOR_TESTS (chaos --retention).
-SHORTEST_TEST_REPLAY_WINDOW = timedelta(minutes=3)
 
 
 class Settings(BaseSettings):
@@ -115,9 +111,10 @@ class Settings(BaseSettings):
     metrics_host: str = "0.0.0.0"
     # Optional TOML file of per-provider safety rules (see safety_config.py).
     safety_rules: str | None = None
-    # TEST ONLY: lift the replay window's floor (and so the retention's), for
-    # the soak that reaps with a retention of minutes (`chaos --retention`).
-    short_retention_for_tests: bool = False
+    # Clients retry for minutes to hours (restarts, queue redeliveries): a
+    # shorter window would refuse ordinary retries as expired keys. A class
+    # attribute, not a setting: nothing a deployment sets can lower it.
+    shortest_replay_window: ClassVar[timedelta] = SHORTEST_REPLAY_WINDOW
 
     @property
     def request_path_timeout(self) -> timedelta:
@@ -134,18 +131,9 @@ class Settings(BaseSettings):
             raise ValueError(f"lease must exceed the longest call ({longest_call})")
         if not timedelta(0) < self.webhook_retry_first <= self.webhook_retry_longest:
             raise ValueError("webhook_retry_first must be more than 0 and at most the longest")
-        if self.short_retention_for_tests:
-            # Only ever against the sandbox, and never shorter than a client's
-            # retries after a lost answer last (the chaos client's: 2 minutes).
-            if self.provider != "sandbox":
-                raise ValueError("short_retention_for_tests is for the sandbox provider only")
-            if self.replay_window < SHORTEST_TEST_REPLAY_WINDOW:
-                shortest = format_duration(SHORTEST_TEST_REPLAY_WINDOW)
-                raise ValueError(f"replay_window must be at least {shortest}, even in tests")
-        elif self.replay_window < SHORTEST_REPLAY_WINDOW:
-            # Clients retry for minutes to hours (restarts, queue redeliveries):
-            # a shorter window would refuse ordinary retries as expired keys.
-            raise ValueError(f"replay_window must be at least {SHORTEST_REPLAY_WINDOW}")
+        if self.replay_window < self.shortest_replay_window:
+            shortest = format_duration(self.shortest_replay_window)
+            raise ValueError(f"replay_window must be at least {shortest}")
         if self.record_retention < self.replay_window:
             # A replay answers with the operation as it was accepted: its body
             # must still be there for as long as the key replays.

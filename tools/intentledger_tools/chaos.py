@@ -107,6 +107,9 @@ VIOLATIONS = (
 # The broken builds a run can give its workers: the module each is started
 # with instead of intentledger.cli (it takes the same arguments).
 MUTATIONS = {"blind-retry": "intentledger_tools.blind_retry"}
+# What every process of a run with --retention is started with instead (its
+# `--run` names the module it would have been started with).
+SHORT_RETENTION = "intentledger_tools.short_retention"
 
 
 @dataclass
@@ -193,7 +196,6 @@ class Fleet:
         if config.retention is not None:
             self.env.update(
                 {
-                    "INTENTLEDGER_SHORT_RETENTION_FOR_TESTS": "true",
                     "INTENTLEDGER_REPLAY_WINDOW": format_duration(config.retention),
                     "INTENTLEDGER_RECORD_RETENTION": format_duration(config.retention),
                     "INTENTLEDGER_REAP_INTERVAL": format_duration(
@@ -226,14 +228,19 @@ class Fleet:
         return own + [f"http://127.0.0.1:{p}/healthz" for p in self.api_ports]
 
     def _command(self, name: str) -> list[str]:
-        cli = [sys.executable, "-m", "intentledger.cli"]
+        module = "intentledger.cli"
+        if name.startswith("worker") and self.config.mutation is not None:
+            module = MUTATIONS[self.config.mutation]
+        cli = [sys.executable, "-m", module]
+        if self.config.retention is not None:
+            # The service refuses a window of minutes: every process that reads
+            # the settings starts through the tools' build that allows one.
+            cli = [sys.executable, "-m", SHORT_RETENTION, "--run", module]
         if name == "sandbox":
             return [*cli, "sandbox", "--port", str(self.sandbox_port)]
         if name.startswith("api"):
             port = self.api_ports[int(name.removeprefix("api"))]
             return [*cli, "serve", "--no-workers", "--port", str(port)]
-        if self.config.mutation is not None:
-            cli = [sys.executable, "-m", MUTATIONS[self.config.mutation]]
         return [*cli, "worker", "--concurrency", "16"]
 
     def start(self, name: str) -> None:

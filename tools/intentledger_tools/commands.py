@@ -122,7 +122,7 @@ def chaos(
     if not key_retention:
         err.print("[red]--sandbox-key-retention must be more than 0[/red]")
         raise typer.Exit(2)
-    from intentledger.settings import SHORTEST_TEST_REPLAY_WINDOW
+    from intentledger_tools.short_retention import SHORTEST_TEST_REPLAY_WINDOW
 
     if kept_for is not None and kept_for < SHORTEST_TEST_REPLAY_WINDOW:
         err.print(
