@@ -31,8 +31,8 @@ async def after_refund_settled(
     if unrefunded_duplicates(payment, await ledger.refunds_of(payment.operation_id)):
         return
     extras = duplicates_of(payment)
-    await changes.decide(
-        ledger,
+    planned = changes.Writes(now)
+    planned.decide(
         operation_id=payment.operation_id,
         at=now,
         rule="duplicate_refunded",
@@ -43,4 +43,7 @@ async def after_refund_settled(
     )
     # A contradiction still flagged, or a provider not final, still needs a person.
     still = settled_next_action(False, payment.outcome_contradicted, payment.watch)
-    await changes.update(ledger, payment, now=now, duplicate_detected=False, next_action=still)
+    planned.change(
+        changes.plan(payment, None, now=now, duplicate_detected=False, next_action=still)
+    )
+    await planned.save(ledger)

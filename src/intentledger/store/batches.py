@@ -206,7 +206,10 @@ class BatchLedger:
         if observation_rows:
             parameters["observations"] = _json_rows(observation_rows)
         if done_outbox_rows:
-            parameters["outbox_rows"] = json.dumps(sorted(set(done_outbox_rows)))
+            # Rows, like every JSON parameter here (the bench's recorder reads them so).
+            parameters["outbox_rows"] = _json_rows(
+                [{"id": i} for i in sorted(set(done_outbox_rows))]
+            )
             parameters["now"] = now
         result = await self.conn.execute(statement, parameters)
         return int(result.scalar_one())
@@ -410,8 +413,7 @@ def _changes_sql(
             """done AS (
             UPDATE outbox SET done_at = :now
             WHERE id IN (
-                SELECT CAST(value AS bigint)
-                FROM jsonb_array_elements_text(CAST(:outbox_rows AS jsonb))
+                SELECT d.id FROM jsonb_to_recordset(CAST(:outbox_rows AS jsonb)) AS d(id bigint)
             )
         )"""
         )
