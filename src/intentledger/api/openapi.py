@@ -209,7 +209,7 @@ WEBHOOK_RECEIPT = {
         "event_id": {"type": "string"},
         "disposition": {
             "type": "string",
-            "enum": ["applied", "recorded", "unknown_reference", "unmapped_type"],
+            "enum": ["applied", "recorded", "unknown_reference", "unmapped_type", "wrong_kind"],
         },
         "duplicate": {"type": "boolean"},
         "operation_id": {"type": ["string", "null"]},

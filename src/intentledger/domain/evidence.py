@@ -147,6 +147,23 @@ class ProviderNotice:
 
 Evidence = SubmitAnswer | LookupResult | OperatorStatement | ProviderNotice
 
+# Which operation kinds an event about each kind of provider object may speak
+# for: a charge's success says nothing about a refund or a card under the same
+# reference (a provider's mix-up, or a forged reference in a signed object).
+SPOKEN_FOR: dict[str, frozenset[str]] = {
+    "payment": frozenset({"payment"}),
+    "refund": frozenset({"refund"}),
+    "card": frozenset({"card_issue", "card_freeze", "card_unfreeze"}),
+    "beneficiary": frozenset({"beneficiary"}),
+}
+
+
+def speaks_for(object_kind: str | None, operation_kind: str) -> bool:
+    """Whether a provider's event about an object of `object_kind` is evidence
+    for an operation of `operation_kind`; an object of no declared kind speaks
+    for none."""
+    return object_kind is not None and operation_kind in SPOKEN_FOR.get(object_kind, ())
+
 
 @dataclass(frozen=True)
 class Limits:

@@ -177,6 +177,12 @@ def _nothing_found(
 _FAILED_WORDS = frozenset({"failed", "canceled", "cancelled", "declined"})
 
 
+def speaks_an_outcome(word: str | None) -> bool:
+    """Whether an adapter's word (a lookup's or a webhook's) is read as a final
+    success or failure anywhere: the words an unnamed status must never become."""
+    return word == "succeeded" or word in _FAILED_WORDS
+
+
 def judge_lookup(
     lookup: LookupAnswer, last_sent_at: datetime | None = None, now: datetime | None = None
 ) -> LookupJudgement:

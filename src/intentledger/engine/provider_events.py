@@ -10,7 +10,10 @@ operation or raise a flag, and never sends anything.
 
 A redelivery (the same event id) finds its row and changes nothing; an event
 about a reference we do not know is stored and reported, and acknowledged so
-the provider stops retrying.
+the provider stops retrying. So is an event about another kind of object than
+the operation it names (`wrong_kind`: a charge's event naming a refund or a
+card of ours, or a refund's naming a payment; domain/evidence.py, `speaks_for`):
+it is never judged.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.domain.evidence import Limits, Move, ProviderNotice
+from intentledger.domain.evidence import Limits, Move, ProviderNotice, speaks_for
 from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
@@ -36,7 +39,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Receipt:
     event_id: str
-    disposition: str  # applied | recorded | unknown_reference | unmapped_type
+    disposition: str  # applied | recorded | unknown_reference | unmapped_type | wrong_kind
     duplicate: bool
     operation_id: str | None = None
 
@@ -79,6 +82,18 @@ async def receive(
             event.type,
             event.reference,
         )
+    elif disposition == "wrong_kind":
+        assert operation is not None
+        log.warning(
+            "provider %s event %s (%s) is about a %s but names %s %s; stored, not judged, "
+            "acknowledged",
+            provider,
+            event.event_id,
+            event.type,
+            event.object_kind or "object of no declared kind",
+            operation.kind,
+            operation.operation_id,
+        )
     return Receipt(
         event.event_id,
         disposition,
@@ -102,6 +117,8 @@ def _disposition(event: WebhookEvent, operation: OperationRecord | None) -> str:
         return "unmapped_type"  # a type the adapter does not read: nothing to judge
     if operation is None:
         return "unknown_reference"
+    if not speaks_for(event.object_kind, operation.kind):
+        return "wrong_kind"
     return "recorded"
 
 

@@ -90,6 +90,11 @@ class WebhookEvent:
     # processing, unmapped:<status>); None for an event type the adapter does not map.
     status: str | None
     payload: dict[str, Any]
+    # What kind of object the event is about (payment | refund | card), decided
+    # by the adapter from the event's type; None for a type it does not map.
+    # An event speaks only for operations of its kind (domain/evidence.py,
+    # `speaks_for`): a mapped event without it is stored as `wrong_kind`.
+    object_kind: str | None = None
 
 
 class UnreadableEvent(ValueError):

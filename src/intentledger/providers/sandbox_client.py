@@ -21,7 +21,7 @@ from intentledger.providers.registry import (
     ProviderNotConfigured,
     ProviderPlugin,
 )
-from intentledger.providers.sandbox.webhooks import SandboxWebhookReader
+from intentledger.providers.sandbox.webhooks import SandboxWebhookReader, status_word
 
 # What a card must show for each card action to have taken effect.
 CARD_STATUS_AFTER = {"card_freeze": "frozen", "card_unfreeze": "active"}
@@ -121,7 +121,7 @@ class SandboxProvider:
             # A 200 without a readable list is no evidence of absence.
             unreadable_200 = answer.transport is Transport.RESPONSE and answer.status == 200
             return LookupAnswer(answer, readable=not unreadable_200)
-        return LookupAnswer(answer, tuple(_seen(item, query.kind) for item in items))
+        return LookupAnswer(answer, tuple(seen_in_listing(item, query.kind) for item in items))
 
     async def _card_action_lookup(self, query: ProviderLookup) -> LookupAnswer:
         """A card action is evidenced by the card's state: frozen after a freeze."""
@@ -149,11 +149,13 @@ def _listed(answer: ProviderAnswer) -> list[Any] | None:
     return data if isinstance(data, list) else None
 
 
-def _seen(item: Any, kind: str) -> ChargeSeen:
+def seen_in_listing(item: Any, kind: str) -> ChargeSeen:
+    """One listed object in the lookup's words."""
     if not isinstance(item, dict):
         return ChargeSeen("?", "unreadable")
     if kind in ("payment", "refund"):
-        return ChargeSeen(str(item.get("id")), str(item.get("status")))
+        status = item.get("status")
+        return ChargeSeen(str(item.get("id")), status_word(status), raw_status=str(status))
     # A beneficiary or card that exists under our reference is the write's success.
     return ChargeSeen(str(item.get("id")), "succeeded")
 

@@ -634,10 +634,11 @@ class StripeWebhooks:
         metadata = intent.get("metadata")
         reference = metadata.get(REFERENCE_KEY) if isinstance(metadata, dict) else None
         status: str | None = None
+        object_kind: str | None = None
         if kind in PAYMENT_INTENT_EVENTS and _pi_id(intent) is not None:
-            status = lookup_word(intent)
+            status, object_kind = lookup_word(intent), "payment"
         elif kind in REFUND_EVENTS and _re_id(intent) is not None:
-            status = refund_lookup_word(intent)
+            status, object_kind = refund_lookup_word(intent), "refund"
         return WebhookEvent(
             event_id=event_id[:255],
             type=kind[:100],
@@ -646,6 +647,7 @@ class StripeWebhooks:
             reference=str(reference)[:255] if reference is not None else None,
             status=status,
             payload=_without_secrets(event),
+            object_kind=object_kind,
         )
 
 

@@ -32,8 +32,15 @@ from intentledger.providers.base import UnreadableEvent, WebhookEvent, read_even
 log = logging.getLogger(__name__)
 
 WEBHOOK_METHOD = "pm_webhook_late"
-# The charge statuses of the sandbox's events, in the lookup's words.
+# The statuses of the sandbox's charges and refunds, in its events and its
+# listings, in the lookup's words.
 EVENT_STATUS = {"succeeded": "succeeded", "failed": "failed", "pending": "processing"}
+
+
+def status_word(status: object) -> str:
+    """A sandbox status in the lookup's words; one the table does not name is
+    marked unmapped, so it never reads as an outcome (a "canceled" would)."""
+    return EVENT_STATUS.get(str(status), f"unmapped:{status}")
 
 
 @dataclass
@@ -120,6 +127,7 @@ class SandboxWebhookReader:
             signed_at=datetime.fromtimestamp(signed, UTC),
             object_id=str(charge["id"])[:255] if "id" in charge else None,
             reference=str(charge["reference"])[:255] if "reference" in charge else None,
-            status=EVENT_STATUS.get(str(status), f"unmapped:{status}") if mapped else None,
+            status=status_word(status) if mapped else None,
             payload=event,
+            object_kind="payment" if mapped else None,  # a charge's events only
         )

@@ -1,0 +1,2 @@
+"""What a provider adapter's own tests run to show it keeps the port's promises
+(`intentledger.testing.conformance`)."""
