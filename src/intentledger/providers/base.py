@@ -58,6 +58,11 @@ class LookupConsistency:
     # the last attempt is inconclusive.
     lag: timedelta | None
     note: str
+    # False: the provider cannot be asked what became of a write (Adyen's
+    # Checkout API has no read by our reference). Reconciliation then never
+    # calls `lookup`: the safety review decides at once whether a same-key
+    # resend is still deduplicated, and notifications are the other evidence.
+    available: bool = True
 
 
 class Provider(Protocol):
