@@ -27,7 +27,7 @@ from intentledger.engine.webhook_sender import WebhookSender
 from intentledger.engine.worker import Worker, run_worker
 from intentledger.observability.logs import bind_log_context
 from intentledger.observability.provider_metrics import InstrumentedProvider
-from intentledger.providers.base import Provider, WebhookReader
+from intentledger.providers.base import Provider, Webhooks
 from intentledger.providers.registry import (
     ProviderConfig,
     build_provider,
@@ -109,6 +109,9 @@ def build_worker(
             retention_policy_for(provider_config(settings)),
             load_safety_rules(settings.safety_rules),
             identity,
+            has_lookup=plugin_for(settings.provider)
+            .consistency(provider_config(settings))
+            .available,
         ),
         Sweeper(engine, clock, settings.stale_submitting, settings.recheck_backoff, identity),
         build_webhook_sender(settings, engine, clock, identity),
@@ -217,7 +220,7 @@ def build_service_app(
     return app
 
 
-def webhook_readers(settings: Settings) -> dict[str, WebhookReader]:
+def webhook_readers(settings: Settings) -> dict[str, Webhooks]:
     """The configured provider's webhook verifier, if its secret is set."""
     reader = plugin_for(settings.provider).webhooks(provider_config(settings))
     return {settings.provider: reader} if reader is not None else {}

@@ -44,7 +44,7 @@ from intentledger.engine.clock import Clock
 from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.intake import Intent
 from intentledger.engine.sync_writes import SyncWriter
-from intentledger.providers.base import KINDS, WebhookReader
+from intentledger.providers.base import KINDS, Webhooks
 from intentledger.web.auth import authenticate
 from intentledger.web.problems import (
     Problem,
@@ -234,7 +234,7 @@ def create_api(
     policy_for: Callable[[str], RetentionPolicy] | None = None,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     provider_kinds: frozenset[str] = frozenset(KINDS),
-    webhook_readers: Mapping[str, WebhookReader] | None = None,
+    webhook_readers: Mapping[str, Webhooks] | None = None,
     recheck_backoff: timedelta = timedelta(seconds=30),
     webhook_allow_private: bool = False,
     replay_window: timedelta = DEFAULT_REPLAY_WINDOW,

@@ -209,7 +209,14 @@ WEBHOOK_RECEIPT = {
         "event_id": {"type": "string"},
         "disposition": {
             "type": "string",
-            "enum": ["applied", "recorded", "unknown_reference", "unmapped_type", "wrong_kind"],
+            "enum": [
+                "applied",
+                "recorded",
+                "flagged",
+                "unknown_reference",
+                "unmapped_type",
+                "wrong_kind",
+            ],
         },
         "duplicate": {"type": "boolean"},
         "operation_id": {"type": ["string", "null"]},
@@ -378,8 +385,14 @@ def _complete_webhook(operation: dict[str, Any]) -> None:
     operation["security"] = []
     responses: dict[str, Any] = {
         "200": {
-            "description": "Stored (or stored before: duplicate) and judged",
-            "content": {"application/json": {"schema": _ref("WebhookReceipt")}},
+            "description": (
+                "Stored (or stored before: duplicate) and judged. A provider that posts "
+                "a batch (Adyen) is answered only with the acknowledgement it waits for"
+            ),
+            "content": {
+                "application/json": {"schema": _ref("WebhookReceipt")},
+                "text/plain": {"schema": {"type": "string", "enum": ["[accepted]"]}},
+            },
         }
     }
     for status in WEBHOOK_ERRORS:

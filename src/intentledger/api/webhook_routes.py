@@ -12,12 +12,12 @@ import logging
 from collections import Counter
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from intentledger.domain.signatures import SignatureRefused
 from intentledger.engine.provider_events import receive
 from intentledger.observability.metrics import WEBHOOKS_IN
-from intentledger.providers.base import UnreadableEvent, WebhookReader
+from intentledger.providers.base import BatchWebhookReader, UnreadableEvent, Webhooks
 from intentledger.web.problems import Problem
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,8 @@ PROVIDER_WEBHOOKS = "/v1/provider-webhooks/"
         }
     },
 )
-async def provider_webhook(provider: str, request: Request) -> JSONResponse:
-    readers: dict[str, WebhookReader] = request.app.state.webhook_readers
+async def provider_webhook(provider: str, request: Request) -> Response:
+    readers: dict[str, Webhooks] = request.app.state.webhook_readers
     reader = readers.get(provider)
     if reader is None:
         raise Problem(
@@ -57,7 +57,10 @@ async def provider_webhook(provider: str, request: Request) -> JSONResponse:
     body = await request.body()
     clock = request.app.state.clock
     try:
-        event = reader.read(body, request.headers, clock())
+        if isinstance(reader, BatchWebhookReader):
+            events = reader.read_batch(body, request.headers, clock())
+        else:
+            events = [reader.read(body, request.headers, clock())]
     except SignatureRefused as exc:
         rejected: Counter[str] = request.app.state.webhook_rejections
         rejected[provider] += 1
@@ -79,11 +82,20 @@ async def provider_webhook(provider: str, request: Request) -> JSONResponse:
             extra={"event": "webhook_in.unreadable", "provider": provider},
         )
         raise Problem(400, "unreadable-event", "Bad Request", str(exc)) from exc
-    receipt = await receive(
-        request.app.state.engine, clock, provider, event, request.app.state.recheck_backoff
-    )
-    # Counted once `receive` has committed the event (or found it stored).
-    WEBHOOKS_IN.labels(provider, "duplicate" if receipt.duplicate else "verified").inc()
+    receipts = []
+    for event in events:
+        # Each event in its own transaction: a batch cut short by a crash is
+        # resent whole, and what was stored finds its row.
+        receipt = await receive(
+            request.app.state.engine, clock, provider, event, request.app.state.recheck_backoff
+        )
+        # Counted once `receive` has committed the event (or found it stored).
+        WEBHOOKS_IN.labels(provider, "duplicate" if receipt.duplicate else "verified").inc()
+        receipts.append(receipt)
+    if isinstance(reader, BatchWebhookReader):
+        # The provider reads only its acknowledgement (Adyen: `[accepted]`).
+        return PlainTextResponse(reader.acknowledgement)
+    (receipt,) = receipts
     return JSONResponse(
         {
             "event_id": receipt.event_id,

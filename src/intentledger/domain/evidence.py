@@ -579,6 +579,10 @@ def _judge_lookup(facts: Facts, lookup: LookupResult, now: datetime, limits: Lim
 # provider says not final yet, or its listing may not show the charge yet.
 _WAITING = frozenset({LookupVerdict.PROCESSING, LookupVerdict.NOT_YET_VISIBLE})
 _LOOK_AGAIN = _WAITING | {LookupVerdict.LOOKUP_FAILED}
+# Looks that had no answer: they prove neither presence nor absence. (A
+# provider without a lookup is not looked at again by a person's queue: a
+# look there would ask nothing; its notifications still settle.)
+_NO_ANSWER = frozenset({LookupVerdict.LOOKUP_FAILED, LookupVerdict.NO_LOOKUP})
 
 
 def _inconclusive(
@@ -641,7 +645,7 @@ def _against_settled_lookup(facts: Facts, lookup: LookupResult, now: datetime) -
     if facts.watch not in WATCHED and not lookup.audit:
         return effect
     look = Look(
-        lookup.verdict is not LookupVerdict.LOOKUP_FAILED and lookup.complete,
+        lookup.verdict not in _NO_ANSWER and lookup.complete,
         lookup.open,
         lookup.lag,
         facts.submit_in_flight,
@@ -688,7 +692,7 @@ def _flags_against_settled(facts: Facts, lookup: LookupResult) -> Effect:
             f"the provider shows only failed charges, the ledger says succeeded: {lookup.reason}",
             contradiction=True,
         )
-    if look_again or lookup.verdict is LookupVerdict.LOOKUP_FAILED or not succeeded:
+    if look_again or lookup.verdict in _NO_ANSWER or not succeeded:
         return Effect(Move.RECORD, reason, verify=look_again)
     return Effect(
         Move.RECORD,

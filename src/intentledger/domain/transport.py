@@ -105,6 +105,9 @@ class LookupVerdict(StrEnum):
     # attempt is younger than its lag: inconclusive, not a not-found.
     NOT_YET_VISIBLE = "not_yet_visible"
     LOOKUP_FAILED = "lookup_failed"
+    # The provider has no lookup (Adyen's Checkout API): nothing was asked, and
+    # nothing is proven either way.
+    NO_LOOKUP = "no_lookup"
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,8 @@ class LookupAnswer:
     # An eventually consistent lookup's lag (None: strongly consistent). Inside
     # it, measured from the last attempt, "nothing found" is inconclusive.
     lag: timedelta | None = None
+    # False: the provider has no lookup, so nothing was asked (`no_lookup`).
+    asked: bool = True
 
 
 @dataclass(frozen=True)
@@ -189,6 +194,12 @@ def judge_lookup(
     """What a lookup shows. `last_sent_at` (the last attempt's send) and `now`
     place an eventually consistent lookup's "nothing found" inside or past its lag."""
     answer = lookup.answer
+    if not lookup.asked:
+        return LookupJudgement(
+            LookupVerdict.NO_LOOKUP,
+            "the provider has no lookup: nothing was asked (its evidence is a same-key "
+            "resend while the key is kept, and its notifications)",
+        )
     if answer.transport is not Transport.RESPONSE:
         return LookupJudgement(
             LookupVerdict.LOOKUP_FAILED, f"lookup got no answer ({answer.error_class})"

@@ -28,6 +28,7 @@ from intentledger.domain.evidence import Limits, Move, ProviderNotice, speaks_fo
 from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
+from intentledger.observability.metrics import PROVIDER_EVENTS_FLAGGED
 from intentledger.providers.base import WebhookEvent
 from intentledger.store import provider_events as event_store
 from intentledger.store.ledger import OPERATION_ID, Ledger
@@ -39,7 +40,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Receipt:
     event_id: str
-    disposition: str  # applied | recorded | unknown_reference | unmapped_type | wrong_kind
+    # applied | recorded | flagged | unknown_reference | unmapped_type | wrong_kind
+    disposition: str
     duplicate: bool
     operation_id: str | None = None
 
@@ -74,6 +76,9 @@ async def receive(
             assert operation is not None
             disposition = await _judge(ledger, operation, provider, event, now, backoff)
             await event_store.set_disposition(conn, provider, event.event_id, disposition)
+        elif disposition == "flagged":
+            assert operation is not None
+            await _flag(ledger, operation, provider, event, now)
     if disposition == "unknown_reference":
         log.warning(
             "provider %s event %s (%s) names no operation of ours: %r; stored, acknowledged",
@@ -82,6 +87,18 @@ async def receive(
             event.type,
             event.reference,
         )
+    elif disposition == "flagged":
+        assert operation is not None
+        log.warning(
+            "provider %s event %s (%s) about %s %s needs a person: recorded on it, changes nothing",
+            provider,
+            event.event_id,
+            event.type,
+            operation.kind,
+            operation.operation_id,
+            extra={"event": "provider_event.flagged", "provider": provider},
+        )
+        PROVIDER_EVENTS_FLAGGED.labels(provider).inc()
     elif disposition == "wrong_kind":
         assert operation is not None
         log.warning(
@@ -113,13 +130,38 @@ async def _ours(ledger: Ledger, provider: str, reference: str | None) -> Operati
 
 
 def _disposition(event: WebhookEvent, operation: OperationRecord | None) -> str:
-    if event.status is None or not event.object_id:
+    if not event.object_id or (event.status is None and not event.needs_person):
         return "unmapped_type"  # a type the adapter does not read: nothing to judge
     if operation is None:
         return "unknown_reference"
     if not speaks_for(event.object_kind, operation.kind):
         return "wrong_kind"
-    return "recorded"
+    return "flagged" if event.needs_person else "recorded"
+
+
+async def _flag(
+    ledger: Ledger, operation: OperationRecord, provider: str, event: WebhookEvent, now: datetime
+) -> None:
+    """An event a person must see (a chargeback) on the operation it names: an
+    observation in its history, and nothing judged: the ledger's write is not
+    what moved this money."""
+    planned = changes.Writes(now)
+    planned.observe(
+        operation_id=operation.operation_id,
+        at=now,
+        kind="provider_event",
+        source=f"webhook:{provider}",
+        verdict="flagged",
+        reason=f"{event.type} {event.event_id} about {event.object_id}: a person must see it",
+        provider_reference=event.object_id,
+        detail={
+            "event_id": event.event_id,
+            "type": event.type,
+            "signed_at": event.signed_at.isoformat(),
+            "needs_person": True,
+        },
+    )
+    await planned.save(ledger)
 
 
 async def _judge(

@@ -27,7 +27,7 @@ from intentledger.domain.backoff import recheck_delay
 from intentledger.domain.evidence import Limits, LookupResult
 from intentledger.domain.retry_after import parse_retry_after
 from intentledger.domain.states import NextAction, State
-from intentledger.domain.transport import LookupAnswer, judge_lookup
+from intentledger.domain.transport import LookupAnswer, ProviderAnswer, Transport, judge_lookup
 from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
@@ -74,6 +74,8 @@ class Reconciler:
         rules_for: RulesFor,
         worker_id: str,
         jitter: Callable[[], float] = random.random,
+        *,
+        has_lookup: bool = True,
     ) -> None:
         self.engine = engine
         self.provider = provider
@@ -83,6 +85,19 @@ class Reconciler:
         self.rules_for = rules_for
         self.worker_id = worker_id
         self.jitter = jitter
+        # False: the provider cannot be asked (LookupConsistency.available).
+        self.has_lookup = has_lookup
+
+    async def _look(self, query: ProviderLookup) -> LookupAnswer:
+        """Ask the provider; one without a lookup is not asked, and the answer
+        says so (`no_lookup`): the funnel sends an unresolved operation to the
+        safety review, whose same-key resend within the key's retention is this
+        provider's read, and a settled one waits for its notifications."""
+        if self.has_lookup:
+            return await self.provider.lookup(query)
+        nothing = ProviderAnswer(Transport.NOT_SENT, error_class="no lookup")
+        method = f"none: {self.provider.name} has no lookup"
+        return LookupAnswer(nothing, asked=False, method=method)
 
     async def deliver_reconcile(self, row: OutboxRecord) -> None:
         begun = await self._begin_check(row)
@@ -90,7 +105,7 @@ class Reconciler:
             return
         _, query = begun
         looked_at = self.clock()
-        lookup = await self.provider.lookup(query)
+        lookup = await self._look(query)
         await self._record_lookup(row, lookup, kind="lookup_result", looked_at=looked_at)
 
     async def deliver_audit(self, row: OutboxRecord) -> None:
@@ -108,7 +123,7 @@ class Reconciler:
             query = await operation_lookup(ledger, settled, exhaustive=True)
         # The look is as late as its start: what landed after may not be in it.
         looked_at = self.clock()
-        lookup = await self.provider.lookup(query)
+        lookup = await self._look(query)
         await self._record_lookup(row, lookup, kind="audit_lookup", looked_at=looked_at)
 
     async def _begin_check(

@@ -84,6 +84,12 @@ WEBHOOKS_IN = Counter(
     "(verified, duplicate, rejected, unreadable).",
     ["provider", "result"],
 )
+PROVIDER_EVENTS_FLAGGED = Counter(
+    "intentledger_provider_events_flagged_total",
+    "Provider events a person must see (Adyen's CHARGEBACK), recorded on the operation "
+    "they name, by provider.",
+    ["provider"],
+)
 WEBHOOKS_OUT = Counter(
     "intentledger_merchant_webhook_attempts_total",
     "Merchant webhook attempts recorded, by result (delivered, failed: tried again later, "

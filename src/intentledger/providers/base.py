@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from intentledger.domain.canonical import canonical_json
 from intentledger.domain.transport import LookupAnswer, ProviderAnswer
@@ -100,6 +100,10 @@ class WebhookEvent:
     # An event speaks only for operations of its kind (domain/evidence.py,
     # `speaks_for`): a mapped event without it is stored as `wrong_kind`.
     object_kind: str | None = None
+    # An event that settles nothing but a person must see (Adyen's CHARGEBACK:
+    # the shopper's bank took the money back). Recorded on the operation it
+    # names, and flagged.
+    needs_person: bool = False
 
 
 class UnreadableEvent(ValueError):
@@ -110,6 +114,24 @@ class WebhookReader(Protocol):
     def read(self, body: bytes, headers: Mapping[str, str], now: datetime) -> WebhookEvent:
         """Verify the signature (SignatureRefused) and read the event (UnreadableEvent)."""
         ...
+
+
+@runtime_checkable
+class BatchWebhookReader(Protocol):
+    """A provider that posts several events in one signed body (Adyen), and
+    waits for a particular answer once all of them are stored."""
+
+    acknowledgement: str  # the body that tells the provider to stop resending
+
+    def read_batch(
+        self, body: bytes, headers: Mapping[str, str], now: datetime
+    ) -> list[WebhookEvent]:
+        """Verify every item (SignatureRefused refuses them all) and read each."""
+        ...
+
+
+# What an adapter's `webhooks` gives: a reader of one event per body, or of a batch.
+Webhooks = WebhookReader | BatchWebhookReader
 
 
 def read_event_json(body: bytes) -> Any:

@@ -20,7 +20,12 @@ from importlib.metadata import entry_points
 from pydantic import SecretStr
 
 from intentledger.domain.retention import RetentionPolicy, policy_for_provider
-from intentledger.providers.base import KINDS, LookupConsistency, Provider, WebhookReader
+from intentledger.providers.base import (
+    KINDS,
+    LookupConsistency,
+    Provider,
+    Webhooks,
+)
 
 ENTRY_POINT_GROUP = "intentledger.providers"
 DEFAULT_CONNECTIONS = 200
@@ -71,7 +76,7 @@ class ProviderPlugin:
     # What is wrong with the configuration for this adapter (empty: nothing).
     problems: Callable[[ProviderConfig], list[str]] = lambda _config: []
     # How its webhooks are verified and read (None: it sends none we take).
-    webhooks: Callable[[ProviderConfig], WebhookReader | None] = lambda _config: None
+    webhooks: Callable[[ProviderConfig], Webhooks | None] = lambda _config: None
 
     def __post_init__(self) -> None:
         unknown = self.kinds - set(KINDS)
