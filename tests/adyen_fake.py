@@ -120,6 +120,9 @@ class FakeConfig:
     default_refund_outcome: str = "REFUND"
     # How long an execution takes: a resend meanwhile meets the in-progress answer.
     execution_seconds: float = 0.0
+    # How long a payment's answer waits after its execution (and its
+    # notification, when one is sent at once): a notification before the answer.
+    answer_delay_seconds: float = 0.0
     in_progress_status: int = 422
     # Notifications: held until a flush, or sent after a delay (and twice on demand).
     hold_notifications: bool = False
@@ -292,6 +295,8 @@ class Fake:
         }
         if code in NOTIFIED_AT_ONCE:
             self.settle_payment(psp, NOTIFIED_AT_ONCE[code])
+        if self.config.answer_delay_seconds:
+            await asyncio.sleep(self.config.answer_delay_seconds)
         return Answer(200, response)
 
     def _next_result_code(self, method: dict[str, Any]) -> str:
