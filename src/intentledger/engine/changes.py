@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from intentledger.domain.cards import CARD_KINDS, status_after
+from intentledger.domain.cards import CARD_KINDS, adopted_card_id, settled_projection
 from intentledger.domain.evidence import Share, mandate_share, recorded_executions
 from intentledger.domain.refunds import refund_mandate_share
 from intentledger.domain.states import FINAL, NextAction, Outcome, State, require_transition
@@ -267,13 +267,9 @@ async def _project_card(ledger: Ledger, change: OperationChange) -> None:
         if card is None or card.pending_operation_id != operation.operation_id:
             return
         succeeded = fields.get("outcome") == Outcome.SUCCEEDED
-        projection: dict[str, Any] = {
-            "status": status_after(operation.kind, succeeded, card.status),
-            "indeterminate": False,
-            "pending_operation_id": None,
-        }
-        if operation.kind == "card_issue" and succeeded:
-            projection["provider_card_id"] = fields.get("provider_reference")
+        projection = settled_projection(
+            operation.kind, succeeded, card.status, fields.get("provider_reference")
+        )
         await change_card(ledger, card.card_id, change.now, **projection)
     elif (
         change.rows.transition is None
@@ -281,10 +277,13 @@ async def _project_card(ledger: Ledger, change: OperationChange) -> None:
         and fields.get("provider_reference")
     ):
         card = await ledger.get_card(operation.request_context["card_id"], for_update=True)
-        if card is not None and card.provider_card_id is None:
-            await change_card(
-                ledger, card.card_id, change.now, provider_card_id=fields["provider_reference"]
-            )
+        adopted = (
+            adopted_card_id(operation.kind, card.provider_card_id, fields["provider_reference"])
+            if card is not None
+            else None
+        )
+        if card is not None and adopted is not None:
+            await change_card(ledger, card.card_id, change.now, provider_card_id=adopted)
 
 
 async def change_card(ledger: Ledger, card_id: str, now: datetime, **values: Any) -> None:

@@ -139,15 +139,26 @@ async def accept(
             assert operation is not None, "an idempotency record names its operation"
             return IntakeResult(operation, replayed=True)
         await prepare(ledger, now, values)
-        row_id = await IntakeLedger(conn).accept_one(
-            values, accepted_by(intent), ACCEPTED_REASON, now, hold=hold
-        )
-        ledger_events.transition(
-            ledger.conn,
-            values["operation_id"],
-            None,
-            State.ACCEPTED,
-            NextAction.SUBMIT,
-            ACCEPTED_REASON,
+        row_id = await write_accepted(
+            ledger, values, accepted_by(intent), ACCEPTED_REASON, now, hold=hold
         )
         return IntakeResult(values, replayed=False, held_row_id=row_id if hold else None)
+
+
+async def write_accepted(
+    ledger: Ledger,
+    values: dict[str, Any],
+    by: str,
+    reason: str,
+    now: datetime,
+    *,
+    hold: tuple[str, timedelta] | None = None,
+) -> int:
+    """One accepted operation, its first transition and its submit row (the
+    store's one accept path), announced as a transition into ACCEPTED. The id
+    of the submit row."""
+    row_id = await IntakeLedger(ledger.conn).accept_one(values, by, reason, now, hold=hold)
+    ledger_events.transition(
+        ledger.conn, values["operation_id"], None, State.ACCEPTED, NextAction.SUBMIT, reason
+    )
+    return row_id

@@ -29,10 +29,16 @@ from intentledger.domain.refunds import (
     of_charge,
     refund_totals,
 )
-from intentledger.domain.states import NextAction, State
+from intentledger.domain.states import NextAction
 from intentledger.engine import changes
 from intentledger.engine.clock import Clock
-from intentledger.engine.intake import IntakeResult, Intent, accept, operation_values
+from intentledger.engine.intake import (
+    IntakeResult,
+    Intent,
+    accept,
+    operation_values,
+    write_accepted,
+)
 from intentledger.engine.operator import (
     ActionNotAllowed,
     OperationNotFound,
@@ -40,8 +46,6 @@ from intentledger.engine.operator import (
     require_text,
 )
 from intentledger.engine.refusal import Refusal
-from intentledger.observability import ledger_events
-from intentledger.store.intake import IntakeLedger
 from intentledger.store.ledger import Ledger
 
 REFUND_ROUTE = "POST /v1/payments/{id}/refunds"
@@ -205,8 +209,5 @@ async def refund_duplicate(
     # A person's remedy, not a request: no key of its own to claim (the
     # operator's request, when keyed, claimed the operator's key).
     accepted = f"refund of duplicate {charge}"
-    await IntakeLedger(ledger.conn).accept_one(values, f"operator:{action.by}", accepted, now)
-    ledger_events.transition(
-        ledger.conn, values["operation_id"], None, State.ACCEPTED, NextAction.SUBMIT, accepted
-    )
+    await write_accepted(ledger, values, f"operator:{action.by}", accepted, now)
     return f"refund {values['operation_id']} of duplicate charge {charge} accepted"

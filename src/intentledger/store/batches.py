@@ -312,17 +312,17 @@ class BatchLedger:
 
 def _json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     """Rows as one JSON parameter, for `jsonb_to_recordset` to read back."""
-    return json.dumps(rows, default=_json_instant, ensure_ascii=False)
+    return json.dumps(rows, default=json_instant, ensure_ascii=False)
 
 
-def _json_instant(value: object) -> str:
+def json_instant(value: object) -> str:
     if isinstance(value, datetime):
         # Aware and with microseconds, so PostgreSQL reads back the same instant.
         return value.astimezone(UTC).isoformat()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _states(
+def transition_states(
     from_state: State | None, to_state: State, next_action: NextAction
 ) -> dict[str, str | None]:
     """A transition's states, as the parameters of the statements below."""

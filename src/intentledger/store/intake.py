@@ -37,7 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import NextAction, State
-from intentledger.store.batches import BatchLedger, _json_instant, _states
+from intentledger.store.batches import BatchLedger, json_instant, transition_states
 from intentledger.store.ledger import new_row_lease
 from intentledger.store.records import IdempotencyRecord, OperationRecord
 from intentledger.store.tables import (
@@ -119,10 +119,8 @@ def json_intake_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     Only for these: a validated request's values (integer amounts within 64
     bits, strings, no floats). Elsewhere rows carry provider answers, where
     orjson would refuse an integer beyond 64 bits and write NaN as null.
-    Instants go through `_json_instant`, as every JSON row parameter's do."""
-    return orjson.dumps(
-        rows, default=_json_instant, option=orjson.OPT_PASSTHROUGH_DATETIME
-    ).decode()
+    Instants go through `json_instant`, as every JSON row parameter's do."""
+    return orjson.dumps(rows, default=json_instant, option=orjson.OPT_PASSTHROUGH_DATETIME).decode()
 
 
 def accept_group_parameters(
@@ -147,7 +145,7 @@ def accept_group_parameters(
         "reason": reason,
         "keys_claimed": keys_claimed,
         **new_row_lease(now, hold),
-        **_states(None, State.ACCEPTED, NextAction.SUBMIT),
+        **transition_states(None, State.ACCEPTED, NextAction.SUBMIT),
     }
 
 
