@@ -34,6 +34,9 @@ class ProviderRequest:
     target: str | None = None
     # The payment runs under a mandate: the customer is not present (off-session).
     under_mandate: bool = False
+    # The operation's currency: a refund's body does not carry it (it is its
+    # payment's), and a provider that wants it with every amount reads it here.
+    currency: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,10 @@ class BatchWebhookReader(Protocol):
     """A provider that posts several events in one signed body (Adyen), and
     waits for a particular answer once all of them are stored."""
 
-    acknowledgement: str  # the body that tells the provider to stop resending
+    @property
+    def acknowledgement(self) -> str:
+        """The body that tells the provider to stop resending."""
+        ...
 
     def read_batch(
         self, body: bytes, headers: Mapping[str, str], now: datetime
