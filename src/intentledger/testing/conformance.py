@@ -535,7 +535,8 @@ def check_submit_mapping(answers: SubmitAnswers, *, examples: int = 300) -> None
     statuses = st.one_of(st.sampled_from(sorted(named) or [200]), st.integers(200, 599))
     spoken = st.one_of(st.sampled_from((*TEMPTING, *TEMPTING_CODES, *words)), st.text(max_size=30))
     bodies = st.one_of(
-        spoken.map(lambda word: ("word", word)), st.binary(max_size=40).map(lambda raw: ("raw", raw))
+        spoken.map(lambda word: ("word", word)),
+        st.binary(max_size=40).map(lambda raw: ("raw", raw)),
     )
 
     def is_named(status: int, body: tuple[str, Any]) -> bool:
