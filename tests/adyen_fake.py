@@ -77,6 +77,7 @@ from intentledger.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FAKE_API_KEY = "AQE_fake_adyen_api_key"
+PSP_NUMBERS = itertools.count(1)
 FAKE_MERCHANT_ACCOUNT = "IntentLedgerTestECOM"
 # A 32-byte key, shown as hex as the Customer Area shows it.
 FAKE_HMAC_KEY = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"
@@ -120,8 +121,9 @@ class FakeConfig:
     default_refund_outcome: str = "REFUND"
     # How long an execution takes: a resend meanwhile meets the in-progress answer.
     execution_seconds: float = 0.0
-    # How long a payment's answer waits after its execution (and its
-    # notification, when one is sent at once): a notification before the answer.
+    # At most how long a payment's answer waits, after its execution, for its
+    # notification (when one is sent at once) to be accepted: a notification
+    # before the answer.
     answer_delay_seconds: float = 0.0
     in_progress_status: int = 422
     # Notifications: held until a flush, or sent after a delay (and twice on demand).
@@ -157,7 +159,9 @@ class Fake:
         self.held: list[dict[str, Any]] = []
         self.deliveries: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
-        self._psp_numbers = itertools.count(1)
+        # Module-wide: Adyen's references are globally unique, so a reset must not
+        # hand out one an earlier test's ledger has already seen.
+        self._psp_numbers = PSP_NUMBERS
         self._tasks: set[asyncio.Task[None]] = set()
         self.session: aiohttp.ClientSession | None = None
 
@@ -168,7 +172,7 @@ class Fake:
 
     def new_psp_reference(self) -> str:
         # Adyen's are 16 characters; a counter keeps them unique and sortable.
-        return f"88{int(self.now()) % 10**8:08d}{next(self._psp_numbers):06d}"
+        return f"88{int(self.now()) % 10**8:08d}{next(self._psp_numbers) % 10**6:06d}"
 
     # -- the public API --------------------------------------------------------
 
@@ -296,8 +300,16 @@ class Fake:
         if code in NOTIFIED_AT_ONCE:
             self.settle_payment(psp, NOTIFIED_AT_ONCE[code])
         if self.config.answer_delay_seconds:
-            await asyncio.sleep(self.config.answer_delay_seconds)
+            await self._until_notified(psp, self.config.answer_delay_seconds)
         return Answer(200, response)
+
+    async def _until_notified(self, psp: str, at_most: float) -> None:
+        """Hold an answer until the payment's notification was accepted (or `at_most`)."""
+        deadline = time.monotonic() + at_most
+        while time.monotonic() < deadline:
+            if any(psp in d["pspReferences"] and d.get("accepted") for d in self.deliveries):
+                return
+            await asyncio.sleep(0.01)
 
     def _next_result_code(self, method: dict[str, Any]) -> str:
         named = str(method.get("holderName") or "")

@@ -78,10 +78,12 @@ def test_it_is_a_batch_reader_answering_accepted() -> None:
 def test_what_each_event_code_proves(
     code: str, success: str, kind: str | None, status: str | None, needs_person: bool
 ) -> None:
-    (event,) = READER.read_batch(batch(item(code, success)), {}, NOW)
+    original = "PSP0000000000000"  # the payment a modification is about
+    (event,) = READER.read_batch(batch(item(code, success, originalReference=original)), {}, NOW)
     assert (event.object_kind, event.status, event.needs_person) == (kind, status, needs_person)
     assert event.type == code
-    assert event.object_id == "PSP0000000000001"
+    about_the_payment = code == "CANCELLATION" and success == "true"
+    assert event.object_id == (original if about_the_payment else "PSP0000000000001")
     assert event.reference == "op_0000000000000000000000000001"
     assert event.signed_at == datetime.fromisoformat("2026-12-04T09:59:00+01:00")
 
@@ -123,9 +125,19 @@ def test_every_configured_key_verifies_while_rotating() -> None:
 
 def test_a_duplicate_has_the_same_id_and_a_flipped_success_another() -> None:
     first, again, flipped = READER.read_batch(batch(item(), item(), item(success="false")), {}, NOW)
-    assert first.event_id == again.event_id == "PSP0000000000001:AUTHORISATION:true"
-    assert flipped.event_id == "PSP0000000000001:AUTHORISATION:false"
+    assert first.event_id == again.event_id == "PSP0000000000001:AUTHORISATION:true:1000:EUR"
+    assert flipped.event_id == "PSP0000000000001:AUTHORISATION:false:1000:EUR"
+    (other_amount,) = READER.read_batch(
+        batch(item(amount={"value": 1, "currency": "EUR"})), {}, NOW
+    )
+    assert other_amount.event_id == "PSP0000000000001:AUTHORISATION:true:1:EUR"
+    assert other_amount.amount == (1, "EUR") and first.amount == (1000, "EUR")
     assert (first.status, flipped.status) == ("succeeded", "failed")
+
+
+def test_a_cancellation_that_names_no_payment_proves_nothing() -> None:
+    (event,) = READER.read_batch(batch(item("CANCELLATION")), {}, NOW)
+    assert event.status is None and event.object_kind is None
 
 
 def test_another_merchant_accounts_item_proves_nothing() -> None:

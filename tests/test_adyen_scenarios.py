@@ -320,10 +320,12 @@ def test_a_received_refund_is_settled_by_its_notification(
 def test_a_notification_before_the_answer_settles_and_the_answer_agrees(
     ledger: AdyenLedger,
 ) -> None:
-    ledger.adyen.configure(answer_delay_seconds=0.6)
+    # The answer waits (under the ledger's 1 s timeout) until the notification is taken.
+    ledger.adyen.configure(answer_delay_seconds=0.9)
     op_id = ledger.pay()
     op = ledger.settle(op_id, SETTLED)
     ledger.seen(op_id, "submit_result")
+    ledger.seen(op_id, "provider_event")
     (event,) = ledger.observations(op_id, "provider_event")
     (answer,) = ledger.observations(op_id, "submit_result")
     assert event["at"] <= answer["at"]
@@ -352,7 +354,13 @@ def test_contradicting_notifications_are_flagged(ledger: AdyenLedger) -> None:
     (payment,) = ledger.payments_at_adyen(op_id)
     ledger.adyen.settle(payment["pspReference"], success=False)  # Adyen's success flips
     ledger.adyen.flush_notifications(order="reverse")
-    wait_until(lambda: len(ledger.observations(op_id, "provider_event")) == 2, 10, "both")
+    try:
+        wait_until(lambda: len(ledger.observations(op_id, "provider_event")) == 2, 10, "both")
+    except AssertionError as exc:
+        deliveries = [
+            {k: v for k, v in d.items() if k != "batch"} for d in ledger.adyen.truth()["deliveries"]
+        ]
+        raise AssertionError(f"{exc}: {ledger.events(op_id)} {deliveries}") from exc
     assert ledger.operation(op_id)["outcome_contradicted"]
     events = ledger.observations(op_id, "provider_event")
     assert {e["verdict"] for e in events} == {"succeeded", "failed"}
@@ -400,3 +408,72 @@ def test_a_forged_item_refuses_its_batch_and_stores_nothing(ledger: AdyenLedger)
     assert response.headers["content-type"].startswith("application/problem+json")
     assert not ledger.observations(op_id, "provider_event")
     assert ledger.operation(op_id)["state"] != "OUTCOME_KNOWN"
+
+
+def _item(
+    psp: str, reference: str, code: str, success: str, value: int, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "pspReference": psp,
+        "merchantAccountCode": FAKE_MERCHANT_ACCOUNT,
+        "merchantReference": reference,
+        "amount": {"value": value, "currency": "EUR"},
+        "eventCode": code,
+        "success": success,
+        "eventDate": "2026-12-04T10:00:00+01:00",
+        **extra,
+    }
+
+
+def test_a_pending_answer_is_not_resent_while_its_notification_is_awaited(
+    ledger: AdyenLedger,
+) -> None:
+    """A `received` refund (Adyen has it, the outcome comes by notification):
+    the checks that fall due resend nothing and hand nothing to a person."""
+    payment_id = ledger.pay()
+    ledger.settle(payment_id, SETTLED)
+    ledger.adyen.configure(refund_outcomes=["none"])
+    refund_id = ledger.refund(payment_id)
+    wait_until(
+        lambda: len(ledger.observations(refund_id, "lookup_result")) >= 3,
+        30,
+        "three checks of the received refund",
+    )
+    assert len(ledger.requests_for(refund_id)) == 1
+    assert not [r for r in ledger.rules(refund_id) if r.startswith("replay")]
+    assert ledger.operation(refund_id)["state"] in {"UNKNOWN", "RECONCILIATION_DUE"}
+    (refund,) = ledger.refunds_at_adyen(refund_id)
+    ledger.adyen.settle(refund["pspReference"], outcome="REFUND")
+    assert ledger.settle(refund_id, SETTLED, timeout=15)["outcome"] == "succeeded"
+
+
+def test_an_outcome_for_another_amount_settles_nothing_and_is_flagged(
+    ledger: AdyenLedger,
+) -> None:
+    ledger.adyen.configure(result_codes=["Pending"], hold_notifications=True)
+    op_id = ledger.pay(1000)
+    ledger.seen(op_id, "submit_result")
+    (payment,) = ledger.payments_at_adyen(op_id)
+    response = ledger.notify(_item(payment["pspReference"], op_id, "AUTHORISATION", "true", 1))
+    assert response.status_code == 200
+    (flagged,) = ledger.observations(op_id, "provider_event")
+    assert flagged["verdict"] == "flagged" and "1 EUR" in flagged["reason"]
+    assert ledger.operation(op_id)["state"] != "OUTCOME_KNOWN"
+    # The same amount settles it.
+    ledger.notify(_item(payment["pspReference"], op_id, "AUTHORISATION", "true", 1000))
+    assert ledger.settle(op_id, SETTLED, timeout=10)["outcome"] == "succeeded"
+
+
+def test_a_cancellation_of_a_recorded_success_is_a_contradiction(ledger: AdyenLedger) -> None:
+    op_id = ledger.pay()
+    op = ledger.settle(op_id, SETTLED)
+    cancel = _item(
+        "CANCELPSP0000001",
+        op_id,
+        "CANCELLATION",
+        "true",
+        1000,
+        originalReference=op["provider_reference"],
+    )
+    assert ledger.notify(cancel).status_code == 200
+    wait_until(lambda: ledger.operation(op_id)["outcome_contradicted"], 10, "the contradiction")

@@ -168,6 +168,8 @@ def notification_in(success: bool) -> Any:
                 "amount": dict(AMOUNT),
                 "eventCode": code or "-",
                 "success": "true" if success else "false",
+                # A modification (a cancel) names the payment it is about.
+                "originalReference": "PSP0000000000000",
             },
             FAKE_HMAC_KEY,
         )

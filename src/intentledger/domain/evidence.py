@@ -89,6 +89,8 @@ class Facts:
     submit_in_flight: bool = False
     # New provider keys a decision authorised that no attempt has sent yet.
     authorised_keys: frozenset[str] = frozenset()
+    # The last attempt was answered "pending": the provider has the request.
+    last_attempt_pending: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,21 @@ SPOKEN_FOR: dict[str, frozenset[str]] = {
     "card": frozenset({"card_issue", "card_freeze", "card_unfreeze"}),
     "beneficiary": frozenset({"beneficiary"}),
 }
+
+
+def amount_differs(
+    said: tuple[int, str] | None, amount: int | None, currency: str | None
+) -> str | None:
+    """Why an event that names an amount cannot speak for an operation of
+    another amount (a partial authorisation, a refund of another sum), or None
+    when it names none or the same. Such an event settles nothing: a person
+    looks."""
+    if said is None or amount is None or currency is None:
+        return None
+    value, unit = said
+    if value == amount and unit.upper() == currency.upper():
+        return None
+    return f"it names {value} {unit}, the operation is for {amount} {currency}"
 
 
 def speaks_for(object_kind: str | None, operation_kind: str) -> bool:
@@ -572,6 +589,14 @@ def _judge_lookup(facts: Facts, lookup: LookupResult, now: datetime, limits: Lim
             return _settle(facts, Outcome.FAILED, reason, reconciliation_status=status)
         reason = f"{reason}, but {len(keys)} provider keys were used: not conclusive"
         return _inconclusive(facts, LookupVerdict.NOT_FOUND, reason, lookup, now, limits)
+    if lookup.verdict is LookupVerdict.NO_LOOKUP and facts.last_attempt_pending:
+        # The provider has the request and said it is not final: a resend would
+        # only hear that again. Its notification is awaited, on the backoff.
+        reason = (
+            f"{reason}; the last attempt was answered pending: awaiting the provider's "
+            "notification, nothing is resent"
+        )
+        return _inconclusive(facts, lookup.verdict, reason, lookup, now, limits, waiting=True)
     return _inconclusive(facts, lookup.verdict, reason, lookup, now, limits)
 
 
@@ -592,10 +617,14 @@ def _inconclusive(
     lookup: LookupResult,
     now: datetime,
     limits: Limits,
+    *,
+    waiting: bool = False,
 ) -> Effect:
     """A check that found no outcome. "Still processing" (or a word the adapter
-    does not know) waits and looks again, but counts toward the same limits as
-    any other check: past them a person is told while the checks go on."""
+    does not know, or, at a provider without a lookup, a last answer that was
+    pending: `waiting`) waits and looks again, but counts toward the same
+    limits as any other check: past them a person is told while the checks go
+    on."""
     status = str(verdict)
     checks = facts.checks + 1
     delay = recheck_delay(checks, limits.backoff, jitter=limits.jitter)
@@ -608,7 +637,7 @@ def _inconclusive(
         return Effect(Move.RECORD, reason, reconciliation_status=status)
     if facts.state is not State.RECONCILIATION_DUE:
         return Effect(Move.RECORD, _late(facts, reason), reconciliation_status=status)
-    if verdict not in _WAITING:
+    if verdict not in _WAITING and not waiting:
         return Effect(Move.REVIEW, f"no evidence: {lookup.reason}", reconciliation_status=status)
     since = facts.unresolved_since or now
     if checks >= limits.max_checks or now - since >= limits.max_age:
@@ -620,10 +649,13 @@ def _inconclusive(
             check_at=check_at,
             reconciliation_status=status,
         )
-    waiting = "still processing" if verdict is LookupVerdict.PROCESSING else "not visible yet"
+    how = {
+        LookupVerdict.PROCESSING: "still processing",
+        LookupVerdict.NOT_YET_VISIBLE: "not visible yet",
+    }.get(verdict, "pending at the provider")
     return Effect(
         Move.UNKNOWN,
-        f"{waiting}: {lookup.reason}",
+        f"{how}: {reason}" if waiting else f"{how}: {lookup.reason}",
         check_at=check_at,
         reconciliation_status=status,
     )

@@ -65,7 +65,10 @@ async def facts_of(
         for values in observations
         if values["operation_id"] == operation.operation_id
     ]
+    pending: set[int | None] = set()
     for row in rows:
+        if row.kind == "submit_result" and row.verdict == Verdict.PENDING:
+            pending.add(row.attempt_number)
         if row.kind == "submit_result" and row.verdict in PROVING:
             answers.setdefault(row.attempt_number, (Verdict(row.verdict), row.provider_reference))
         elif row.kind == "lookup_result":
@@ -97,6 +100,7 @@ async def facts_of(
         submit_in_flight=State(operation.state) in FINAL
         and await ledger.submit_pending(operation.operation_id),
         authorised_keys=await authorised_keys(ledger, operation, decisions),
+        last_attempt_pending=bool(attempts) and attempts[-1].number in pending,
     )
 
 

@@ -24,7 +24,13 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.domain.evidence import Limits, Move, ProviderNotice, speaks_for
+from intentledger.domain.evidence import (
+    Limits,
+    Move,
+    ProviderNotice,
+    amount_differs,
+    speaks_for,
+)
 from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
@@ -78,7 +84,7 @@ async def receive(
             await event_store.set_disposition(conn, provider, event.event_id, disposition)
         elif disposition == "flagged":
             assert operation is not None
-            await _flag(ledger, operation, provider, event, now)
+            await _flag(ledger, operation, provider, event, now, _flag_reason(event, operation))
     if disposition == "unknown_reference":
         log.warning(
             "provider %s event %s (%s) names no operation of ours: %r; stored, acknowledged",
@@ -136,15 +142,29 @@ def _disposition(event: WebhookEvent, operation: OperationRecord | None) -> str:
         return "unknown_reference"
     if not speaks_for(event.object_kind, operation.kind):
         return "wrong_kind"
-    return "flagged" if event.needs_person else "recorded"
+    if event.needs_person or amount_differs(event.amount, operation.amount, operation.currency):
+        return "flagged"
+    return "recorded"
+
+
+def _flag_reason(event: WebhookEvent, operation: OperationRecord) -> str:
+    differs = amount_differs(event.amount, operation.amount, operation.currency)
+    if differs is not None:
+        return f"{event.status or event.type} for another amount: {differs}"
+    return f"{event.type}: the provider moved money outside our writes"
 
 
 async def _flag(
-    ledger: Ledger, operation: OperationRecord, provider: str, event: WebhookEvent, now: datetime
+    ledger: Ledger,
+    operation: OperationRecord,
+    provider: str,
+    event: WebhookEvent,
+    now: datetime,
+    why: str,
 ) -> None:
-    """An event a person must see (a chargeback) on the operation it names: an
-    observation in its history, and nothing judged: the ledger's write is not
-    what moved this money."""
+    """An event a person must see on the operation it names (a chargeback, or
+    an outcome for another amount than the operation's): an observation in its
+    history, and nothing judged."""
     planned = changes.Writes(now)
     planned.observe(
         operation_id=operation.operation_id,
@@ -152,7 +172,7 @@ async def _flag(
         kind="provider_event",
         source=f"webhook:{provider}",
         verdict="flagged",
-        reason=f"{event.type} {event.event_id} about {event.object_id}: a person must see it",
+        reason=f"{event.type} {event.event_id} about {event.object_id}, for a person: {why}",
         provider_reference=event.object_id,
         detail={
             "event_id": event.event_id,

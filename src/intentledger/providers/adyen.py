@@ -476,8 +476,16 @@ def _problems(config: ProviderConfig) -> list[str]:
             "INTENTLEDGER_ADYEN_API_KEY must hold no spaces or control characters "
             "(check for a trailing newline)"
         )
-    if not (config.adyen_merchant_account or "").strip():
+    account = config.adyen_merchant_account or ""
+    if not account.strip():
         problems.append("INTENTLEDGER_ADYEN_MERCHANT_ACCOUNT is required")
+    elif account != account.strip():
+        # Taken as it is: a notification names the account exactly, and one
+        # that differs by a space would prove nothing, for ever.
+        problems.append(
+            "INTENTLEDGER_ADYEN_MERCHANT_ACCOUNT must not begin or end with spaces "
+            "(check for a trailing newline)"
+        )
     if _VERSIONED.search(urlsplit(config.adyen_api_base).path):
         problems.append(
             "INTENTLEDGER_ADYEN_API_BASE must not name the API version (e.g. "
@@ -513,7 +521,7 @@ def _build(arguments: BuildArguments) -> AdyenProvider:
     assert config.adyen_merchant_account is not None, "checked by the plug-in's problems()"
     return AdyenProvider(
         config.adyen_api_key.get_secret_value(),
-        config.adyen_merchant_account.strip(),
+        config.adyen_merchant_account,
         config.adyen_api_base,
         arguments.timeout,
         max_connections=arguments.max_connections,

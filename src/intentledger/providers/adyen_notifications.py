@@ -14,17 +14,18 @@ a sender caught forging one item is trusted for none, and Adyen's own items
 come again with its retries once the keys are right (a refusal is counted and
 logged by the route, so a wrong key does not go unseen).
 
-An item's event id is its `pspReference`, `eventCode` and `success` together:
-Adyen's duplicates repeat all three, while an item whose `success` differs
-from an earlier one for the same object is another statement, stored and
-judged on its own (the funnel settles on the first, and flags the second if
-it contradicts it).
+An item's event id is its `pspReference`, `eventCode`, `success` and amount
+together: Adyen's duplicates repeat all of them, while an item whose `success`
+(or amount) differs from an earlier one for the same object is another
+statement, stored and judged on its own (the funnel settles on the first, and
+flags the second if it contradicts it).
 
 What each event code proves (docs/providers.md, "Adyen notifications"):
 
     AUTHORISATION  success true   the payment `merchantReference` succeeded
                    success false  it failed (refused, or an error Adyen reports)
-    CANCELLATION   success true   the payment was cancelled: it cannot succeed
+    CANCELLATION   success true   the payment `originalReference` was cancelled: it
+                                  cannot succeed
                    success false  the cancellation failed: says nothing of the payment
     REFUND         success true   the refund `merchantReference` succeeded
                    success false  it failed
@@ -34,13 +35,16 @@ What each event code proves (docs/providers.md, "Adyen notifications"):
     anything else                 stored and acknowledged; proves nothing
 
 An item for another merchant account than the one configured is stored and
-proves nothing: a company account's HMAC key may be shared by several.
+proves nothing: a company account's HMAC key may be shared by several. An
+item that names an amount other than its operation's (a partial
+authorisation, a refund of another sum) settles nothing and is flagged for a
+person (engine/provider_events.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -59,13 +63,16 @@ class EventMeaning:
     object_kind: str | None  # payment | refund; None: about nothing we judge
     status: str | None  # succeeded | failed | canceled; None: proves nothing
     needs_person: bool = False
+    # A modification (a cancel) has a pspReference of its own; the object it
+    # speaks for is the payment, named in `originalReference`.
+    about_original: bool = False
 
 
 # (eventCode, success) -> meaning; `None` as success: either value.
 EVENT_MEANINGS: dict[tuple[str, bool | None], EventMeaning] = {
     ("AUTHORISATION", True): EventMeaning("payment", "succeeded"),
     ("AUTHORISATION", False): EventMeaning("payment", "failed"),
-    ("CANCELLATION", True): EventMeaning("payment", "canceled"),
+    ("CANCELLATION", True): EventMeaning("payment", "canceled", about_original=True),
     ("CANCELLATION", False): EventMeaning(None, None),
     ("REFUND", True): EventMeaning("refund", "succeeded"),
     ("REFUND", False): EventMeaning("refund", "failed"),
@@ -85,8 +92,9 @@ def meaning_of(event_code: str, success: bool) -> EventMeaning:
 class AdyenNotifications:
     """Verifies and reads a batch of Adyen's standard notifications."""
 
-    hmac_keys: tuple[str, ...]
-    merchant_account: str | None
+    # Secrets: never in a repr (a traceback's locals, a debug line).
+    hmac_keys: tuple[str, ...] = field(repr=False)
+    merchant_account: str | None = None
     acknowledgement: str = ACCEPTED
 
     def read_batch(
@@ -126,17 +134,39 @@ class AdyenNotifications:
         if not ours:
             meaning = UNMAPPED
         reference = item.get("merchantReference")
+        about = psp
+        if meaning.about_original:
+            original = item.get("originalReference")
+            if isinstance(original, str) and original:
+                about = original
+            else:
+                meaning = UNMAPPED  # a cancel that names no payment speaks for none
+        amount = _amount(item.get("amount"))
+        # Adyen's duplicates repeat all of it; another success or amount is
+        # another statement, judged (or flagged) on its own.
+        said = f":{amount[0]}:{amount[1]}" if amount is not None else ""
         return WebhookEvent(
-            event_id=f"{psp}:{code}:{success}"[:255],
+            event_id=f"{psp}:{code}:{success}{said}"[:255],
             type=code[:100],
             signed_at=_event_date(item.get("eventDate"), now),
-            object_id=psp[:255],
+            object_id=about[:255],
             reference=reference[:255] if isinstance(reference, str) else None,
             status=meaning.status,
             payload=item,
             object_kind=meaning.object_kind,
             needs_person=meaning.needs_person and ours,
+            amount=amount,
         )
+
+
+def _amount(value: Any) -> tuple[int, str] | None:
+    """The signed amount (minor units, currency), if the item has a readable one."""
+    if not isinstance(value, dict):
+        return None
+    minor, currency = value.get("value"), value.get("currency")
+    if isinstance(minor, int) and not isinstance(minor, bool) and isinstance(currency, str):
+        return minor, currency
+    return None
 
 
 def _event_date(value: Any, now: datetime) -> datetime:

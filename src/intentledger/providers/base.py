@@ -107,6 +107,9 @@ class WebhookEvent:
     # the shopper's bank took the money back). Recorded on the operation it
     # names, and flagged.
     needs_person: bool = False
+    # The amount the event says moved (minor units, currency), where it names
+    # one: an event about another amount than the operation's settles nothing.
+    amount: tuple[int, str] | None = None
 
 
 class UnreadableEvent(ValueError):
