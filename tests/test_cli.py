@@ -170,6 +170,8 @@ def _flags(command: str) -> set[str]:
             {
                 "stripe_api_key",
                 "stripe_webhook_secret",
+                "adyen_api_key",
+                "adyen_hmac_keys",
                 "metrics_port",
                 "metrics_host",
             },
@@ -179,6 +181,8 @@ def _flags(command: str) -> set[str]:
             {
                 "stripe_api_key",
                 "stripe_webhook_secret",
+                "adyen_api_key",
+                "adyen_hmac_keys",
                 "sandbox_webhook_secret",
                 "sandbox_database",
                 "header_timeout",
@@ -545,3 +549,29 @@ def test_an_installed_package_cannot_replace_a_service_command(
     monkeypatch.setattr(cli, "entry_points", offered)
     cli._register_tool_commands()
     assert [(c.name, c.callback) for c in cli.app.registered_commands] == before
+
+
+# -- intentledger providers ------------------------------------------------------------------
+
+
+def test_providers_shows_a_provider_without_lookup_and_what_stands_in_for_it() -> None:
+    done = run("providers")
+    assert done.returncode == 0, done.stderr
+    lines = [line.strip(" │┃|") for line in done.stdout.splitlines()]
+    # The retention's minimum (Adyen's 7 days), in whole days, on one line.
+    assert any(
+        "lookup: none (same-key resend within 7 d, notifications)" in line for line in lines
+    ), done.stdout
+    assert "lookup: by our reference, strong" in done.stdout  # the sandbox's
+    assert "Adyen Checkout API v71" in done.stdout
+
+
+def test_a_retention_is_shown_in_whole_days_where_it_is_some() -> None:
+    from datetime import timedelta
+
+    from intentledger.cli import _in_days
+
+    assert _in_days(timedelta(days=7)) == "7 d"
+    assert _in_days(timedelta(days=31)) == "31 d"
+    assert _in_days(timedelta(hours=24)) == "1 d"
+    assert _in_days(timedelta(hours=6)) == "6h"

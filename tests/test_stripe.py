@@ -464,7 +464,7 @@ def test_an_unknown_provider_is_refused_at_start_up(command: str, tmp_path: Path
     database = f"sqlite:///{tmp_path / 'never.db'}"
     done = _run(command, "--provider", "adyenn", "--database-url", database)
     assert done.returncode == 2, done.stderr
-    assert "unknown provider 'adyenn'; available: sandbox, stripe" in done.stderr
+    assert "unknown provider 'adyenn'; available: adyen, sandbox, stripe" in done.stderr
     assert not (tmp_path / "never.db").exists()
 
 

@@ -8,7 +8,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib.metadata import entry_points
 from typing import Annotated, Any
 
@@ -111,6 +111,14 @@ StripeApiBase = Annotated[
 ]
 StripeSearchLag = Annotated[
     str | None, typer.Option("--stripe-search-lag", help="INTENTLEDGER_STRIPE_SEARCH_LAG, e.g. 1m")
+]
+AdyenApiBase = Annotated[
+    str | None,
+    typer.Option("--adyen-api-base", help="INTENTLEDGER_ADYEN_API_BASE, without the version"),
+]
+AdyenMerchantAccount = Annotated[
+    str | None,
+    typer.Option("--adyen-merchant-account", help="INTENTLEDGER_ADYEN_MERCHANT_ACCOUNT"),
 ]
 # Named so that a person who looks for it learns where the key goes: a command
 # line is visible to every user of the machine (`ps`), so it is refused here.
@@ -309,6 +317,8 @@ def serve(
     safety_rules: SafetyRules = None,
     stripe_api_base: StripeApiBase = None,
     stripe_search_lag: StripeSearchLag = None,
+    adyen_api_base: AdyenApiBase = None,
+    adyen_merchant_account: AdyenMerchantAccount = None,
     stripe_api_key: StripeApiKey = None,
     header_timeout: HeaderTimeout = None,
     body_timeout: BodyTimeout = None,
@@ -352,6 +362,8 @@ def serve(
         safety_rules=safety_rules,
         stripe_api_base=stripe_api_base,
         stripe_search_lag=stripe_search_lag,
+        adyen_api_base=adyen_api_base,
+        adyen_merchant_account=adyen_merchant_account,
         header_timeout=header_timeout,
         body_timeout=body_timeout,
         max_connections=max_connections,
@@ -424,6 +436,8 @@ def worker(
     safety_rules: SafetyRules = None,
     stripe_api_base: StripeApiBase = None,
     stripe_search_lag: StripeSearchLag = None,
+    adyen_api_base: AdyenApiBase = None,
+    adyen_merchant_account: AdyenMerchantAccount = None,
     webhook_allow_private: WebhookAllowPrivate = None,
     webhook_timeout: WebhookTimeout = None,
     webhook_in_flight: WebhookInFlight = None,
@@ -463,6 +477,8 @@ def worker(
         safety_rules=safety_rules,
         stripe_api_base=stripe_api_base,
         stripe_search_lag=stripe_search_lag,
+        adyen_api_base=adyen_api_base,
+        adyen_merchant_account=adyen_merchant_account,
         webhook_allow_private=webhook_allow_private,
         webhook_timeout=webhook_timeout,
         webhook_in_flight=webhook_in_flight,
@@ -590,7 +606,8 @@ def reap(
 @app.command()
 def providers() -> None:
     """List the installed provider adapters: the kinds each carries, the key
-    retention the safety review weighs for it, and its lookup's consistency."""
+    retention the safety review weighs for it, and its lookup (how consistent,
+    or none and what stands in for it)."""
     from rich.table import Table
 
     from intentledger.providers.registry import plugins
@@ -598,19 +615,39 @@ def providers() -> None:
 
     config = provider_config(load_settings())
     table = Table(title="provider adapters (entry points: intentledger.providers)")
-    for column in ("name", "kinds", "key retention", "lookup consistency"):
-        table.add_column(column, overflow="fold")
+    # At most 160 columns in all (with the borders), and the lookup wide enough
+    # that its first line is never folded: it is read as one.
+    table.add_column("name", overflow="fold", max_width=28)
+    table.add_column("kinds", overflow="fold", max_width=16)
+    table.add_column("key retention", overflow="fold", max_width=45)
+    table.add_column("lookup", overflow="fold", min_width=56)
     for plugin in plugins().values():
         policy = plugin.retention(config)
         consistency = plugin.consistency(config)
-        lag = "strong" if consistency.lag is None else f"may lag {consistency.lag}"
+        if consistency.available:
+            lag = "strong" if consistency.lag is None else f"may lag {consistency.lag}"
+            lookup = f"lookup: by our reference, {lag}\n{consistency.note}"
+        else:
+            # What stands in for it: a same-key resend only while the provider
+            # still keeps the key, and notifications.
+            within = _in_days(policy.minimum)
+            lookup = (
+                f"lookup: none (same-key resend within {within}, notifications)\n{consistency.note}"
+            )
         table.add_row(
             f"{plugin.name}\n{plugin.summary}",
             ", ".join(sorted(plugin.kinds)),
             policy.note,
-            f"{lag}: {consistency.note}",
+            lookup,
         )
     Console(width=160).print(table)
+
+
+def _in_days(span: timedelta) -> str:
+    """A key retention as `intentledger providers` shows it: whole days as "7 d"."""
+    if span >= timedelta(days=1) and not span % timedelta(days=1):
+        return f"{span.days} d"
+    return format_duration(span)
 
 
 @app.command()

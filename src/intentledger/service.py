@@ -62,6 +62,10 @@ def provider_config(settings: Settings) -> ProviderConfig:
         stripe_api_base=settings.stripe_api_base,
         stripe_search_lag=settings.stripe_search_lag,
         stripe_webhook_secret=settings.stripe_webhook_secret,
+        adyen_api_key=settings.adyen_api_key,
+        adyen_merchant_account=settings.adyen_merchant_account,
+        adyen_api_base=settings.adyen_api_base,
+        adyen_hmac_keys=settings.adyen_hmac_keys,
     )
 
 

@@ -76,6 +76,16 @@ class Settings(BaseSettings):
     # Verifies Stripe-Signature on /v1/provider-webhooks/stripe; several,
     # comma-separated, while a secret is rotated. Environment only, like the key.
     stripe_webhook_secret: SecretStr | None = None
+    # The Adyen adapter (providers/adyen.py, docs/providers.md). The API key is
+    # read from the environment only, like Stripe's, and never logged or stored.
+    adyen_api_key: SecretStr | None = None
+    adyen_merchant_account: str | None = None
+    # The Checkout API's base without its version: the adapter adds the one it
+    # speaks (/v71). Live: https://<prefix>-checkout-live.adyenpayments.com/checkout.
+    adyen_api_base: str = "https://checkout-test.adyen.com"
+    # Verifies each notification item's HMAC; several hex keys, comma-separated,
+    # while a key is rotated. Environment only, like the API key.
+    adyen_hmac_keys: SecretStr | None = None
     # Merchant webhooks (docs/webhooks.md). Private targets (loopback, private
     # networks, plain http) only for development and tests.
     webhook_allow_private: bool = False

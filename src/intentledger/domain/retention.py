@@ -125,7 +125,7 @@ def sandbox_policy(retention: timedelta) -> RetentionPolicy:
 
 
 # Which provider API (and so which documented key retention) each adapter speaks.
-PROVIDER_APIS = {"stripe": "stripe-v1"}
+PROVIDER_APIS = {"stripe": "stripe-v1", "adyen": "adyen"}
 
 
 def policy_for_provider(provider: str, sandbox_retention: timedelta) -> RetentionPolicy:

@@ -82,6 +82,7 @@ def request_for(operation: OperationRecord, idempotency_key: str) -> ProviderReq
         # The provider's object the write acts on: a card, or the charge a refund reverses.
         target=context.get("provider_card_id") or context.get("charge"),
         under_mandate=bool(context["body"].get("mandate_id")),
+        currency=operation.currency,
     )
 
 

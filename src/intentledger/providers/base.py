@@ -34,6 +34,9 @@ class ProviderRequest:
     target: str | None = None
     # The payment runs under a mandate: the customer is not present (off-session).
     under_mandate: bool = False
+    # The operation's currency: a refund's body does not carry it (it is its
+    # payment's), and a provider that wants it with every amount reads it here.
+    currency: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Finding the adapter named by INTENTLEDGER_PROVIDER.
 
 Adapters are plug-ins: each is a `ProviderPlugin` published under the
-entry-point group `intentledger.providers` (this package publishes `sandbox`
-and `stripe` in pyproject.toml), so a third party adds one by installing a
+entry-point group `intentledger.providers` (this package publishes `sandbox`,
+`stripe` and `adyen` in pyproject.toml), so a third party adds one by installing a
 package, without forking this one. A plug-in declares what the ledger must know
 before it sends anything: the operation kinds it carries, the provider's
 documented key retention (weighed by the safety review), its lookup's
@@ -51,6 +51,11 @@ class ProviderConfig:
     stripe_api_base: str
     stripe_search_lag: timedelta
     stripe_webhook_secret: SecretStr | None
+    adyen_api_key: SecretStr | None = None
+    adyen_merchant_account: str | None = None
+    adyen_api_base: str = "https://checkout-test.adyen.com"
+    # Comma-separated hex keys (several while rotating), for the notification reader.
+    adyen_hmac_keys: SecretStr | None = None
 
 
 @dataclass(frozen=True)
