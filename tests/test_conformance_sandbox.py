@@ -1,23 +1,43 @@
 """The conformance kit (intentledger.testing.conformance) run for the sandbox
-adapter, on both databases: what a plug-in's own tests would look like."""
+adapter, on both databases: what a plug-in's own tests would look like. Each
+check of the adapter's wire is also shown failing on a deliberately broken
+copy of it."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.signatures import STRIPE_TOLERANCE_SECONDS, stripe_signature_header
+from intentledger.domain.transport import (
+    Classification,
+    LookupAnswer,
+    ProviderAnswer,
+    Transport,
+    Verdict,
+)
+from intentledger.providers.base import ProviderLookup, ProviderRequest
+from intentledger.providers.registry import ProviderConfig
 from intentledger.providers.sandbox.webhooks import (
     EVENT_STATUS,
     SandboxWebhookReader,
     charge_event,
 )
-from intentledger.providers.sandbox_client import seen_in_listing
+from intentledger.providers.sandbox_client import (
+    PLUGIN,
+    SandboxProvider,
+    map_answer,
+    seen_in_listing,
+)
+from intentledger.service import provider_config
+from intentledger.settings import Settings
 from intentledger.testing import conformance
-from intentledger.testing.conformance import EventAbout
+from intentledger.testing.conformance import ConformanceError, EventAbout
 
 SECRET = "whsec_sandbox_conformance"
 
@@ -39,7 +59,7 @@ WEBHOOKS = conformance.Webhooks(
     provider="sandbox",
     reader=SandboxWebhookReader(SECRET),
     secrets=(SECRET,),
-    sign=sign,
+    sign=conformance.signed_in_headers(sign),
     event=event,
     object_kinds=frozenset({"payment"}),
     tolerance=timedelta(seconds=STRIPE_TOLERANCE_SECONDS),
@@ -69,3 +89,95 @@ def test_no_status_the_sandbox_does_not_name_is_an_outcome() -> None:
             lambda status, kind=kind: seen_in_listing({"id": "x", "status": status}, kind).status,
             EVENT_STATUS,
         )
+
+
+# The sandbox maps a write's answer by HTTP status alone (docs/providers.md, "The sandbox").
+SUBMIT_ANSWERS = conformance.SubmitAnswers(
+    mapping=map_answer,
+    accepted=lambda word: {"id": "ch_1", "status": word},
+    refused=lambda code: {"error": {"type": code, "code": code}},
+    named={
+        **{status: None for status in range(200, 300)},
+        **{status: None for status in (400, 402, 409, 422, 429)},
+        **{status: None for status in range(500, 600)},
+    },
+)
+
+
+def test_no_answer_the_sandbox_does_not_name_is_an_outcome() -> None:
+    conformance.check_submit_mapping(SUBMIT_ANSWERS)
+
+
+def test_a_mapping_that_calls_any_refusal_a_failure_fails_the_kit() -> None:
+    def any_4xx_failed(answer: ProviderAnswer) -> Classification:
+        if answer.status is not None and 400 <= answer.status < 500:
+            return Classification(Verdict.FAILED, "every refusal, read as final")
+        return map_answer(answer)
+
+    with pytest.raises(ConformanceError, match="is mapped failed"):
+        conformance.check_submit_mapping(replace(SUBMIT_ANSWERS, mapping=any_4xx_failed))
+
+
+PAYMENT = ProviderRequest(
+    "payment",
+    "op_000000000000000000000001",
+    "op_000000000000000000000001:1",
+    {"amount": 500, "currency": "EUR", "payment_method": "pm_card_visa", "metadata": {}},
+)
+
+
+def build(api_base: str, timeout: timedelta) -> SandboxProvider:
+    return SandboxProvider(api_base + "/_sandbox", timeout)
+
+
+async def test_the_sandbox_says_never_sent_only_when_nothing_was_sent() -> None:
+    await conformance.check_transport(build, PAYMENT)
+
+
+class LostAnswerReadAsNeverSent(SandboxProvider):
+    """The mistake the check is for: every connection error taken as "not sent"."""
+
+    async def submit(self, request: ProviderRequest) -> ProviderAnswer:
+        answer = await super().submit(request)
+        if answer.transport is Transport.NO_RESPONSE:
+            return replace(answer, transport=Transport.NOT_SENT)
+        return answer
+
+
+async def test_an_adapter_taking_a_lost_answer_for_never_sent_fails_the_kit() -> None:
+    with pytest.raises(ConformanceError, match="closed the connection: the answer is not_exec"):
+        await conformance.check_transport(LostAnswerReadAsNeverSent, PAYMENT)
+
+
+def config() -> ProviderConfig:
+    return provider_config(Settings(provider="sandbox"))
+
+
+async def test_the_sandboxs_lookup_keeps_its_declaration(engine: AsyncEngine, sandbox: str) -> None:
+    provider = SandboxProvider(sandbox, timedelta(seconds=5))
+    try:
+        await conformance.check_lookup(
+            engine, provider, PLUGIN.consistency(config()), PLUGIN.retention(config())
+        )
+    finally:
+        await provider.aclose()
+
+
+class LaggingLookup(SandboxProvider):
+    """A lookup whose answers say it lags while the plug-in declares it strong."""
+
+    async def lookup(self, query: ProviderLookup) -> LookupAnswer:
+        return replace(await super().lookup(query), lag=timedelta(minutes=5))
+
+
+async def test_a_lookup_that_lags_against_its_declaration_fails_the_kit(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    provider = LaggingLookup(sandbox, timedelta(seconds=5))
+    try:
+        with pytest.raises(ConformanceError, match="strongly consistent"):
+            await conformance.check_lookup(
+                engine, provider, PLUGIN.consistency(config()), PLUGIN.retention(config())
+            )
+    finally:
+        await provider.aclose()

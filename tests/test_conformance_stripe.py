@@ -1,29 +1,50 @@
 """The conformance kit (intentledger.testing.conformance) run for the Stripe
 adapter, on both databases, with events built as Stripe sends them and signed
-by the official `stripe` SDK."""
+by the official `stripe` SDK, and its lookup against the Stripe fake
+(localstripe behind our proxy, tests/stripe_fake.py). Each check of the
+adapter's wire is also shown failing on a deliberately broken copy of it."""
 
 from __future__ import annotations
 
 import json
 import secrets
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 import stripe
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.signatures import STRIPE_TOLERANCE_SECONDS
+from intentledger.domain.transport import (
+    Classification,
+    LookupAnswer,
+    ProviderAnswer,
+    Transport,
+    Verdict,
+)
+from intentledger.providers.base import ProviderLookup, ProviderRequest
+from intentledger.providers.registry import BuildArguments, ProviderConfig
 from intentledger.providers.stripe import (
+    ERROR_RULES,
     INTENT_STATUSES,
+    PLUGIN,
     REFERENCE_KEY,
     REFUND_STATUSES,
+    StripeProvider,
     StripeWebhooks,
     lookup_word,
+    map_answer,
+    map_refund_answer,
     refund_lookup_word,
 )
+from intentledger.service import provider_config
+from intentledger.settings import Settings
 from intentledger.testing import conformance
-from intentledger.testing.conformance import EventAbout
+from intentledger.testing.conformance import ConformanceError, EventAbout
+from tests.stripe_fake import FAKE_API_KEY, StripeFake, stripe_fake  # noqa: F401
 
 RETIRED, CURRENT = "whsec_conformance_retired", "whsec_conformance_current"
 
@@ -69,7 +90,7 @@ WEBHOOKS = conformance.Webhooks(
     provider="stripe",
     reader=StripeWebhooks((RETIRED, CURRENT)),
     secrets=(RETIRED, CURRENT),
-    sign=sign,
+    sign=conformance.signed_in_headers(sign),
     event=event,
     object_kinds=frozenset({"payment", "refund"}),
     tolerance=timedelta(seconds=STRIPE_TOLERANCE_SECONDS),
@@ -117,3 +138,147 @@ def test_no_status_stripe_does_not_name_is_an_outcome() -> None:
     )
     conformance.check_status_mapping(intent_event_in, INTENT_WORDS)
     conformance.check_status_mapping(refund_event_in, REFUND_WORDS)
+
+
+def stripe_error(code: str) -> dict[str, Any]:
+    """A Stripe error body whose type and code are `code`: what ERROR_RULES read."""
+    return {"error": {"type": code, "code": code, "message": "made up by the conformance kit"}}
+
+
+def error_statuses() -> dict[int, frozenset[str] | None]:
+    """ERROR_RULES as the kit reads a table: a status any answer of which a rule
+    maps (None), or the types and codes it names there."""
+    named: dict[int, frozenset[str] | None] = {}
+    for rule in ERROR_RULES:
+        statuses = rule.status if isinstance(rule.status, range) else (rule.status,)
+        for status in statuses:
+            if rule.marker is None:
+                named[status] = None
+            elif named.get(status, frozenset()) is not None:
+                named[status] = (named.get(status) or frozenset()) | {rule.marker}
+    return named
+
+
+INTENT_ANSWERS = conformance.SubmitAnswers(
+    mapping=map_answer,
+    accepted=lambda word: {
+        "id": "pi_1",
+        "object": "payment_intent",
+        "status": word,
+        "last_payment_error": {"code": "card_declined"},
+    },
+    refused=stripe_error,
+    named={**{s: frozenset(INTENT_STATUSES) for s in range(200, 300)}, **error_statuses()},
+)
+REFUND_ANSWERS = conformance.SubmitAnswers(
+    mapping=map_refund_answer,
+    accepted=lambda word: {"id": "re_1", "object": "refund", "status": word},
+    refused=stripe_error,
+    named={**{s: frozenset(REFUND_STATUSES) for s in range(200, 300)}, **error_statuses()},
+)
+
+
+def test_no_answer_stripe_does_not_name_is_an_outcome() -> None:
+    conformance.check_submit_mapping(INTENT_ANSWERS)
+    conformance.check_submit_mapping(REFUND_ANSWERS)
+
+
+def test_a_mapping_that_takes_an_unknown_status_for_success_fails_the_kit() -> None:
+    def any_2xx_succeeded(answer: ProviderAnswer) -> Classification:
+        if answer.status is not None and 200 <= answer.status < 300:
+            return Classification(Verdict.SUCCEEDED, "a 2xx, whatever its status")
+        return map_answer(answer)
+
+    with pytest.raises(ConformanceError, match="is mapped succeeded"):
+        conformance.check_submit_mapping(replace(INTENT_ANSWERS, mapping=any_2xx_succeeded))
+
+
+PAYMENT = ProviderRequest(
+    "payment",
+    "op_000000000000000000000001",
+    "op_000000000000000000000001:1",
+    {"amount": 500, "currency": "EUR", "payment_method": "pm_card_visa", "metadata": {}},
+)
+REFUND = ProviderRequest(
+    "refund",
+    "op_000000000000000000000002",
+    "op_000000000000000000000002:1",
+    {"amount": 500, "metadata": {}},
+    target="pi_000000000000000000000001",
+)
+
+
+def build(api_base: str, timeout: timedelta) -> StripeProvider:
+    return StripeProvider("sk_test_conformance", api_base, timeout, timedelta(0))
+
+
+async def test_stripe_says_never_sent_only_when_nothing_was_sent() -> None:
+    await conformance.check_transport(build, PAYMENT)
+    await conformance.check_transport(build, REFUND)
+
+
+class NeverSentReadAsFailed(StripeProvider):
+    """The other mistake: a refused connection taken for a refused payment."""
+
+    async def submit(self, request: ProviderRequest) -> ProviderAnswer:
+        answer = await super().submit(request)
+        if answer.mapped is None:
+            failed = Classification(Verdict.FAILED, "no connection: declined")
+            return replace(answer, transport=Transport.RESPONSE, status=402, mapped=failed)
+        return answer
+
+
+async def test_an_adapter_taking_no_connection_for_a_decline_fails_the_kit() -> None:
+    def broken(api_base: str, timeout: timedelta) -> StripeProvider:
+        return NeverSentReadAsFailed("sk_test_conformance", api_base, timeout, timedelta(0))
+
+    with pytest.raises(ConformanceError, match="a connection refused: the answer is failed"):
+        await conformance.check_transport(broken, PAYMENT)
+
+
+@pytest.fixture
+def fake(stripe_fake: StripeFake) -> StripeFake:  # noqa: F811
+    stripe_fake.reset()
+    return stripe_fake
+
+
+def config(fake: StripeFake) -> ProviderConfig:
+    return provider_config(
+        Settings(provider="stripe", stripe_api_key=FAKE_API_KEY, stripe_api_base=fake.api_base)
+    )
+
+
+async def test_stripes_search_is_inconclusive_inside_its_lag(
+    engine: AsyncEngine, fake: StripeFake
+) -> None:
+    settings = config(fake)
+    provider = PLUGIN.build(BuildArguments(settings, None, timedelta(seconds=5), 10))
+    try:
+        await conformance.check_lookup(
+            engine, provider, PLUGIN.consistency(settings), PLUGIN.retention(settings)
+        )
+    finally:
+        await provider.aclose()
+
+
+class SearchWithoutLag(StripeProvider):
+    """A search whose answers forget their lag: an absence would count at once."""
+
+    async def lookup(self, query: ProviderLookup) -> LookupAnswer:
+        return replace(await super().lookup(query), lag=None)
+
+
+async def test_a_lookup_that_forgets_its_lag_fails_the_kit(
+    engine: AsyncEngine, fake: StripeFake
+) -> None:
+    settings = config(fake)
+    provider = SearchWithoutLag(
+        FAKE_API_KEY, fake.api_base, timedelta(seconds=5), settings.stripe_search_lag
+    )
+    try:
+        with pytest.raises(ConformanceError, match="carries lag None"):
+            await conformance.check_lookup(
+                engine, provider, PLUGIN.consistency(settings), PLUGIN.retention(settings)
+            )
+    finally:
+        await provider.aclose()

@@ -85,6 +85,7 @@ from intentledger.engine.operator import ESCALATABLE, OperatorAction
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.worker import Worker
+from intentledger.providers.base import ProviderLookup
 from intentledger.providers.http import ProviderResponse, observe
 from intentledger.providers.sandbox_client import map_answer
 from intentledger.store.database import _configure_sqlite, async_url
@@ -243,6 +244,9 @@ class SimulatedProvider:
         # Lets the model replace a behaviour for one request (see AVOID_KNOWN_BUGS).
         self.steer: Callable[[Write, str], str] = lambda _request, behaviour: behaviour
         self._ids = itertools.count(1)
+        # False: a provider without a lookup (Adyen's shape); asking it is a bug.
+        self.has_lookup = True
+        self.asked_without_a_lookup = 0
 
     def charges_for(self, reference: str) -> list[Charge]:
         return [c for c in self.charges if c.reference == reference]
@@ -301,6 +305,8 @@ class SimulatedProvider:
 
     async def lookup(self, query: Any) -> LookupAnswer:
         """Charges under our reference (the engine's lookup query names it)."""
+        if not self.has_lookup:
+            self.asked_without_a_lookup += 1
         reference = query if isinstance(query, str) else query.reference
         behaviour = self.lookup_behaviour
         if behaviour == "timeout":
@@ -357,6 +363,10 @@ def build_worker(
         ),
         Sweeper(engine, clock, STALE_SUBMITTING, BACKOFF, WORKER_ID, jitter=lambda: 0.0),
     )
+
+
+def _lookup_of(operation_id: str) -> ProviderLookup:
+    return ProviderLookup(kind="payment", reference=operation_id)
 
 
 def truthful_outcome(provider: SimulatedProvider, operation_id: str) -> Outcome:
@@ -747,13 +757,19 @@ class RecoveryModel(RuleBasedStateMachine):
         payments=st.integers(min_value=1, max_value=3),
         submit=SUBMITS,
         lookup=LOOKUPS,
+        has_lookup=st.booleans(),
     )
-    def set_up(self, allow_new_request: bool, payments: int, submit: str, lookup: str) -> None:
+    def set_up(
+        self, allow_new_request: bool, payments: int, submit: str, lookup: str, has_lookup: bool
+    ) -> None:
         """Some examples allow the deliberate new request after not-found lookups
-        (off by default in production); a few payments wait; the provider starts
-        in any mood."""
+        (off by default in production); some have a provider without a lookup
+        (Adyen's shape: only same-key resends and the safety review); a few
+        payments wait; the provider starts in any mood."""
         rules = SafetyRules(allow_new_request=allow_new_request)
         self.worker.reconciler.rules_for = lambda _p: rules
+        self.worker.reconciler.has_lookup = self.provider.has_lookup = has_lookup
+        event(f"lookup: {'yes' if has_lookup else 'none'}")
         keyed = mandates.Keyed("alice", mandates.CREATE_ROUTE, "model-mandate", "h")
         limits = {"currency": "EUR", "max_amount": 500, "total_limit": 500 * 4 * MAX_OPERATIONS}
         mandate, _ = self.run(mandates.create_mandate(self.engine, self.clock, keyed, limits))
@@ -863,7 +879,7 @@ class RecoveryModel(RuleBasedStateMachine):
         elif row.kind == "reconcile":
             checking = await self.worker.reconciler._begin_check(row)
             if checking is not None and after_the_call:
-                await self.provider.lookup(row.operation_id)
+                await self.worker.reconciler._look(_lookup_of(row.operation_id))
             event("crash in reconcile delivery")
         else:
             event(f"crash right after claiming a {row.kind} row")
@@ -888,10 +904,10 @@ class RecoveryModel(RuleBasedStateMachine):
                 self.held.append(("answer", row, submission, answer))
         elif row.kind == "reconcile":
             if await self.worker.reconciler._begin_check(row) is not None:
-                lookup = await self.provider.lookup(row.operation_id)
+                lookup = await self.worker.reconciler._look(_lookup_of(row.operation_id))
                 self.held.append(("lookup_result", row, None, lookup))
         else:
-            lookup = await self.provider.lookup(row.operation_id)
+            lookup = await self.worker.reconciler._look(_lookup_of(row.operation_id))
             self.held.append(("audit_lookup", row, None, lookup))
         event(f"held in flight: {row.kind}")
 
@@ -1039,6 +1055,10 @@ class RecoveryModel(RuleBasedStateMachine):
     @invariant()
     def books_follow_the_ledger(self) -> None:
         check_books_follow_the_ledger(self.snapshot())
+
+    @invariant()
+    def a_provider_without_a_lookup_is_never_asked(self) -> None:
+        assert self.provider.asked_without_a_lookup == 0
 
 
 MODEL_SETTINGS = settings(

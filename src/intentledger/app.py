@@ -25,7 +25,7 @@ from intentledger.domain.work_queue import DEFAULT_WAITING_THRESHOLD
 from intentledger.engine.clock import Clock
 from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.sync_writes import SyncWriter
-from intentledger.providers.base import KINDS, WebhookReader
+from intentledger.providers.base import KINDS, Webhooks
 from intentledger.store.group_statement import GroupStatement
 
 
@@ -38,7 +38,7 @@ def create_app(
     policy_for: Callable[[str], RetentionPolicy] | None = None,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     provider_kinds: frozenset[str] = frozenset(KINDS),
-    webhook_readers: Mapping[str, WebhookReader] | None = None,
+    webhook_readers: Mapping[str, Webhooks] | None = None,
     recheck_backoff: timedelta = timedelta(seconds=30),
     webhook_allow_private: bool = False,
     operator_queue_after: timedelta = DEFAULT_WAITING_THRESHOLD,

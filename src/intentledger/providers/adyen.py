@@ -45,6 +45,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from intentledger.domain.adyen_signatures import HEX_KEY
 from intentledger.domain.retention import REGISTRY
 from intentledger.domain.transport import (
     Classification,
@@ -53,6 +54,7 @@ from intentledger.domain.transport import (
     Transport,
     Verdict,
 )
+from intentledger.providers.adyen_notifications import AdyenNotifications, hmac_keys
 from intentledger.providers.base import LookupConsistency, ProviderLookup, ProviderRequest
 from intentledger.providers.http import ProviderClient, call_deadline, error_fields, observe
 from intentledger.providers.registry import BuildArguments, ProviderConfig, ProviderPlugin
@@ -481,7 +483,28 @@ def _problems(config: ProviderConfig) -> list[str]:
             "INTENTLEDGER_ADYEN_API_BASE must not name the API version (e.g. "
             f"https://checkout-test.adyen.com): the adapter adds /{API_VERSION}"
         )
+    keys = _hmac_keys(config)
+    if config.adyen_hmac_keys is not None and not keys:
+        problems.append("INTENTLEDGER_ADYEN_HMAC_KEYS is set but holds no key")
+    elif not all(HEX_KEY.fullmatch(key) for key in keys):
+        # Said without the keys: they are secrets.
+        problems.append(
+            "INTENTLEDGER_ADYEN_HMAC_KEYS must be hex keys (as the Customer Area shows them), "
+            "comma-separated"
+        )
     return problems
+
+
+def _hmac_keys(config: ProviderConfig) -> tuple[str, ...]:
+    configured = config.adyen_hmac_keys
+    return hmac_keys(configured.get_secret_value() if configured is not None else None)
+
+
+def _notifications(config: ProviderConfig) -> AdyenNotifications | None:
+    """The notification reader, when HMAC keys are configured (else the route
+    takes none: an unverifiable notification is never evidence)."""
+    keys = _hmac_keys(config)
+    return AdyenNotifications(keys, config.adyen_merchant_account) if keys else None
 
 
 def _build(arguments: BuildArguments) -> AdyenProvider:
@@ -506,4 +529,5 @@ PLUGIN = ProviderPlugin(
     consistency=lambda _config: CONSISTENCY,
     build=_build,
     problems=_problems,
+    webhooks=_notifications,
 )

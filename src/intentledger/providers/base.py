@@ -124,7 +124,10 @@ class BatchWebhookReader(Protocol):
     """A provider that posts several events in one signed body (Adyen), and
     waits for a particular answer once all of them are stored."""
 
-    acknowledgement: str  # the body that tells the provider to stop resending
+    @property
+    def acknowledgement(self) -> str:
+        """The body that tells the provider to stop resending."""
+        ...
 
     def read_batch(
         self, body: bytes, headers: Mapping[str, str], now: datetime

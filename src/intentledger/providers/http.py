@@ -153,6 +153,17 @@ async def observe(
         return ProviderAnswer(
             Transport.NO_RESPONSE, error_class=_qualified(exc), detail={"error": str(exc)}
         )
+    return answer_of(response, mapping=mapping, keep_headers=keep_headers)
+
+
+def answer_of(
+    response: ProviderResponse,
+    *,
+    mapping: Mapping | None = None,
+    keep_headers: tuple[str, ...] = (),
+) -> ProviderAnswer:
+    """What a whole answer shows, read as `observe` reads every response (the
+    conformance kit reads made-up answers through it too)."""
     detail: dict[str, Any] = {}
     body: Any = None  # what an unreadable body tells: nothing
     try:
