@@ -38,6 +38,10 @@ out of order), the clock (moved forward to expire keys), and the truth: every
 payment and refund it executed and every notification delivery.
 
     python -m tests.adyen_fake serve --port P --control-port C
+    python -m tests.adyen_fake proxy --port P2 --control-port C2 --upstream http://127.0.0.1:P
+
+The second is the suite's fault proxy (tests/fault_proxy.py) in Adyen's error
+shapes, for runs that need the network to fail too (the chaos run).
 
 Tests use `AdyenFake` (a context manager that runs that process) or the
 `adyen_fake` and `fresh_adyen` fixtures.
@@ -54,6 +58,7 @@ import itertools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -74,6 +79,8 @@ from aiohttp import web
 
 from intentledger.domain.adyen_signatures import signed_adyen_item
 from intentledger.ports import free_port
+from tests.fault_proxy import Answer as FaultAnswer
+from tests.fault_proxy import FaultProxy, json_bytes, serve_proxy
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FAKE_API_KEY = "AQE_fake_adyen_api_key"
@@ -104,6 +111,8 @@ NOTIFIED_AT_ONCE = {
     "Cancelled": False,
 }
 REFUND_OUTCOMES = ("REFUND", "REFUND:false", "REFUND_FAILED", "none")
+# The writes the fault proxy faults: their outcome is what a lost answer hides.
+FAULTED_WRITE = re.compile(r"/v71/payments(/[^/]+/refunds)?")
 
 
 @dataclass
@@ -586,6 +595,33 @@ def _json(answer: Answer, headers: dict[str, str] | None = None) -> web.Response
     return web.json_response(answer.body, status=answer.status, headers=extra)
 
 
+class AdyenFaultProxy(FaultProxy):
+    """The suite's fault proxy (tests/fault_proxy.py) in front of this fake:
+    faults on the writes whose outcome can become unknown (payments, refunds),
+    answered in Adyen's error body (`status`, `errorCode`, `message`,
+    `errorType`: https://docs.adyen.com/development-resources/error-codes).
+    The fake keeps its own keys, so a resend after a fault meets the fake's
+    replay of what it did."""
+
+    name = "adyen fake proxy"
+    forwarded_request_headers = ("X-API-Key", "Content-Type", "Idempotency-Key")
+    forwarded_answer_headers = ("Idempotency-Key", "pspReference")
+
+    def is_faulted(self, request: web.Request) -> bool:
+        return request.method == "POST" and FAULTED_WRITE.fullmatch(request.path) is not None
+
+    def rate_limited(self, request_id: str) -> tuple[FaultAnswer, dict[str, str]]:
+        # Adyen's 429 names no errorCode of its own; the generic internal one
+        # says "too many requests" (https://docs.adyen.com/errors/internal).
+        payload = _service_error(429, "00_500", "too many requests", "internal").body
+        headers = {"Retry-After": f"{self.config.retry_after:g}"}
+        return FaultAnswer(429, json_bytes(payload), request_id), headers
+
+    def server_error(self, request_id: str, message: str) -> FaultAnswer:
+        payload = _service_error(500, "00_500", message, "internal").body
+        return FaultAnswer(500, json_bytes(payload), request_id)
+
+
 # -- the Python side, for tests ------------------------------------------------
 
 
@@ -710,8 +746,15 @@ def main(argv: list[str] | None = None) -> None:
     serve = commands.add_parser("serve", help="the fake's API and control ports, until SIGTERM")
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--control-port", type=int, required=True)
+    proxy = commands.add_parser("proxy", help="the fault proxy in front of the fake")
+    proxy.add_argument("--port", type=int, required=True)
+    proxy.add_argument("--control-port", type=int, required=True)
+    proxy.add_argument("--upstream", required=True, help="the fake's API, e.g. http://127.0.0.1:P")
     args = parser.parse_args(argv)
-    asyncio.run(Fake().serve(args.port, args.control_port))
+    if args.command == "proxy":
+        asyncio.run(serve_proxy(AdyenFaultProxy(args.upstream, args.port), args.control_port))
+    else:
+        asyncio.run(Fake().serve(args.port, args.control_port))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@ adapter's failure handling depends on, so the proxy adds it:
   indexing lag;
 - Stripe's shapes where localstripe differs: `latest_charge` is an id, declines
   are `card_error` and carry the PaymentIntent, `description` is accepted;
-- faults on creates (429, 500 before or after executing, a dropped or held
-  answer, a refused connection), from a queue or a seeded random mix.
+- the suite's fault proxy (tests/fault_proxy.py) on creates: 429, 500 before
+  or after executing, a dropped or held answer, a refused connection, from a
+  queue or a seeded random mix; a 500 after executing is kept for the key, as
+  Stripe keeps any answer, and a held answer keeps its key in flight (409).
 
 The proxy and localstripe run as their own OS processes, so a dropped connection
 or a refused port is a real one. A control port, which stays up while the public
@@ -39,30 +41,36 @@ import importlib.util
 import json
 import logging
 import os
-import random
 import re
 import secrets
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
-import aiohttp
 import httpx
 from aiohttp import web
 
 from intentledger.ports import free_port
+from tests.fault_proxy import (
+    ERROR_AFTER_MESSAGE,
+    Answer,
+    FaultConfig,
+    FaultProxy,
+    FaultProxyControl,
+    json_bytes,
+    serve_proxy,
+)
 
 if TYPE_CHECKING:
     import stripe
@@ -85,15 +93,6 @@ LOCAL_PORT = 12111
 # The events localstripe sends for a PaymentIntent (it sends no refund events).
 LOCALSTRIPE_EVENTS = ("payment_intent.succeeded", "payment_intent.payment_failed")
 
-FAULTS = (
-    "none",
-    "rate_limited",
-    "error_before",
-    "error_after",
-    "reset_after",
-    "hold_after",
-    "refuse",
-)
 # Only creates get faults: they are the calls whose outcome can become unknown,
 # while retrieve, list and search must stay usable to find out what happened.
 FAULTED_CREATES = frozenset({"/v1/payment_intents", "/v1/refunds"})
@@ -117,31 +116,9 @@ FORWARDED_HEADERS = ("Authorization", "Content-Type", "Stripe-Version", "Stripe-
 
 
 @dataclass
-class ProxyConfig:
-    queue: list[str] = field(default_factory=list)
-    mix: dict[str, float] = field(default_factory=dict)
-    seed: int = 0
+class ProxyConfig(FaultConfig):
     search_lag: float = 0.0
     search: bool = True
-    retry_after: float = 1.0
-    hold_seconds: float = 30.0
-    refuse_seconds: float = 0.5
-
-
-@dataclass
-class Answer:
-    """An HTTP answer as the proxy keeps it for an idempotency key."""
-
-    status: int
-    body: bytes
-    request_id: str
-    content_type: str = "application/json"
-
-    def json(self) -> Any:
-        try:
-            return json.loads(self.body)
-        except ValueError:
-            return None
 
 
 @dataclass
@@ -152,14 +129,6 @@ class KeyRecord:
     fingerprint: tuple[str, str, tuple[tuple[str, str], ...]]
     answer: Answer | None = None
     in_flight: bool = True
-
-
-class Aborted(Exception):
-    """The client's connection was dropped on purpose; there is nothing to answer."""
-
-
-def _json_bytes(payload: Any) -> bytes:
-    return json.dumps(payload, indent=2, sort_keys=True).encode()
 
 
 def _error(type_: str, message: str, **extra: str) -> dict[str, Any]:
@@ -235,85 +204,16 @@ def _is_validation_failure(answer: Answer) -> bool:
     return isinstance(error, dict) and error.get("type") == "invalid_request_error"
 
 
-def _abort_connection(request: web.BaseRequest) -> None:
-    transport = request.transport
-    if transport is None:
-        return
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        # Zero linger turns the close into a TCP reset: the client sees the
-        # connection dropped mid-request, with no HTTP answer at all.
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
+class Proxy(FaultProxy):
+    """The fault proxy in front of localstripe, with what localstripe lacks:
+    Stripe's idempotency, search and shapes (the module's docstring)."""
 
+    name = "stripe fake proxy"
+    forwarded_request_headers = FORWARDED_HEADERS
+    config: ProxyConfig
 
-class PublicListener:
-    """The public port, which faults and tests can close (connections are then
-    refused by the kernel) and reopen on the same port."""
-
-    def __init__(self, port: int, protocol_factory: web.Server) -> None:
-        self.port = port
-        self._protocol_factory = protocol_factory
-        self._server: asyncio.Server | None = None
-        self._reopen: asyncio.TimerHandle | None = None
-
-    @property
-    def is_open(self) -> bool:
-        return self._server is not None
-
-    async def open(self) -> None:
-        self._cancel_reopen()
-        if self._server is not None:
-            return
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            # The port was ours a moment ago; its old connections may sit in TIME_WAIT.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", self.port))
-            sock.listen(128)
-        except OSError:
-            sock.close()
-            raise
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol_factory, sock=sock)
-
-    def close(self, *, busy_too: bool = True) -> None:
-        self._cancel_reopen()
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        # Stripe being unreachable also ends its open connections, or a pooled
-        # client would keep talking to the "down" server: aborted, because a
-        # graceful close leaves an idle keep-alive connection open long enough
-        # for a client to send on it and wait for ever. With `busy_too`, a
-        # request in progress (maybe forwarded) loses its answer as well.
-        for connection in list(self._protocol_factory.connections):
-            # aiohttp's handler marks a request being answered (a private slot).
-            busy = getattr(connection, "_request_in_progress", False)
-            if connection.transport is not None and (busy_too or not busy):
-                connection.transport.abort()
-
-    def close_for(self, seconds: float) -> None:
-        """A short refusal window (the `refuse` fault): new connections are
-        refused and idle ones dropped; requests other clients have in progress
-        are answered."""
-        self.close(busy_too=False)
-        loop = asyncio.get_running_loop()
-        self._reopen = loop.call_later(seconds, lambda: loop.create_task(self.open()))
-
-    def _cancel_reopen(self) -> None:
-        if self._reopen is not None:
-            self._reopen.cancel()
-            self._reopen = None
-
-
-class Proxy:
     def __init__(self, upstream: str, public_port: int) -> None:
-        self.upstream = upstream.rstrip("/")
-        self.public_port = public_port
-        self.config = ProxyConfig()
-        self.rng = random.Random(self.config.seed)
+        super().__init__(upstream, public_port)
         self.keys: dict[tuple[str, str], KeyRecord] = {}
         # When each PaymentIntent's create answer passed through: search hides it until the lag.
         self.created_at: dict[str, float] = {}
@@ -321,95 +221,57 @@ class Proxy:
         # reads only these, fresh from localstripe, instead of listing all of
         # localstripe (whose list is too slow for a search per check under load).
         self.metadata_of: dict[str, dict[str, Any]] = {}
-        self.log: list[dict[str, Any]] = []
-        self.session: aiohttp.ClientSession | None = None
-        self.listener: PublicListener | None = None
-        self._runners: list[web.AppRunner] = []
 
-    # -- lifecycle ---------------------------------------------------------
+    # -- Stripe's words for the fault proxy ------------------------------------
 
-    async def start(self, control_port: int) -> None:
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
-        public = web.Application(client_max_size=2**20)
-        public.router.add_route("*", "/{tail:.*}", self.handle_public)
-        # A short shutdown: held answers must not keep a stopping proxy alive.
-        public_runner = web.AppRunner(public, access_log=None, shutdown_timeout=0.2)
-        await public_runner.setup()
-        assert public_runner.server is not None
-        self.listener = PublicListener(self.public_port, public_runner.server)
-        await self.listener.open()
+    def new_config(self) -> ProxyConfig:
+        return ProxyConfig()
 
-        control = web.Application()
-        control.router.add_get("/_proxy/health", self.control_health)
-        control.router.add_post("/_proxy/config", self.control_config)
-        control.router.add_post("/_proxy/listener", self.control_listener)
+    def is_faulted(self, request: web.Request) -> bool:
+        return request.method == "POST" and request.path in FAULTED_CREATES
+
+    def rate_limited(self, request_id: str) -> tuple[Answer, dict[str, str]]:
+        message = (
+            "Too many requests hit the API too quickly. We recommend an exponential "
+            "backoff of your requests."
+        )
+        payload = _error("rate_limit_error", message, code="rate_limit")
+        headers = {
+            "Retry-After": f"{self.config.retry_after:g}",
+            "Stripe-Should-Retry": "true",
+        }
+        return Answer(429, json_bytes(payload), request_id), headers
+
+    def server_error(self, request_id: str, message: str) -> Answer:
+        return Answer(500, json_bytes(_api_error(message)), request_id)
+
+    def response_headers(self, request_id: str, answer: Answer) -> dict[str, str]:
+        return {"Request-Id": request_id}
+
+    def log_fields(self, request: web.Request, body: bytes) -> dict[str, Any]:
+        pairs = [*request.query.items(), *_form_pairs(body, request.content_type)]
+        return {"params": _params_dict(pairs)}
+
+    def control_routes(self, control: web.Application) -> None:
         control.router.add_post("/_proxy/expire-keys", self.control_expire_keys)
-        control.router.add_get("/_proxy/log", self.control_log)
-        control.router.add_post("/_proxy/reset", self.control_reset)
-        control_runner = web.AppRunner(control, access_log=None, shutdown_timeout=0.2)
-        await control_runner.setup()
-        await web.TCPSite(control_runner, "127.0.0.1", control_port, reuse_address=True).start()
-        self._runners = [public_runner, control_runner]
 
-    async def stop(self) -> None:
-        if self.listener is not None:
-            self.listener.close()
-        for runner in self._runners:
-            await runner.cleanup()
-        if self.session is not None:
-            await self.session.close()
+    def apply_config(self, changes: Any) -> None:
+        super().apply_config(changes)
+        if "search_lag" in changes:
+            self.config.search_lag = float(changes["search_lag"])
+        if "search" in changes:
+            self.config.search = bool(changes["search"])
+
+    async def reset_upstream(self) -> str | None:
+        self.keys.clear()
+        self.created_at.clear()
+        self.metadata_of.clear()
+        async with self._session().delete(f"{self.upstream}/_config/data") as response:
+            if response.status != 200:
+                return f"localstripe: {await response.text()}"
+        return None
 
     # -- control port --------------------------------------------------------
-
-    async def control_health(self, request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "listening": self._listener().is_open})
-
-    async def control_config(self, request: web.Request) -> web.Response:
-        try:
-            changes = await request.json()
-            self._apply_config(changes)
-        except (ValueError, TypeError) as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        return web.json_response(self._config_json())
-
-    def _apply_config(self, changes: Any) -> None:
-        if not isinstance(changes, dict):
-            raise ValueError("config must be a JSON object")
-        unknown = set(changes) - set(ProxyConfig.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown config keys: {sorted(unknown)}")
-        config = self.config
-        if "queue" in changes:
-            queue = [str(name) for name in changes["queue"]]
-            _check_faults(queue)
-            config.queue = queue
-        if "mix" in changes:
-            mix = {str(name): float(weight) for name, weight in dict(changes["mix"]).items()}
-            _check_faults(mix)
-            if any(weight < 0 for weight in mix.values()):
-                raise ValueError("mix weights must not be negative")
-            config.mix = mix
-        if "seed" in changes:
-            config.seed = int(changes["seed"])
-            self.rng = random.Random(config.seed)
-        for name in ("search_lag", "retry_after", "hold_seconds", "refuse_seconds"):
-            if name in changes:
-                setattr(config, name, float(changes[name]))
-        if "search" in changes:
-            config.search = bool(changes["search"])
-
-    def _config_json(self) -> dict[str, Any]:
-        return {name: getattr(self.config, name) for name in ProxyConfig.__dataclass_fields__}
-
-    async def control_listener(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        if not isinstance(body, dict) or not isinstance(body.get("open"), bool):
-            return web.json_response({"error": 'expected {"open": true|false}'}, status=400)
-        if body["open"]:
-            await self._listener().open()
-        else:
-            self._listener().close()
-        return web.json_response({"open": self._listener().is_open})
 
     async def control_expire_keys(self, request: web.Request) -> web.Response:
         # Keys still in flight stay: Stripe prunes keys by age, and an
@@ -419,87 +281,20 @@ class Proxy:
             del self.keys[scope]
         return web.json_response({"expired": len(expired)})
 
-    async def control_log(self, request: web.Request) -> web.Response:
-        return web.json_response({"data": self.log})
-
-    async def control_reset(self, request: web.Request) -> web.Response:
-        self.config = ProxyConfig()
-        self.rng = random.Random(self.config.seed)
-        self.keys.clear()
-        self.created_at.clear()
-        self.metadata_of.clear()
-        self.log.clear()
-        await self._listener().open()
-        async with self._session().delete(f"{self.upstream}/_config/data") as response:
-            if response.status != 200:
-                text = await response.text()
-                return web.json_response({"error": f"localstripe: {text}"}, status=502)
-        return web.json_response({"ok": True})
-
     # -- public port ---------------------------------------------------------
 
-    async def handle_public(self, request: web.Request) -> web.StreamResponse:
-        request_id = "req_" + secrets.token_hex(7)
-        body = await request.read()
-        pairs = [*request.query.items(), *_form_pairs(body, request.content_type)]
-        entry: dict[str, Any] = {
-            "at": time.time(),
-            "request_id": request_id,
-            "method": request.method,
-            "path": request.path,
-            "idempotency_key": request.headers.get("Idempotency-Key"),
-            "fault": "none",
-            "status": None,
-            "replayed": False,
-            "forwarded": False,
-            "params": _params_dict(pairs),
-            "done": False,
-        }
-        self.log.append(entry)
-        try:
-            answer, headers = await self._dispatch(request, body, pairs, entry, request_id)
-        except Aborted:
-            entry["done"] = True
-            # The connection is gone; aiohttp has nothing left to write to.
-            return web.Response(status=499)
-        except Exception as exc:  # the fake itself failed: say so, as Stripe would
-            answer = Answer(500, _json_bytes(_api_error(f"stripe fake: {exc!r}")), request_id)
-            headers = {}
-        entry["status"] = answer.status
-        entry["done"] = True
-        return web.Response(
-            status=answer.status,
-            body=answer.body,
-            content_type=answer.content_type,
-            headers={"Request-Id": request_id, **headers},
-        )
-
-    async def _dispatch(
-        self,
-        request: web.Request,
-        body: bytes,
-        pairs: list[tuple[str, str]],
-        entry: dict[str, Any],
-        request_id: str,
+    async def dispatch(
+        self, request: web.Request, body: bytes, entry: dict[str, Any], request_id: str
     ) -> tuple[Answer, dict[str, str]]:
         if request.method == "GET" and request.path == SEARCH_PATH:
             return await self._search(request, request_id), {}
 
-        fault = "none"
-        if request.method == "POST" and request.path in FAULTED_CREATES:
-            fault = self._draw_fault()
-        entry["fault"] = fault
-
+        pairs = [*request.query.items(), *_form_pairs(body, request.content_type)]
+        fault = self.draw_fault(request, entry)
         # Refusals at Stripe's front door: nothing runs and no key is touched.
-        if fault == "rate_limited":
-            return self._rate_limited(request_id)
-        if fault == "error_before":
-            message = "An error occurred before the request was executed (injected)."
-            return Answer(500, _json_bytes(_api_error(message)), request_id), {}
-        if fault == "refuse":
-            self._listener().close_for(self.config.refuse_seconds)
-            _abort_connection(request)
-            raise Aborted
+        refused = self.refuse_before(fault, request, request_id)
+        if refused is not None:
+            return refused
 
         record: KeyRecord | None = None
         idempotency_key = request.headers.get("Idempotency-Key")
@@ -511,7 +306,8 @@ class Proxy:
                 answer, headers = self._known_key_answer(known, fingerprint, idempotency_key)
                 entry["replayed"] = headers.get("Idempotent-Replayed") == "true"
                 fresh = Answer(answer.status, answer.body, request_id, answer.content_type)
-                return await self._deliver(request, fresh, headers, fault)
+                # It executed nothing: faults after execution touch only its delivery.
+                return await self.deliver(request, fresh, headers, fault)
             record = KeyRecord(scope, fingerprint)
             self.keys[scope] = record
 
@@ -520,14 +316,7 @@ class Proxy:
             self._execute(request, body, pairs, record, fault, request_id)
         )
         entry["forwarded"] = True
-        if fault == "error_after":
-            return self._error_after(request_id)
-        if fault == "reset_after":
-            _abort_connection(request)
-            raise Aborted
-        if fault == "hold_after":
-            await asyncio.sleep(self.config.hold_seconds)
-        return answer, {}
+        return await self.deliver(request, answer, {}, fault)
 
     def _known_key_answer(
         self,
@@ -542,30 +331,16 @@ class Proxy:
                 f"going through): {idempotency_key}. Please try again later."
             )
             payload = _error("idempotency_error", message, code="idempotency_key_in_use")
-            return Answer(409, _json_bytes(payload), ""), {}
+            return Answer(409, json_bytes(payload), ""), {}
         if known.fingerprint != fingerprint:
             message = (
                 "Keys for idempotent requests can only be used with the same parameters they "
                 f"were first used with. Try using a key other than '{idempotency_key}' if you "
                 "meant to execute a different request."
             )
-            return Answer(400, _json_bytes(_error("idempotency_error", message)), ""), {}
+            return Answer(400, json_bytes(_error("idempotency_error", message)), ""), {}
         stored = known.answer
         return stored, {"Idempotent-Replayed": "true", "Original-Request": stored.request_id}
-
-    async def _deliver(
-        self, request: web.Request, answer: Answer, headers: dict[str, str], fault: str
-    ) -> tuple[Answer, dict[str, str]]:
-        """An answer that executed nothing (a replay or a key conflict): faults
-        after execution touch only its delivery."""
-        if fault == "error_after":
-            return self._error_after(answer.request_id)
-        if fault == "reset_after":
-            _abort_connection(request)
-            raise Aborted
-        if fault == "hold_after":
-            await asyncio.sleep(self.config.hold_seconds)
-        return answer, headers
 
     async def _execute(
         self,
@@ -577,7 +352,7 @@ class Proxy:
         request_id: str,
     ) -> Answer:
         try:
-            answer = await self._forward(request, body, pairs, request_id)
+            answer = await self._forward_to_localstripe(request, body, pairs, request_id)
         except BaseException:
             # Whether it ran upstream is unknown to us; leave the key free for a retry.
             if record is not None and self.keys.get(record.scope) is record:
@@ -589,7 +364,10 @@ class Proxy:
             if self.keys.get(record.scope) is record:
                 del self.keys[record.scope]
             return answer
-        record.answer = self._error_after(request_id)[0] if fault == "error_after" else answer
+        # Stripe keeps a 500 for the key like any answer: a replay gets the 500 again.
+        record.answer = (
+            self.server_error(request_id, ERROR_AFTER_MESSAGE) if fault == "error_after" else answer
+        )
         if fault == "hold_after":
             # Stripe is still "working" while the answer is held: a retry meanwhile gets 409.
             # A timer, not this handler, ends that, so a client that gives up changes nothing.
@@ -599,7 +377,7 @@ class Proxy:
             record.in_flight = False
         return answer
 
-    async def _forward(
+    async def _forward_to_localstripe(
         self, request: web.Request, body: bytes, pairs: list[tuple[str, str]], request_id: str
     ) -> Answer:
         headers = {
@@ -627,7 +405,7 @@ class Proxy:
             await self._shape_decline(payload, request)
         if is_intent_create:
             self._note_created(payload)
-        return Answer(status, _json_bytes(payload), request_id)
+        return Answer(status, json_bytes(payload), request_id)
 
     async def _shape_decline(self, payload: Any, request: web.Request) -> None:
         error = payload.get("error") if isinstance(payload, dict) else None
@@ -665,13 +443,13 @@ class Proxy:
     async def _search(self, request: web.Request, request_id: str) -> Answer:
         if not self.config.search:
             message = f"Unrecognized request URL (GET: {SEARCH_PATH})."
-            return Answer(404, _json_bytes(_error("invalid_request_error", message)), request_id)
+            return Answer(404, json_bytes(_error("invalid_request_error", message)), request_id)
         match = METADATA_CLAUSE.match(request.query.get("query", ""))
         if match is None:
             message = (
                 "This fake's search supports only queries of the form metadata['KEY']:'VALUE'."
             )
-            return Answer(400, _json_bytes(_error("invalid_request_error", message)), request_id)
+            return Answer(400, json_bytes(_error("invalid_request_error", message)), request_id)
         key, value = match["key"], match["value"]
         auth = {"Authorization": request.headers.get("Authorization", "")}
         now = time.time()
@@ -685,7 +463,7 @@ class Proxy:
                 continue  # not indexed yet, as with Stripe's search shortly after a create
             intent = await self._get_json(f"/v1/payment_intents/{intent_id}", auth)
             if intent is None:
-                return Answer(500, _json_bytes(_api_error("search failed")), request_id)
+                return Answer(500, json_bytes(_api_error("search failed")), request_id)
             found.append(_stripe_shaped(intent))
         found.sort(key=lambda intent: intent.get("created") or 0, reverse=True)
         result = {
@@ -695,63 +473,11 @@ class Proxy:
             "next_page": None,
             "url": SEARCH_PATH,
         }
-        return Answer(200, _json_bytes(result), request_id)
-
-    # -- faults --------------------------------------------------------------
-
-    def _draw_fault(self) -> str:
-        if self.config.queue:
-            return self.config.queue.pop(0)
-        weights = {name: weight for name, weight in self.config.mix.items() if weight > 0}
-        if not weights:
-            return "none"
-        return self.rng.choices(list(weights), weights=list(weights.values()))[0]
-
-    def _rate_limited(self, request_id: str) -> tuple[Answer, dict[str, str]]:
-        message = (
-            "Too many requests hit the API too quickly. We recommend an exponential "
-            "backoff of your requests."
-        )
-        payload = _error("rate_limit_error", message, code="rate_limit")
-        headers = {
-            "Retry-After": f"{self.config.retry_after:g}",
-            "Stripe-Should-Retry": "true",
-        }
-        return Answer(429, _json_bytes(payload), request_id), headers
-
-    def _error_after(self, request_id: str) -> tuple[Answer, dict[str, str]]:
-        message = "An error occurred after the request was executed (injected)."
-        return Answer(500, _json_bytes(_api_error(message)), request_id), {}
-
-    def _listener(self) -> PublicListener:
-        assert self.listener is not None, "proxy not started"
-        return self.listener
-
-    def _session(self) -> aiohttp.ClientSession:
-        assert self.session is not None, "proxy not started"
-        return self.session
+        return Answer(200, json_bytes(result), request_id)
 
 
 def _finish(record: KeyRecord) -> None:
     record.in_flight = False
-
-
-def _check_faults(names: Any) -> None:
-    unknown = sorted(set(names) - set(FAULTS))
-    if unknown:
-        raise ValueError(f"unknown faults {unknown}; known: {list(FAULTS)}")
-
-
-async def serve_proxy(port: int, control_port: int, upstream: str) -> None:
-    proxy = Proxy(upstream, port)
-    await proxy.start(control_port)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stopping.set)
-    print(f"stripe fake proxy on 127.0.0.1:{port}, control {control_port}", flush=True)
-    await stopping.wait()
-    await proxy.stop()
 
 
 def run_localstripe(port: int, pickle_path: Path) -> None:
@@ -785,7 +511,7 @@ def run_localstripe(port: int, pickle_path: Path) -> None:
 # -- the Python side, for tests ------------------------------------------------
 
 
-class StripeFake:
+class StripeFake(FaultProxyControl):
     """localstripe plus the proxy, as two subprocesses on free ports."""
 
     def __init__(
@@ -803,7 +529,7 @@ class StripeFake:
         self.control_port = control_port or free_port()
         self.api_base = f"http://127.0.0.1:{self.public_port}"
         self.truth_base = f"http://127.0.0.1:{self.localstripe_port}"
-        self.control_base = f"http://127.0.0.1:{self.control_port}"
+        super().__init__(f"http://127.0.0.1:{self.control_port}")
         self._processes: list[tuple[subprocess.Popen[bytes], Path]] = []
         self._log_files: list[Any] = []
 
@@ -909,22 +635,7 @@ class StripeFake:
             for log in sorted(self.workdir.glob("*.log"))
         )
 
-    # -- control -------------------------------------------------------------
-
-    def _control(self, method: str, path: str, payload: Any = None) -> Any:
-        response = httpx.request(method, f"{self.control_base}{path}", json=payload, timeout=10)
-        if response.status_code != 200:
-            raise RuntimeError(f"{method} {path}: {response.status_code} {response.text}")
-        return response.json()
-
-    def reset(self) -> None:
-        self._control("POST", "/_proxy/reset")
-
-    def configure(self, **config: Any) -> None:
-        self._control("POST", "/_proxy/config", config)
-
-    def listener(self, open: bool) -> None:
-        self._control("POST", "/_proxy/listener", {"open": open})
+    # -- control (the proxy's own, FaultProxyControl, and these) ---------------
 
     def expire_keys(self) -> None:
         self._control("POST", "/_proxy/expire-keys")
@@ -935,10 +646,6 @@ class StripeFake:
         response = httpx.post(f"{self.truth_base}/_config/webhooks/{hook}", json=body, timeout=10)
         if response.status_code != 200:
             raise RuntimeError(f"localstripe refused the webhook: {response.text}")
-
-    def log(self) -> list[dict[str, Any]]:
-        entries: list[dict[str, Any]] = self._control("GET", "/_proxy/log")["data"]
-        return entries
 
     # -- the truth, read with the official SDK ----------------------------------
 
@@ -1060,7 +767,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "localstripe":
         run_localstripe(args.port, args.pickle)
     else:
-        asyncio.run(serve_proxy(args.port, args.control_port, args.upstream))
+        asyncio.run(serve_proxy(Proxy(args.upstream, args.port), args.control_port))
 
 
 if __name__ == "__main__":

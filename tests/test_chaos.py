@@ -8,13 +8,17 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from intentledger_tools.bench.pgbouncer import PgBouncer
 from intentledger_tools.chaos import VIOLATIONS, restart_database
+from tests.adyen_fake import AdyenFake
 from tests.conftest import BACKENDS, Databases
+from tests.fault_proxy import FaultProxyProcess
 from tests.stripe_fake import StripeFake, stripe_fake  # noqa: F401
 from tests.support import INTENTLEDGER, wait_until
 
@@ -27,6 +31,19 @@ pytestmark = [
     # for a machine they have to themselves.
     pytest.mark.alone,
 ]
+
+
+# The fault proxy's whole mix (tests/fault_proxy.py), on every write of the
+# Stripe and the Adyen runs.
+FAULT_MIX = {
+    "none": 70,
+    "rate_limited": 6,
+    "error_before": 5,
+    "error_after": 5,
+    "reset_after": 7,
+    "hold_after": 4,
+    "refuse": 3,
+}
 
 
 def chaos(database_url: str, *args: str) -> tuple[int, dict[str, object], str]:
@@ -98,15 +115,7 @@ def test_a_chaos_run_against_stripe_is_clean(
     PaymentIntents localstripe itself holds."""
     stripe_fake.reset()
     stripe_fake.configure(
-        mix={
-            "none": 70,
-            "rate_limited": 6,
-            "error_before": 5,
-            "error_after": 5,
-            "reset_after": 7,
-            "hold_after": 4,
-            "refuse": 3,
-        },
+        mix=FAULT_MIX,
         seed=11,
         retry_after=1,
         hold_seconds=4,
@@ -148,6 +157,85 @@ def test_a_chaos_run_against_stripe_is_clean(
     assert {"reset_after", "hold_after", "error_after", "rate_limited", "refuse"} <= faults
 
 
+@dataclass(frozen=True)
+class FaultyAdyen:
+    fake: AdyenFake
+    proxy: FaultProxyProcess
+
+    def run(self, database_url: str, *args: str) -> tuple[int, dict[str, object], str]:
+        """A chaos run of an Adyen fleet sending through the proxy, with the
+        proxy's whole fault mix, against a fresh fake."""
+        self.fake.reset()
+        self.proxy.reset()
+        # Held 4 s: past the fleet's 3 s submit timeout, so the answer is lost.
+        self.proxy.configure(
+            mix=FAULT_MIX, seed=13, retry_after=1, hold_seconds=4, refuse_seconds=0.3
+        )
+        return chaos(
+            database_url,
+            *("--provider", "adyen", "--adyen-api-base", self.proxy.base),
+            *("--adyen-truth-base", self.fake.control_base),
+            *args,
+        )
+
+
+@pytest.fixture(scope="module")
+def faulty_adyen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultyAdyen]:
+    """The Adyen fake behind the suite's fault proxy."""
+    with AdyenFake() as fake:
+        upstream = f"http://127.0.0.1:{fake.public_port}"
+        workdir = tmp_path_factory.mktemp("adyen-proxy")
+        with FaultProxyProcess("tests.adyen_fake", upstream, workdir) as proxy:
+            yield FaultyAdyen(fake, proxy)
+
+
+def test_a_chaos_run_against_adyen_is_clean(
+    databases: Databases, faulty_adyen: FaultyAdyen
+) -> None:
+    """The ledger on Adyen's wire format (the Adyen fake behind the fault
+    proxy), under SIGKILLs and the proxy's whole fault mix, with no lookup: a
+    lost answer is recovered by a same-key resend (the fake keeps keys 7 days)
+    or a notification, and refunds settle only by notification. The fake's
+    notifications come late, shuffled, some twice, some batched, to either API
+    process; Pending payments are settled later by one. Checked against the
+    fake's own record of what it executed."""
+    code, report, log = faulty_adyen.run(
+        databases.create("postgresql"),
+        "--operations",
+        "500",
+        # Spread so that the load meets about ten kills however fast intake is.
+        "--load-seconds",
+        "15",
+        "--kill-every",
+        "1.5",
+        "--timeout",
+        "300",
+        "--seed",
+        "5",
+    )
+    faults = {entry["fault"] for entry in faulty_adyen.proxy.log()}
+    violations = {name: report[name] for name in VIOLATIONS}
+    assert code == 0, (violations, report, log)
+    assert report["operations"] >= 500 and report["kills"] >= 5, report  # type: ignore[operator]
+    assert report["duplicates"] == report["lost"] == report["contradictions"] == 0, report
+    assert report["violations"] == 0, violations
+    # Every payment at the fake is one of ours, an accepted one.
+    assert report["orphans"] == 0, report
+    assert report["provider_payments"] <= report["accepted"], report  # type: ignore[operator]
+    assert report["refunds_accepted"] >= 3 and report["over_refunded"] == 0, report  # type: ignore[operator]
+    # Refunds were settled by notification both ways, and Pending payments too.
+    outcomes = report["provider_refund_outcomes"]
+    assert {"REFUND", "REFUND_FAILED"} <= set(outcomes), report  # type: ignore[arg-type]
+    assert report["pending_settled"] > 0, report  # type: ignore[operator]
+    # Notifications reached the ledger, and the fake never gave one up.
+    assert report["notification_items_accepted"] > 0, report  # type: ignore[operator]
+    assert report["notifications_given_up"] == 0, report
+    # What is still open (a run out of time too) waits for a person or a check,
+    # never silently.
+    assert set(report["unresolved_next_action"]) <= {"operator", "reconcile"}, report  # type: ignore[arg-type]
+    assert set(FAULT_MIX) <= faults, faults
+
+
 def test_chaos_catches_a_blind_retry_bug(databases: Databases) -> None:
     code, report, log = chaos(
         databases.create("postgresql"),
@@ -165,6 +253,22 @@ def test_chaos_catches_a_blind_retry_bug(databases: Databases) -> None:
     assert code == 1, (report, log)
     assert report["duplicates"] > 0  # type: ignore[operator]
     assert report["violations"] > 0  # type: ignore[operator]
+
+
+def test_chaos_catches_a_blind_retry_bug_on_adyen(
+    databases: Databases, faulty_adyen: FaultyAdyen
+) -> None:
+    """The same broken build on Adyen: a payment whose answer the proxy lost,
+    or that Adyen left Pending, is resent with a fresh key, which the fake
+    executes anew. The fake's truth shows the second payments."""
+    code, report, log = faulty_adyen.run(
+        databases.create("postgresql"),
+        *("--operations", "80", "--kill-every", "3", "--timeout", "30", "--seed", "3"),
+        *("--mutation", "blind-retry"),
+    )
+    assert code == 1, (report, log)
+    assert report["duplicates"] > 0, report  # type: ignore[operator]
+    assert report["violations"] > 0, report  # type: ignore[operator]
 
 
 def _children(pid: int) -> set[int]:

@@ -147,3 +147,50 @@ def test_a_run_with_a_retention_starts_every_process_through_the_tools_build(
     assert fleet._command("sandbox")[:6] == [*through, "intentledger.cli", "sandbox"]
     assert fleet._command("api0")[:6] == [*through, "intentledger.cli", "serve"]
     assert fleet._command("worker0")[:6] == [*through, chaos.MUTATIONS["blind-retry"], "worker"]
+
+
+def test_the_adyen_fake_s_truth_counts_what_it_executed() -> None:
+    """A payment executed if it was authorised, at once or by the notification
+    that settled its Pending answer; a refund if its REFUND said success.
+    Refused, still-Pending and failed refunds executed nothing."""
+
+    def payment(psp: str, reference: str, code: str, settled: bool | None) -> dict[str, object]:
+        return {
+            "pspReference": psp,
+            "reference": reference,
+            "resultCode": code,
+            "settled": settled,
+            "amount": {"value": 500, "currency": "EUR"},
+        }
+
+    def refund(psp: str, reference: str, settled: str) -> dict[str, object]:
+        amount = {"value": 200, "currency": "EUR"}
+        return {
+            "paymentPspReference": psp,
+            "reference": reference,
+            "settled": settled,
+            "amount": amount,
+        }
+
+    truth = chaos.adyen_truth(
+        {
+            "payments": [
+                payment("p1", "op_1", "Authorised", True),
+                payment("p2", "op_2", "Pending", True),
+                payment("p3", "op_3", "Pending", None),
+                payment("p4", "op_4", "Refused", False),
+                payment("p5", "op_5", "Pending", False),
+                payment("p6", "op_1", "Authorised", True),  # a second execution of op_1
+            ],
+            "refunds": [
+                refund("p1", "op_r1", "REFUND"),
+                refund("p1", "op_r2", "REFUND_FAILED"),
+                refund("p1", "op_r3", "REFUND:false"),
+                refund("p2", "op_r4", "REFUND"),
+                refund("p2", "op_r5", "REFUND"),
+            ],
+        }
+    )
+    assert truth.executed == Counter({"op_1": 2, "op_2": 1, "op_r1": 1, "op_r4": 1, "op_r5": 1})
+    assert truth.captured == {"p1": 500, "p2": 500, "p6": 500}
+    assert truth.refunded == Counter({"p1": 200, "p2": 400})

@@ -10,6 +10,17 @@ code non-zero. The last line printed is one JSON object with the counts.
 With `--provider stripe` the faults are whatever sits between the ledger and
 `--stripe-api-base` (the test suite puts a fault-injecting proxy there); the
 load uses Stripe's test payment methods.
+
+With `--provider adyen` the fleet sends to `--adyen-api-base` (the suite puts
+its fault proxy in front of tests/adyen_fake.py there), and the run drives the
+Adyen fake through its control port, `--adyen-truth-base`: the fake takes the
+fleet's API key, merchant account and HMAC key, answers payments in a seeded
+mix of result codes and refunds in a mix of outcomes, and holds its signed
+notifications, which the run sends to the fleet's API processes late, in
+shuffled order, some twice, some batched; it settles `Pending` payments later
+by notification, as Adyen does. Refunds settle only by notification, so the
+drain waits until the fake has nothing left to send. The truth is the fake's
+own record of what it executed (`/truth`).
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import contextlib
 import json
 import os
 import random
+import secrets
 import shlex
 import signal
 import subprocess
@@ -71,6 +83,39 @@ SCENARIOS = {
 STRIPE_SCENARIOS = {"pm_card_visa": 85, "pm_card_chargeCustomerFail": 15}
 # The secret key a Stripe fleet uses unless INTENTLEDGER_STRIPE_API_KEY is set.
 TEST_STRIPE_KEY = "sk_test_intentledger_chaos"
+# An Adyen fleet's API key and merchant account, which the run gives the Adyen
+# fake too (its HMAC key is new for every run).
+TEST_ADYEN_KEY = "AQE_intentledger_chaos"
+TEST_ADYEN_MERCHANT_ACCOUNT = "IntentLedgerChaosECOM"
+# The stored cards an Adyen load pays with (`shopperReference:storedPaymentMethodId`);
+# what each payment's answer says is the fake's seeded mix below, not the card.
+ADYEN_CARDS = {f"chaos-shopper-{n}:84150000000000{n:02d}": 1 for n in range(4)}
+# What the Adyen fake answers a new payment with: Pending and Received settle
+# later by an AUTHORISATION notification the run has the fake send.
+ADYEN_RESULT_CODES = {
+    "Authorised": 78,
+    "Refused": 10,
+    "Error": 2,
+    "Cancelled": 2,
+    "Pending": 6,
+    "Received": 2,
+}
+ADYEN_AWAITING = frozenset({"Pending", "Received"})
+# How a refund at the Adyen fake ends: its notification (REFUND:false is a
+# REFUND notification with success false).
+ADYEN_REFUND_OUTCOMES = {"REFUND": 80, "REFUND_FAILED": 12, "REFUND:false": 8}
+# Of the Pending payments the run settles, this share succeed.
+ADYEN_PENDING_SUCCESS = 0.7
+# The Adyen fake resends an unacknowledged batch this often, this many times:
+# for two minutes, longer than the fleet's API processes take to come back
+# from SIGKILLs on a loaded machine (both were seen down for 50 s).
+ADYEN_ATTEMPTS = 240
+ADYEN_RETRY_SECONDS = 0.5
+# How often the run sends what the fake holds, and how long a Pending payment
+# waits for its settlement at least.
+ADYEN_FLUSH_EVERY_SECONDS = 1.0
+ADYEN_SETTLE_AFTER_SECONDS = 2.0
+ADYEN_SETTLE_EVERY_SECONDS = 5.0
 FINAL = {"OUTCOME_KNOWN", "CANCELLED"}
 # How long the load's client keeps retrying one request (same key) before it
 # gives up, and how long the database's restart command may take.
@@ -145,10 +190,22 @@ class ChaosConfig:
     # safety review's "a person decides" is exercised within a run; a
     # production-like one (24 h) shows how much settles without a person.
     sandbox_key_retention: timedelta = timedelta(seconds=30)
+    # Where the Adyen fleet sends (the host alone: the adapter adds /v71), and
+    # the Adyen fake's control base (its truth; the run drives its notifications).
+    adyen_api_base: str | None = None
+    adyen_truth_base: str | None = None
 
     @property
     def on_stripe(self) -> bool:
         return self.provider == "stripe"
+
+    @property
+    def on_adyen(self) -> bool:
+        return self.provider == "adyen"
+
+    @property
+    def on_sandbox(self) -> bool:
+        return self.provider == "sandbox"
 
 
 @dataclass
@@ -203,9 +260,19 @@ class Fleet:
                     ),
                 }
             )
+        if not config.on_sandbox:
+            del self.env["INTENTLEDGER_PROVIDER_URL"]
+            self.env.update(
+                {
+                    # A fake provider on a loaded machine answers in seconds, not
+                    # milliseconds: a 1 s timeout would make most calls ambiguous.
+                    "INTENTLEDGER_SUBMIT_TIMEOUT": "3s",
+                    "INTENTLEDGER_LEASE": "10s",
+                    "INTENTLEDGER_STALE_SUBMITTING": "10s",
+                }
+            )
         if config.on_stripe:
             assert config.stripe_api_base, "a Stripe fleet needs --stripe-api-base"
-            del self.env["INTENTLEDGER_PROVIDER_URL"]
             self.env.update(
                 {
                     "INTENTLEDGER_PROVIDER": "stripe",
@@ -214,17 +281,27 @@ class Fleet:
                         "INTENTLEDGER_STRIPE_API_KEY", TEST_STRIPE_KEY
                     ),
                     "INTENTLEDGER_STRIPE_SEARCH_LAG": "2s",
-                    # A fake Stripe on a loaded machine answers in seconds, not
-                    # milliseconds: a 1 s timeout would make most calls ambiguous.
-                    "INTENTLEDGER_SUBMIT_TIMEOUT": "3s",
-                    "INTENTLEDGER_LEASE": "10s",
-                    "INTENTLEDGER_STALE_SUBMITTING": "10s",
+                }
+            )
+        if config.on_adyen:
+            assert config.adyen_api_base, "an Adyen fleet needs --adyen-api-base"
+            self.env.update(
+                {
+                    "INTENTLEDGER_PROVIDER": "adyen",
+                    "INTENTLEDGER_ADYEN_API_BASE": config.adyen_api_base,
+                    "INTENTLEDGER_ADYEN_API_KEY": os.environ.get(
+                        "INTENTLEDGER_ADYEN_API_KEY", TEST_ADYEN_KEY
+                    ),
+                    "INTENTLEDGER_ADYEN_MERCHANT_ACCOUNT": os.environ.get(
+                        "INTENTLEDGER_ADYEN_MERCHANT_ACCOUNT", TEST_ADYEN_MERCHANT_ACCOUNT
+                    ),
+                    "INTENTLEDGER_ADYEN_HMAC_KEYS": secrets.token_hex(32).upper(),
                 }
             )
 
     @property
     def health_urls(self) -> list[str]:
-        own = [] if self.config.on_stripe else [self.sandbox_url + "/healthz"]
+        own = [self.sandbox_url + "/healthz"] if self.config.on_sandbox else []
         return own + [f"http://127.0.0.1:{p}/healthz" for p in self.api_ports]
 
     def _command(self, name: str) -> list[str]:
@@ -255,7 +332,7 @@ class Fleet:
         log.close()
 
     def start_all(self) -> None:
-        if not self.config.on_stripe:
+        if self.config.on_sandbox:
             self.start("sandbox")
         for n in range(self.config.api):
             self.start(f"api{n}")
@@ -359,7 +436,9 @@ class Load:
             self.mandates.append(response.json()["id"])
 
     async def one_payment(self, client: httpx.AsyncClient, n: int) -> None:
-        scenarios = STRIPE_SCENARIOS if self.config.on_stripe else SCENARIOS
+        scenarios = {"stripe": STRIPE_SCENARIOS, "adyen": ADYEN_CARDS}.get(
+            self.config.provider, SCENARIOS
+        )
         method = self.rng.choices(list(scenarios), weights=list(scenarios.values()))[0]
         body: dict[str, Any] = {
             "amount": 100 + n % 900,
@@ -406,8 +485,9 @@ class Load:
             scenario = self.rng.choices(
                 list(REFUND_SCENARIOS), weights=list(REFUND_SCENARIOS.values())
             )[0]
-            # Stripe's faults come from whatever sits in front of it (a proxy in tests).
-            body: dict[str, Any] = {} if self.config.on_stripe else {"sandbox_scenario": scenario}
+            # Another provider's faults come from whatever sits in front of it
+            # (a proxy in tests), its outcomes from the provider (the Adyen fake's mix).
+            body: dict[str, Any] = {"sandbox_scenario": scenario} if self.config.on_sandbox else {}
             if self.rng.random() < 0.8:  # otherwise all that remains
                 body["amount"] = self.rng.randint(1, amount)
             asks.append((body, f"chaos-refund-{self.config.seed}-{n}-{k}"))
@@ -715,6 +795,175 @@ def _every(client: httpx.Client, path: str) -> Iterator[dict[str, Any]]:
         params = {"limit": "100", "starting_after": body["data"][-1]["id"]}
 
 
+def adyen_truth(truth: dict[str, Any]) -> Truth:
+    """From the Adyen fake's own record (its `/truth`): a payment executed if
+    it was authorised (at once, or by the AUTHORISATION its Pending or Received
+    answer was settled with), a refund if its REFUND notification said success;
+    per payment's pspReference what it took and what was refunded of it."""
+    executed: Counter[str] = Counter()
+    captured: dict[str, int] = {}
+    refunded: Counter[str] = Counter()
+    for payment in truth["payments"]:
+        if payment["resultCode"] == "Authorised" or payment.get("settled") is True:
+            executed[str(payment["reference"])] += 1
+            captured[payment["pspReference"]] = int(payment["amount"]["value"])
+    for refund in truth["refunds"]:
+        if refund.get("settled") == "REFUND":
+            executed[str(refund["reference"])] += 1
+            refunded[refund["paymentPspReference"]] += int(refund["amount"]["value"])
+    return Truth(executed, captured, refunded)
+
+
+def adyen_report(truth: dict[str, Any]) -> dict[str, Any]:
+    """What the Adyen fake did besides executing: how many payments and
+    refunds it holds, and how its notifications went."""
+    deliveries = truth["deliveries"]
+    return {
+        "provider_payments": len(truth["payments"]),
+        "provider_refunds": len(truth["refunds"]),
+        "provider_result_codes": dict(Counter(p["resultCode"] for p in truth["payments"])),
+        "provider_refund_outcomes": dict(Counter(str(r.get("settled")) for r in truth["refunds"])),
+        "notification_posts": len(deliveries),
+        "notification_items_accepted": sum(
+            len(d["pspReferences"]) for d in deliveries if d.get("accepted")
+        ),
+        # Batches the fake stopped resending unacknowledged: what they said
+        # never reached the ledger.
+        "notifications_given_up": sum(
+            1 for d in deliveries if not d.get("accepted") and d["attempt"] >= ADYEN_ATTEMPTS
+        ),
+        "notifications_held": len(truth["held"]),
+    }
+
+
+class AdyenNotifications:
+    """Drives the Adyen fake's notifications through its control port: held,
+    then sent to a random API process of the fleet every second or so, in
+    shuffled order, some twice, some in one batch; Pending payments settled
+    a few seconds after they were answered."""
+
+    def __init__(self, config: ChaosConfig, fleet: Fleet, rng: random.Random) -> None:
+        assert config.adyen_truth_base, "an Adyen run needs --adyen-truth-base"
+        self.base = config.adyen_truth_base.rstrip("/")
+        self.config = config
+        self.fleet = fleet
+        self.rng = rng
+        self.client = httpx.AsyncClient(timeout=60)
+        self.flushes = 0
+        # The Pending and Received payments settled (or being settled) by the run.
+        self._settling: set[str] = set()
+        # The load is done: nothing is held, and what waits is settled at once.
+        self.draining = False
+
+    def _notify_url(self) -> str:
+        port = self.rng.choice(self.fleet.api_ports)
+        return f"http://127.0.0.1:{port}/v1/provider-webhooks/adyen"
+
+    async def _post(self, path: str, payload: dict[str, Any]) -> Any:
+        response = await self.client.post(self.base + path, json=payload)
+        response.raise_for_status()
+        return response.json()
+
+    async def truth(self) -> dict[str, Any]:
+        response = await self.client.get(self.base + "/truth")
+        response.raise_for_status()
+        truth: dict[str, Any] = response.json()
+        return truth
+
+    async def prepare(self) -> None:
+        """The fake takes the fleet's credentials and the run's seeded mixes."""
+        rng = random.Random(self.config.seed + 2)
+        count = 2 * self.config.operations
+        codes = rng.choices(list(ADYEN_RESULT_CODES), list(ADYEN_RESULT_CODES.values()), k=count)
+        outcomes = rng.choices(
+            list(ADYEN_REFUND_OUTCOMES), list(ADYEN_REFUND_OUTCOMES.values()), k=count
+        )
+        env = self.fleet.env
+        await self._post(
+            "/config",
+            {
+                "api_key": env["INTENTLEDGER_ADYEN_API_KEY"],
+                "merchant_account": env["INTENTLEDGER_ADYEN_MERCHANT_ACCOUNT"],
+                "hmac_key": env["INTENTLEDGER_ADYEN_HMAC_KEYS"],
+                "notify_url": self._notify_url(),
+                "result_codes": codes,
+                "default_result_code": "Authorised",
+                "refund_outcomes": outcomes,
+                "default_refund_outcome": "REFUND",
+                "hold_notifications": True,
+                "duplicate_notifications": False,
+                "notification_attempts": ADYEN_ATTEMPTS,
+                "notification_retry_seconds": ADYEN_RETRY_SECONDS,
+            },
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until `stop`: send what the fake holds, and settle what waits."""
+        settle_due = time.monotonic() + ADYEN_SETTLE_EVERY_SECONDS
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                pause = ADYEN_FLUSH_EVERY_SECONDS * self.rng.uniform(0.5, 1.5)
+                await asyncio.wait_for(stop.wait(), pause)
+                return
+            if not self.draining:
+                await self._flush(duplicate=self.rng.random() < 0.3)
+            if time.monotonic() >= settle_due:
+                # Draining, what the fleet still sends is settled at once.
+                await self._settle_waiting(0.0 if self.draining else ADYEN_SETTLE_AFTER_SECONDS)
+                every = ADYEN_FLUSH_EVERY_SECONDS if self.draining else ADYEN_SETTLE_EVERY_SECONDS
+                settle_due = time.monotonic() + every
+
+    async def _flush(self, duplicate: bool) -> None:
+        # Each flush to one API process, as Adyen's retries may reach any of them.
+        await self._post("/config", {"notify_url": self._notify_url()})
+        order = {
+            "order": "shuffle",
+            "duplicate": duplicate,
+            "seed": self.rng.randrange(2**31),
+            "batch": self.rng.random() < 0.5,
+        }
+        await self._post("/notifications/flush", order)
+        self.flushes += 1
+
+    async def _settle_waiting(self, older_than: float) -> None:
+        truth = await self.truth()
+        for payment in truth["payments"]:
+            psp = payment["pspReference"]
+            waiting = payment["resultCode"] in ADYEN_AWAITING and payment.get("settled") is None
+            if (
+                waiting
+                and psp not in self._settling
+                and truth["now"] - payment["executedAt"] >= older_than
+            ):
+                # Once: a second settlement could contradict the first.
+                self._settling.add(psp)
+                success = self.rng.random() < ADYEN_PENDING_SUCCESS
+                await self._post(f"/settle/{psp}", {"success": success})
+
+    async def finish(self) -> None:
+        """The load is done: every notification goes out at once from now on,
+        twice, what is held is sent, and every payment waiting is settled."""
+        self.draining = True
+        await self._post("/config", {"hold_notifications": False, "duplicate_notifications": True})
+        await self._flush(duplicate=True)
+        await self._settle_waiting(0.0)
+
+    async def quiet(self) -> bool:
+        """Nothing held, nothing being sent, nothing waiting to be settled."""
+        truth = await self.truth()
+        waiting = any(
+            p["resultCode"] in ADYEN_AWAITING and p.get("settled") is None
+            for p in truth["payments"]
+        )
+        return not truth["held"] and not truth["sending"] and not waiting
+
+    def report(self) -> dict[str, Any]:
+        return {"notification_flushes": self.flushes, "pending_settled": len(self._settling)}
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
 def check(database_url: str, truth: Truth, tally: Tally, pooler: Pooler = "none") -> dict[str, Any]:
     """Compare the ledger with the provider's truth."""
     executed = truth.executed
@@ -811,21 +1060,28 @@ def judge(config: ChaosConfig, fleet: Fleet, tally: Tally) -> dict[str, Any]:
     flight), then read the provider's truth, then the ledger: a payment executed
     and recorded between the two reads would otherwise count as a contradiction."""
     fleet.stop_writers()
-    provider_payments: int | None = None
+    provider_report: dict[str, Any] = {}
     if config.on_stripe:
         assert config.stripe_api_base is not None
         truth, provider_payments = stripe_truth(
             config.stripe_truth_base or config.stripe_api_base,
             fleet.env["INTENTLEDGER_STRIPE_API_KEY"],
         )
+        provider_report["provider_payment_intents"] = provider_payments
+    elif config.on_adyen:
+        assert config.adyen_truth_base is not None
+        answer = httpx.get(config.adyen_truth_base.rstrip("/") + "/truth", timeout=60)
+        answer.raise_for_status()
+        record = answer.json()
+        truth = adyen_truth(record)
+        provider_report = adyen_report(record)
     else:
         truth = sandbox_truth(fleet.sandbox_url)
     report = check(config.database_url, truth, tally, config.database_pooler)
     report["provider"] = config.provider
     report["sandbox_key_retention"] = format_duration(config.sandbox_key_retention)
     report["provider_executed"] = sum(truth.executed.values())
-    if provider_payments is not None:
-        report["provider_payment_intents"] = provider_payments
+    report.update(provider_report)
     return report
 
 
@@ -846,11 +1102,23 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
     fleet = Fleet(config, workdir)
     tally = Tally()
     rng = random.Random(config.seed + 1)
+    notifications = (
+        AdyenNotifications(config, fleet, random.Random(config.seed + 3))
+        if config.on_adyen
+        else None
+    )
+    notifying: asyncio.Task[None] | None = None
+    # Stopped only once the drain is over: late notifications are part of it.
+    stop_notifying = asyncio.Event()
     fleet.start_all()
     try:
+        if notifications is not None:
+            await notifications.prepare()
         await _wait_healthy(fleet.health_urls)
         stop = asyncio.Event()
         monkey = asyncio.create_task(_chaos_monkey(config, fleet, tally, stop, rng))
+        if notifications is not None:
+            notifying = asyncio.create_task(notifications.run(stop_notifying))
         samples: list[dict[str, Any]] = []
         sampler = (
             asyncio.create_task(
@@ -878,6 +1146,8 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
                 live.update(_view(tally, states, pending, started))
                 if monkey.done() and monkey.exception():
                     raise monkey.exception()  # type: ignore[misc]
+                if notifying is not None and notifying.done() and notifying.exception():
+                    raise notifying.exception()  # type: ignore[misc]
                 out_of_time = time.monotonic() > deadline
                 if out_of_time and not load.done():
                     load.cancel()
@@ -893,10 +1163,23 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
                     draining = True
                     stop.set()
                     await monkey
+                    if notifications is not None:
+                        await notifications.finish()
                     tally.phase = "draining"
-                if pending == 0 or out_of_time:
+                if out_of_time:
                     break
+                if pending == 0 and await _provider_quiet(notifications):
+                    # Quiet first, then the outbox again: what the last
+                    # notifications brought is in it now.
+                    pending, _ = await asyncio.to_thread(
+                        _pending_work, config.database_url, config.database_pooler
+                    )
+                    if pending == 0:
+                        break
         tally.phase = "checking"
+        stop_notifying.set()
+        if notifying is not None:
+            await notifying
         if sampler is not None:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -910,6 +1193,8 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
                 }
             )
         report = await asyncio.to_thread(judge, config, fleet, tally)
+        if notifications is not None:
+            report.update(notifications.report())
         report["out_of_time"] = out_of_time
         if config.retention is not None:
             report["retention"] = format_duration(config.retention)
@@ -919,6 +1204,12 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
             report["table_sizes"] = samples
     finally:
         fleet.stop_all()
+        if notifying is not None and not notifying.done():
+            notifying.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await notifying
+        if notifications is not None:
+            await notifications.aclose()
     report.update(
         {
             "operations": tally.sent,
@@ -947,3 +1238,15 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         + f"; unresolved {report['unresolved']} {report['unresolved_by_state']}"
     )
     print(json.dumps(report, sort_keys=True))
+
+
+async def _provider_quiet(notifications: AdyenNotifications | None) -> bool:
+    """Has the provider nothing left to tell the ledger? Only the Adyen fake
+    can still have something (a notification held, being sent, or a payment
+    waiting to be settled); a failed read of it says no."""
+    if notifications is None:
+        return True
+    try:
+        return await notifications.quiet()
+    except httpx.HTTPError:
+        return False

@@ -54,7 +54,11 @@ def chaos(
         ),
     ] = None,
     provider: Annotated[
-        str, typer.Option(help="sandbox (started by the run) or stripe (--stripe-api-base).")
+        str,
+        typer.Option(
+            help="sandbox (started by the run), stripe (--stripe-api-base) or adyen "
+            "(--adyen-api-base and --adyen-truth-base: the suite's Adyen fake)."
+        ),
     ] = "sandbox",
     stripe_api_base: Annotated[
         str | None, typer.Option(help="Where a stripe fleet sends (INTENTLEDGER_STRIPE_API_KEY).")
@@ -62,6 +66,17 @@ def chaos(
     stripe_truth_base: Annotated[
         str | None,
         typer.Option(help="Where the checker lists Stripe's PaymentIntents (default: API base)."),
+    ] = None,
+    adyen_api_base: Annotated[
+        str | None,
+        typer.Option(help="Where an adyen fleet sends: the host alone (INTENTLEDGER_ADYEN_*)."),
+    ] = None,
+    adyen_truth_base: Annotated[
+        str | None,
+        typer.Option(
+            help="The Adyen fake's control base (tests/adyen_fake.py): the run sets its "
+            "credentials, mixes and notifications there and reads its truth."
+        ),
     ] = None,
     database_pooler: Annotated[
         str,
@@ -136,8 +151,15 @@ def chaos(
     if mutation is not None and mutation not in MUTATIONS:
         err.print(f"[red]--mutation is one of: {', '.join(MUTATIONS)}[/red]")
         raise typer.Exit(2)
-    if provider not in ("sandbox", "stripe") or (provider == "stripe") != bool(stripe_api_base):
-        err.print("[red]--provider is sandbox, or stripe with --stripe-api-base[/red]")
+    if (
+        provider not in ("sandbox", "stripe", "adyen")
+        or (provider == "stripe") != bool(stripe_api_base)
+        or (provider == "adyen") != bool(adyen_api_base and adyen_truth_base)
+    ):
+        err.print(
+            "[red]--provider is sandbox, stripe with --stripe-api-base, or adyen with "
+            "--adyen-api-base and --adyen-truth-base[/red]"
+        )
         raise typer.Exit(2)
     config = ChaosConfig(
         database_url,
@@ -157,6 +179,8 @@ def chaos(
         kept_for,
         load_seconds,
         key_retention,
+        adyen_api_base=adyen_api_base,
+        adyen_truth_base=adyen_truth_base,
     )
 
     async def main() -> dict[str, Any]:
