@@ -77,7 +77,7 @@ from intentledger.domain.retention import sandbox_policy
 from intentledger.domain.safety import SafetyRules, replay_bound
 from intentledger.domain.states import UNRESOLVED, Outcome, State
 from intentledger.domain.transport import ChargeSeen, LookupAnswer, ProviderAnswer
-from intentledger.domain.watching import is_watched
+from intentledger.domain.watching import Watch, is_watched
 from intentledger.engine import intake, mandates, operator
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings, Submission
 from intentledger.engine.intake import Intent
@@ -614,7 +614,12 @@ def check_the_provider_and_the_ledger_agree_or_are_flagged(
                 f"{operation_id} is {state} {op.outcome} yet charged: not flagged"
             )
         if op.outcome == Outcome.SUCCEEDED:
-            assert charges or op.outcome_contradicted, (
+            # Without a lookup nothing can show an absence (a request lost before
+            # it reached the provider is never notified either): a person's
+            # "succeeded" is watched, and past the looks' budget a person is told
+            # it was never proven (provider_not_final).
+            unprovable = not provider.has_lookup and op.watch == Watch.NOT_FINAL
+            assert charges or op.outcome_contradicted or unprovable, (
                 f"{operation_id} is succeeded, the provider has no charge: not flagged"
             )
     for mandate_id, charged in exposure.items():
