@@ -40,7 +40,7 @@ payment and refund it executed and every notification delivery.
     python -m tests.adyen_fake serve --port P --control-port C
     python -m tests.adyen_fake proxy --port P2 --control-port C2 --upstream http://127.0.0.1:P
 
-The second is the suite's fault proxy (tests/fault_proxy.py) in Adyen's error
+The second is the suite's fault proxy (intentledger.testing.fault_proxy) in Adyen's error
 shapes, for runs that need the network to fail too (the chaos run).
 
 Tests use `AdyenFake` (a context manager that runs that process) or the
@@ -79,8 +79,8 @@ from aiohttp import web
 
 from intentledger.domain.adyen_signatures import signed_adyen_item
 from intentledger.ports import free_port
-from tests.fault_proxy import Answer as FaultAnswer
-from tests.fault_proxy import FaultProxy, json_bytes, serve_proxy
+from intentledger.testing.fault_proxy import Answer as FaultAnswer
+from intentledger.testing.fault_proxy import FaultProxy, json_bytes, serve_proxy
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FAKE_API_KEY = "AQE_fake_adyen_api_key"
@@ -596,7 +596,7 @@ def _json(answer: Answer, headers: dict[str, str] | None = None) -> web.Response
 
 
 class AdyenFaultProxy(FaultProxy):
-    """The suite's fault proxy (tests/fault_proxy.py) in front of this fake:
+    """The suite's fault proxy (intentledger.testing.fault_proxy) in front of this fake:
     faults on the writes whose outcome can become unknown (payments, refunds),
     answered in Adyen's error body (`status`, `errorCode`, `message`,
     `errorType`: https://docs.adyen.com/development-resources/error-codes).

@@ -13,7 +13,7 @@ adapter's failure handling depends on, so the proxy adds it:
   indexing lag;
 - Stripe's shapes where localstripe differs: `latest_charge` is an id, declines
   are `card_error` and carry the PaymentIntent, `description` is accepted;
-- the suite's fault proxy (tests/fault_proxy.py) on creates: 429, 500 before
+- the suite's fault proxy (intentledger.testing.fault_proxy) on creates: 429, 500 before
   or after executing, a dropped or held answer, a refused connection, from a
   queue or a seeded random mix; a 500 after executing is kept for the key, as
   Stripe keeps any answer, and a held answer keeps its key in flight (409).
@@ -62,15 +62,15 @@ import httpx
 from aiohttp import web
 
 from intentledger.ports import free_port
-from tests.fault_proxy import (
+from intentledger.testing.fault_proxy import (
     ERROR_AFTER_MESSAGE,
     Answer,
     FaultConfig,
     FaultProxy,
-    FaultProxyControl,
     json_bytes,
     serve_proxy,
 )
+from tests.fault_proxy import FaultProxyControl
 
 if TYPE_CHECKING:
     import stripe

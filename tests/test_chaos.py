@@ -33,7 +33,7 @@ pytestmark = [
 ]
 
 
-# The fault proxy's whole mix (tests/fault_proxy.py), on every write of the
+# The fault proxy's whole mix (intentledger.testing.fault_proxy), on every write of the
 # Stripe and the Adyen runs.
 FAULT_MIX = {
     "none": 70,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
+import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -47,15 +49,21 @@ from intentledger.providers.base import ProviderLookup, ProviderRequest, Webhook
 from intentledger.providers.registry import ProviderConfig
 from intentledger.service import provider_config
 from intentledger.settings import Settings
+from intentledger.store.database import create_ledger_engine
 from intentledger.testing import conformance
+from intentledger.testing.chaos import check_chaos
 from intentledger.testing.conformance import ConformanceError, EventAbout
+from intentledger.testing.truth import Truth
+from intentledger_tools import chaos
 from tests.adyen_fake import (
     FAKE_API_KEY,
     FAKE_HMAC_KEY,
     FAKE_MERCHANT_ACCOUNT,
     AdyenFake,
+    AdyenFaultProxy,
     adyen_fake,  # noqa: F401
 )
+from tests.conftest import Databases
 
 # The key being retired while FAKE_HMAC_KEY takes over: both verify.
 RETIRED_KEY = "0123456789ABCDEF0123456789ABCDEF0123456789ABCDEF0123456789ABCDEF"
@@ -379,3 +387,133 @@ async def test_an_unnamed_result_code_from_the_fake_proves_nothing(
         await provider.aclose()
     assert answer.status == 200
     assert classify(answer).verdict not in (Verdict.SUCCEEDED, Verdict.FAILED)
+
+
+# -- the chaos check -----------------------------------------------------------------------------
+
+
+class AdyenChaos:
+    """The Adyen fake as the kit's chaos check drives it, through its control
+    port: payments answered in a seeded mix of result codes, refunds settled
+    in a mix of outcomes, every notification held and sent later in shuffled
+    order (some twice, some batched), Pending and Received payments settled by
+    a late AUTHORISATION, as Adyen does. Its truth is its own record."""
+
+    payment_methods: ClassVar[dict[str, int]] = chaos.ADYEN_CARDS
+    currency = "EUR"
+
+    def __init__(self, fake: AdyenFake) -> None:
+        self.upstream = host(fake)
+        self.control = httpx.AsyncClient(base_url=fake.control_base, timeout=30)
+        self.rng = random.Random(0)
+        self.settling: set[str] = set()
+
+    async def _call(self, method: str, path: str, payload: Any = None) -> Any:
+        response = await self.control.request(method, path, json=payload)
+        response.raise_for_status()
+        return response.json()
+
+    async def prepare(self, notify_url: str, seed: int) -> None:
+        self.rng = random.Random(seed)
+        await self._call("POST", "/reset")
+        codes, weights = list(chaos.ADYEN_RESULT_CODES), list(chaos.ADYEN_RESULT_CODES.values())
+        outcomes = list(chaos.ADYEN_REFUND_OUTCOMES)
+        outcome_weights = list(chaos.ADYEN_REFUND_OUTCOMES.values())
+        await self._call(
+            "POST",
+            "/config",
+            {
+                "notify_url": notify_url,
+                "result_codes": self.rng.choices(codes, weights, k=400),
+                "refund_outcomes": self.rng.choices(outcomes, outcome_weights, k=400),
+                "hold_notifications": True,
+                "notification_attempts": 40,
+                "notification_retry_seconds": 0.3,
+            },
+        )
+
+    async def step(self) -> None:
+        record = await self._call("GET", "/truth")
+        for payment in record["payments"]:
+            psp = payment["pspReference"]
+            waiting = (
+                payment["resultCode"] in chaos.ADYEN_AWAITING and payment.get("settled") is None
+            )
+            if waiting and psp not in self.settling and record["now"] - payment["executedAt"] > 1:
+                self.settling.add(psp)  # once: a second settlement could contradict the first
+                success = self.rng.random() < chaos.ADYEN_PENDING_SUCCESS
+                await self._call("POST", f"/settle/{psp}", {"success": success})
+        flush = {
+            "order": "shuffle",
+            "duplicate": self.rng.random() < 0.3,
+            "seed": self.rng.randrange(2**31),
+            "batch": self.rng.random() < 0.5,
+        }
+        await self._call("POST", "/notifications/flush", flush)
+
+    async def quiet(self) -> bool:
+        record = await self._call("GET", "/truth")
+        waiting = any(
+            p["resultCode"] in chaos.ADYEN_AWAITING and p.get("settled") is None
+            for p in record["payments"]
+        )
+        return not record["held"] and not record["sending"] and not waiting
+
+    async def truth(self) -> Truth:
+        return chaos.adyen_truth(await self._call("GET", "/truth"))
+
+    async def aclose(self) -> None:
+        await self.control.aclose()
+
+
+async def test_adyen_survives_a_short_chaos_run(engine: AsyncEngine, adyen: AdyenFake) -> None:
+    settings = config(adyen)
+    fake = AdyenChaos(adyen)
+    try:
+        report = await check_chaos(
+            engine,
+            fake,
+            build,
+            reader=AdyenNotifications((FAKE_HMAC_KEY,), FAKE_MERCHANT_ACCOUNT),
+            consistency=PLUGIN.consistency(settings),
+            retention=PLUGIN.retention(settings),
+            fault_proxy=AdyenFaultProxy,
+        )
+    finally:
+        await fake.aclose()
+    assert report["faults"].keys() >= {"error_after", "reset_after", "hold_after"}, report
+    assert report["settled"].get("refund succeeded") and report["notifications"], report
+
+
+class EveryOutcomeReadAsSuccess(AdyenNotifications):
+    """A reader that takes every notification's outcome for a success (it
+    ignores `success` and REFUND_FAILED)."""
+
+    def read_batch(
+        self, body: bytes, headers: Mapping[str, str], now: datetime
+    ) -> list[WebhookEvent]:
+        events = super().read_batch(body, headers, now)
+        return [replace(e, status="succeeded") if e.status else e for e in events]
+
+
+async def test_a_reader_that_hears_only_successes_fails_the_chaos_check(
+    databases: Databases, adyen: AdyenFake
+) -> None:
+    """What the reader gets wrong does not depend on the database: one is enough."""
+    settings = config(adyen)
+    fake = AdyenChaos(adyen)
+    engine = create_ledger_engine(databases.create("sqlite"))
+    try:
+        with pytest.raises(ConformanceError, match="contradictions"):
+            await check_chaos(
+                engine,
+                fake,
+                build,
+                reader=EveryOutcomeReadAsSuccess((FAKE_HMAC_KEY,), FAKE_MERCHANT_ACCOUNT),
+                consistency=PLUGIN.consistency(settings),
+                retention=PLUGIN.retention(settings),
+                fault_proxy=AdyenFaultProxy,
+            )
+    finally:
+        await fake.aclose()
+        await engine.dispose()

@@ -5,10 +5,13 @@ copy of it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import secrets
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import ClassVar
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -36,8 +39,13 @@ from intentledger.providers.sandbox_client import (
 )
 from intentledger.service import provider_config
 from intentledger.settings import Settings
+from intentledger.store.database import create_ledger_engine
 from intentledger.testing import conformance
+from intentledger.testing.chaos import check_chaos
 from intentledger.testing.conformance import ConformanceError, EventAbout
+from intentledger.testing.truth import Truth
+from intentledger_tools import chaos
+from tests.conftest import Databases
 
 SECRET = "whsec_sandbox_conformance"
 
@@ -181,3 +189,95 @@ async def test_a_lookup_that_lags_against_its_declaration_fails_the_kit(
             )
     finally:
         await provider.aclose()
+
+
+# -- the chaos check -----------------------------------------------------------------------------
+
+
+class SandboxChaos:
+    """The sandbox as the kit's chaos check drives it: its scenarios are the
+    payment methods (all but the black hole, whose answers and lookups never
+    come, and the late webhook, which the standalone sandbox does not send);
+    it acts only when asked, and its truth is its own store."""
+
+    payment_methods: ClassVar[dict[str, int]] = {
+        name: weight
+        for name, weight in chaos.SCENARIOS.items()
+        if name not in ("pm_blackhole", "pm_webhook_late")
+    }
+    currency = "EUR"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.upstream = url.removesuffix("/_sandbox")
+
+    async def prepare(self, notify_url: str, seed: int) -> None:
+        """A fresh sandbox (the fixture's), which sends no webhooks."""
+
+    async def step(self) -> None:
+        """It does nothing later on its own."""
+
+    async def quiet(self) -> bool:
+        return True
+
+    async def truth(self) -> Truth:
+        return await asyncio.to_thread(chaos.sandbox_truth, self.url)
+
+
+async def test_the_sandbox_survives_a_short_chaos_run(engine: AsyncEngine, sandbox: str) -> None:
+    report = await check_chaos(
+        engine,
+        SandboxChaos(sandbox),
+        build,
+        reader=None,
+        consistency=PLUGIN.consistency(config()),
+        retention=PLUGIN.retention(config()),
+    )
+    assert report["faults"].keys() >= {"error_after", "reset_after", "hold_after"}, report
+
+
+class LostAnswerReadAsDecline(SandboxProvider):
+    """An adapter that takes a lost answer for a decline."""
+
+    async def submit(self, request: ProviderRequest) -> ProviderAnswer:
+        answer = await super().submit(request)
+        if answer.transport is Transport.NO_RESPONSE:
+            declined = Classification(Verdict.FAILED, "no answer: declined")
+            return replace(answer, transport=Transport.RESPONSE, status=402, mapped=declined)
+        return answer
+
+
+class FreshKeyEverySend(SandboxProvider):
+    """An adapter that sends every attempt under a key of its own making, so a
+    same-key resend of a lost answer is a new request to the provider."""
+
+    async def submit(self, request: ProviderRequest) -> ProviderAnswer:
+        fresh = f"{request.idempotency_key}:{secrets.token_hex(4)}"
+        return await super().submit(replace(request, idempotency_key=fresh))
+
+
+@pytest.mark.parametrize(
+    ("broken", "found"),
+    [(LostAnswerReadAsDecline, "contradictions"), (FreshKeyEverySend, "duplicates")],
+)
+async def test_a_broken_adapter_fails_the_chaos_check(
+    databases: Databases, sandbox: str, broken: type[SandboxProvider], found: str
+) -> None:
+    """What the adapter gets wrong does not depend on the database: one is enough."""
+
+    def build_broken(api_base: str, timeout: timedelta) -> SandboxProvider:
+        return broken(api_base + "/_sandbox", timeout)
+
+    engine = create_ledger_engine(databases.create("sqlite"))
+    try:
+        with pytest.raises(ConformanceError, match=found):
+            await check_chaos(
+                engine,
+                SandboxChaos(sandbox),
+                build_broken,
+                reader=None,
+                consistency=PLUGIN.consistency(config()),
+                retention=PLUGIN.retention(config()),
+            )
+    finally:
+        await engine.dispose()

@@ -6,12 +6,13 @@ adapter's wire is also shown failing on a deliberately broken copy of it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import stripe
@@ -43,7 +44,10 @@ from intentledger.providers.stripe import (
 from intentledger.service import provider_config
 from intentledger.settings import Settings
 from intentledger.testing import conformance
+from intentledger.testing.chaos import check_chaos
 from intentledger.testing.conformance import ConformanceError, EventAbout
+from intentledger.testing.truth import Truth
+from intentledger_tools import chaos
 from tests.stripe_fake import FAKE_API_KEY, StripeFake, stripe_fake  # noqa: F401
 
 RETIRED, CURRENT = "whsec_conformance_retired", "whsec_conformance_current"
@@ -282,3 +286,64 @@ async def test_a_lookup_that_forgets_its_lag_fails_the_kit(
             )
     finally:
         await provider.aclose()
+
+
+# -- the chaos check -----------------------------------------------------------------------------
+
+# Short, so that a lost answer whose request never arrived is found absent
+# within the run; the search's answers carry it, as Stripe's documented lag.
+CHAOS_SEARCH_LAG = timedelta(seconds=2)
+
+
+class StripeChaos:
+    """The Stripe fake (Stripe's idempotency, search and shapes in front of
+    localstripe) as the kit's chaos check drives it: Stripe's test payment
+    methods, a card that succeeds and one that is declined; it answers every
+    write at once, sends no events here, and its truth is its list API's
+    succeeded PaymentIntents and Refunds, which Stripe documents as consistent."""
+
+    payment_methods: ClassVar[dict[str, int]] = chaos.STRIPE_SCENARIOS
+    currency = "EUR"
+
+    def __init__(self, fake: StripeFake) -> None:
+        self.fake = fake
+        self.upstream = fake.api_base
+
+    async def prepare(self, notify_url: str, seed: int) -> None:
+        """The fixture's fake is fresh (reset)."""
+
+    async def step(self) -> None:
+        """It does nothing later on its own."""
+
+    async def quiet(self) -> bool:
+        return True
+
+    async def truth(self) -> Truth:
+        truth, _intents = await asyncio.to_thread(
+            chaos.stripe_truth, self.fake.api_base, FAKE_API_KEY
+        )
+        return truth
+
+
+async def test_stripe_survives_a_short_chaos_run(engine: AsyncEngine, fake: StripeFake) -> None:
+    settings = provider_config(
+        Settings(
+            provider="stripe",
+            stripe_api_key=FAKE_API_KEY,
+            stripe_api_base=fake.api_base,
+            stripe_search_lag=CHAOS_SEARCH_LAG,
+        )
+    )
+
+    def build_lagging(api_base: str, timeout: timedelta) -> StripeProvider:
+        return StripeProvider(FAKE_API_KEY, api_base, timeout, CHAOS_SEARCH_LAG)
+
+    report = await check_chaos(
+        engine,
+        StripeChaos(fake),
+        build_lagging,
+        reader=None,
+        consistency=PLUGIN.consistency(settings),
+        retention=PLUGIN.retention(settings),
+    )
+    assert report["faults"].keys() >= {"error_after", "reset_after", "hold_after"}, report

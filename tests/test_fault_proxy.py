@@ -1,4 +1,4 @@
-"""The suite's fault proxy (tests/fault_proxy.py) in front of the Adyen fake:
+"""The suite's fault proxy (intentledger.testing.fault_proxy) in front of the Adyen fake:
 faults after forwarding execute at the fake and lose the answer, a same-key
 resend then meets the fake's replay; faults before forwarding execute nothing.
 Its error answers are Adyen's, as the published description documents them.

@@ -51,20 +51,17 @@ from rich.table import Table
 from sqlalchemy import func, select, text
 
 from intentledger.domain.durations import format_duration
-from intentledger.domain.refunds import captured_by, refund_totals, view_of
 from intentledger.engine.api_keys import create_api_key
 from intentledger.engine.clock import system_clock
 from intentledger.ports import free_port
 from intentledger.store.database import Pooler, create_ledger_engine, create_sync_engine
 from intentledger.store.migrate import upgrade
 from intentledger.store.tables import (
-    attempts,
-    decisions,
     metadata,
     operations,
     outbox,
-    transitions,
 )
+from intentledger.testing.truth import VIOLATIONS, Truth, judge_ledger
 
 # Every sandbox scenario (docs/design.md#sandbox-scenarios) but pm_webhook_late,
 # weighted towards the ordinary case.
@@ -116,13 +113,10 @@ ADYEN_RETRY_SECONDS = 0.5
 ADYEN_FLUSH_EVERY_SECONDS = 1.0
 ADYEN_SETTLE_AFTER_SECONDS = 2.0
 ADYEN_SETTLE_EVERY_SECONDS = 5.0
-FINAL = {"OUTCOME_KNOWN", "CANCELLED"}
 # How long the load's client keeps retrying one request (same key) before it
 # gives up, and how long the database's restart command may take.
 CLIENT_PATIENCE_SECONDS = 120.0
 RESTART_TIMEOUT_SECONDS = 120.0
-# Rules under which a second execution is a deliberate, recorded new request.
-NEW_REQUEST_RULES = ("operator_approved_new_request", "new_request_after_not_found")
 # Refunds pick from payments older than the newest this many.
 RECENT_PAYMENTS = 64
 # Refund faults on the sandbox, weighted like the payments' (`sandbox_scenario`).
@@ -132,21 +126,6 @@ REFUND_SCENARIOS = {
     "timeout_before_execute": 15,
     "declined": 10,
 }
-VIOLATIONS = (
-    "duplicates",
-    "over_refunded",
-    # The ledger's own refund books per charge: refunded or held beyond what the
-    # charge took, or less than the provider refunded of it (a provider that
-    # refuses over-refunds itself would hide the first from `over_refunded`).
-    "ledger_over_refunded",
-    "refunds_unaccounted",
-    "lost",
-    "contradictions",
-    "unauthorised_resubmissions",
-    "orphans",
-    "cancelled_but_charged",
-    "reused_key_accepted",
-)
 
 
 # The broken builds a run can give its workers: the module each is started
@@ -560,44 +539,6 @@ class Load:
         await asyncio.gather(*running)
 
 
-def _refund_books(ops: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """Per refunded charge, what it took and what the ledger counts refunded or
-    held against it (domain/refunds.py, as intake and the remedies count it)."""
-    by_charge: dict[str, list[Any]] = {}
-    for op in ops.values():
-        if op.kind == "refund" and op.parent_operation_id in ops:
-            by_charge.setdefault(op.request_context.get("charge"), []).append(op)
-    books: dict[str, tuple[int, int]] = {}
-    for charge, refunds in by_charge.items():
-        payment = ops[refunds[0].parent_operation_id]
-        captured = captured_by(payment) if charge == payment.provider_reference else payment.amount
-        books[charge] = (captured, refund_totals(captured, map(view_of, refunds)).taken)
-    return books
-
-
-def _settled_without_a_person(accepted: list[Any], asked: set[str]) -> dict[str, Any]:
-    """Per scenario, the share of accepted payments settled by evidence or a
-    same-key replay, never handed to a person (MANUAL_REVIEW, or an operator's
-    action); and that share over every scenario but the black hole, whose
-    answers and lookups never come."""
-    per: dict[str, list[int]] = {}
-    for op in accepted:
-        if op.kind != "payment":
-            continue
-        scenario = op.request_context["body"].get("payment_method", "?")
-        alone = op.state in FINAL and op.operation_id not in asked
-        counts = per.setdefault(scenario, [0, 0])
-        counts[0] += alone
-        counts[1] += 1
-    but_black_hole = [c for s, c in per.items() if s != "pm_blackhole"]
-    settled = sum(c[0] for c in but_black_hole)
-    total = sum(c[1] for c in but_black_hole)
-    return {
-        "by_scenario": {s: round(c[0] / c[1], 4) for s, c in sorted(per.items())},
-        "all_but_black_hole": round(settled / total, 4) if total else None,
-    }
-
-
 def _problem_type(response: httpx.Response) -> str:
     if response.headers.get("content-type", "").startswith("application/problem+json"):
         return str(response.json().get("type", "")).rsplit("/", 1)[-1]
@@ -731,16 +672,6 @@ def _view(tally: Tally, states: Counter[str], pending: int, started: float) -> T
     for what, count in rows:
         table.add_row(what, str(count))
     return table
-
-
-@dataclass(frozen=True)
-class Truth:
-    """The provider's own record: executed writes per operation id (charges and
-    refunds), and per charge what it took and what was refunded of it."""
-
-    executed: Counter[str]
-    captured: dict[str, int] = field(default_factory=dict)
-    refunded: Counter[str] = field(default_factory=Counter)
 
 
 def sandbox_truth(sandbox_url: str) -> Truth:
@@ -965,94 +896,13 @@ class AdyenNotifications:
 
 
 def check(database_url: str, truth: Truth, tally: Tally, pooler: Pooler = "none") -> dict[str, Any]:
-    """Compare the ledger with the provider's truth."""
-    executed = truth.executed
+    """Compare the ledger with the provider's truth (intentledger.testing.truth)."""
     engine = create_sync_engine(database_url, pooler=pooler)
     try:
         with engine.connect() as conn:
-            ops = {row.operation_id: row for row in conn.execute(select(operations))}
-            later_attempts = conn.execute(select(attempts).where(attempts.c.number > 1)).all()
-            allowed = Counter(
-                row.operation_id
-                for row in conn.execute(
-                    select(decisions.c.operation_id).where(decisions.c.rule.in_(NEW_REQUEST_RULES))
-                )
-            )
-            last_rule = dict(
-                conn.execute(
-                    select(decisions.c.operation_id, decisions.c.rule).order_by(decisions.c.id)
-                ).all()
-            )
-            asked_a_person = {
-                row.operation_id
-                for row in conn.execute(
-                    select(transitions.c.operation_id)
-                    .where(transitions.c.to_state == "MANUAL_REVIEW")
-                    .distinct()
-                )
-            } | {
-                row.operation_id
-                for row in conn.execute(
-                    select(decisions.c.operation_id)
-                    .where(decisions.c.rule.like("operator%"))
-                    .distinct()
-                )
-            }
+            return judge_ledger(conn, truth, tally.accepted, tally.reused_key_accepted)
     finally:
         engine.dispose()
-    open_ops = [op for op in ops.values() if op.state not in FINAL]
-    unresolved = Counter(op.state for op in open_ops)
-    refund_books = _refund_books(ops)
-    return {
-        "duplicates": sum(1 for ref, n in executed.items() if n > 1 and n - 1 > allowed[ref]),
-        # A charge refunded beyond what it took, at the provider (which, like
-        # the sandbox and localstripe, need not refuse it).
-        "over_refunded": sum(
-            1
-            for charge, refunded in truth.refunded.items()
-            if refunded > truth.captured.get(charge, 0)
-        ),
-        "lost": sum(
-            1
-            for op_id in tally.accepted
-            if op_id not in ops
-            or (ops[op_id].state not in FINAL and ops[op_id].next_action in (None, "none"))
-        ),
-        "contradictions": sum(
-            1
-            for op in ops.values()
-            if op.kind in ("payment", "refund")
-            and op.state == "OUTCOME_KNOWN"
-            and (op.outcome == "succeeded") != (executed[op.operation_id] > 0)
-        ),
-        "unauthorised_resubmissions": sum(1 for a in later_attempts if a.decision_id is None),
-        "orphans": sum(n for ref, n in executed.items() if ref not in ops),
-        "cancelled_but_charged": sum(
-            1 for op in ops.values() if op.state == "CANCELLED" and executed[op.operation_id]
-        ),
-        "reused_key_accepted": tally.reused_key_accepted,
-        "ledger_over_refunded": sum(
-            1 for charge, (captured, taken) in refund_books.items() if taken > captured
-        ),
-        "refunds_unaccounted": sum(
-            1
-            for charge, refunded in truth.refunded.items()
-            if refunded > refund_books.get(charge, (0, 0))[1]
-        ),
-        "settled_without_a_person": _settled_without_a_person(
-            [ops[op_id] for op_id in tally.accepted if op_id in ops], asked_a_person
-        ),
-        "unresolved": sum(unresolved.values()),
-        "unresolved_by_state": dict(sorted(unresolved.items())),
-        "unresolved_next_action": dict(Counter(op.next_action for op in open_ops)),
-        # What they wait for: the scenario each one played, and the rule that stopped it.
-        "unresolved_by_scenario": dict(
-            Counter(op.request_context["body"].get("payment_method", op.kind) for op in open_ops)
-        ),
-        "unresolved_by_last_rule": dict(
-            Counter(last_rule.get(op.operation_id, "none") for op in open_ops)
-        ),
-    }
 
 
 def judge(config: ChaosConfig, fleet: Fleet, tally: Tally) -> dict[str, Any]:

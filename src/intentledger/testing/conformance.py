@@ -13,6 +13,10 @@ involved, so a plug-in's tests call them as they like:
     await check_transport(build, request)         # "never sent" only when it was not
     await check_lookup(engine, provider, consistency, retention)
 
+and a short chaos run against the provider's fake, in intentledger.testing.chaos:
+
+    await check_chaos(engine, fake, build, reader=..., consistency=..., retention=...)
+
 The operations the checks need are made by the real engine (intake, then the
 dispatcher) with a stand-in for the provider whose answers are lost, so they
 wait UNKNOWN as after a timeout; the events go through the adapter's own
