@@ -16,9 +16,12 @@ from intentledger.domain.evidence import (
     Limits,
     LookupResult,
     Move,
+    NamedOperation,
     OperatorStatement,
     ProviderNotice,
     SubmitAnswer,
+    event_disposition,
+    flag_reason,
     judge,
     mandate_share,
     may_have_executed,
@@ -474,3 +477,85 @@ def test_a_failure_event_contradicts_an_unnamed_success_on_the_only_key() -> Non
     assert judge(said, ProviderNotice("failed", "pi_1", "evt"), NOW, LIMITS).contradiction
     two_keys = replace(said, attempts=(AttemptFacts(1, "op:1"), AttemptFacts(2, "op:2")))
     assert not judge(two_keys, ProviderNotice("failed", "pi_1", "evt"), NOW, LIMITS).contradiction
+
+
+# -- a provider event's disposition on arrival (issue 37) ------------------------------------------
+
+PAYMENT = NamedOperation("payment", 1000, "EUR")
+
+
+def disposition(
+    *,
+    object_id: str | None = "pi_1",
+    status: str | None = "succeeded",
+    needs_person: bool = False,
+    object_kind: str | None = "payment",
+    amount: tuple[int, str] | None = (1000, "EUR"),
+    operation: NamedOperation | None = PAYMENT,
+) -> str:
+    """The disposition of a charge's success for its own payment, but for what is given."""
+    return event_disposition(
+        object_id=object_id,
+        status=status,
+        needs_person=needs_person,
+        object_kind=object_kind,
+        amount=amount,
+        operation=operation,
+    )
+
+
+def test_an_event_for_its_own_operation_and_amount_is_recorded_for_judging() -> None:
+    assert disposition() == "recorded"
+    assert disposition(amount=None) == "recorded"  # it names no amount: nothing differs
+    assert disposition(amount=(1000, "eur")) == "recorded"  # a currency in either case
+    assert disposition(operation=NamedOperation("payment", None, None)) == "recorded"
+
+
+def test_an_event_the_adapter_does_not_read_is_unmapped_whatever_it_names() -> None:
+    assert disposition(status=None) == "unmapped_type"
+    assert disposition(object_id=None) == "unmapped_type"
+    assert disposition(object_id="") == "unmapped_type"
+    assert disposition(status=None, operation=None) == "unmapped_type"
+    # An object's id is still needed for a person to see it.
+    assert disposition(object_id=None, status=None, needs_person=True) == "unmapped_type"
+
+
+def test_an_event_naming_no_operation_of_ours_is_an_unknown_reference() -> None:
+    assert disposition(operation=None) == "unknown_reference"
+    assert disposition(operation=None, needs_person=True, status=None) == "unknown_reference"
+
+
+def test_an_event_about_another_kind_of_object_is_the_wrong_kind() -> None:
+    assert disposition(object_kind="refund") == "wrong_kind"
+    assert disposition(object_kind=None) == "wrong_kind"  # no declared kind speaks for none
+    refund = NamedOperation("refund", 1000, "EUR")
+    assert disposition(operation=refund) == "wrong_kind"
+    assert disposition(object_kind="card", operation=NamedOperation("card_freeze", None, None)) == (
+        "recorded"
+    )
+    # The kind is weighed before a person is called: a refund's chargeback is not ours.
+    assert disposition(operation=refund, needs_person=True, status=None) == "wrong_kind"
+
+
+def test_an_event_a_person_must_see_or_for_another_amount_is_flagged() -> None:
+    assert disposition(needs_person=True, status=None) == "flagged"
+    assert disposition(needs_person=True) == "flagged"
+    assert disposition(amount=(1, "EUR")) == "flagged"
+    assert disposition(amount=(1000, "USD")) == "flagged"
+    assert disposition(status="failed", amount=(999, "EUR")) == "flagged"
+
+
+def test_a_flag_says_why_a_person_must_see_the_event() -> None:
+    another = flag_reason(
+        event_type="AUTHORISATION", status="succeeded", amount=(1, "EUR"), operation=PAYMENT
+    )
+    assert another == (
+        "succeeded for another amount: it names 1 EUR, the operation is for 1000 EUR"
+    )
+    # Without a status, the event's type says what it was.
+    unread = flag_reason(event_type="CAPTURE", status=None, amount=(5, "EUR"), operation=PAYMENT)
+    assert unread.startswith("CAPTURE for another amount: it names 5 EUR")
+    chargeback = flag_reason(
+        event_type="CHARGEBACK", status=None, amount=(1000, "EUR"), operation=PAYMENT
+    )
+    assert chargeback == "CHARGEBACK: the provider moved money outside our writes"

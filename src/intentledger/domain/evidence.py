@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Literal
 
 from intentledger.domain.backoff import next_check_at, recheck_delay
 from intentledger.domain.retry_after import DEFAULT_CEILING, RetryAfter
@@ -180,6 +181,68 @@ def speaks_for(object_kind: str | None, operation_kind: str) -> bool:
     for an operation of `operation_kind`; an object of no declared kind speaks
     for none."""
     return object_kind is not None and operation_kind in SPOKEN_FOR.get(object_kind, ())
+
+
+# What becomes of a provider's verified event on arrival, before any judging:
+# `recorded` events go on to the funnel (`judge`, a ProviderNotice); the others
+# are stored and acknowledged, and a `flagged` one is shown to a person.
+EventDisposition = Literal[
+    "unmapped_type", "unknown_reference", "wrong_kind", "flagged", "recorded"
+]
+
+
+@dataclass(frozen=True)
+class NamedOperation:
+    """The operation of ours, sent to the same provider, that an event names:
+    what its disposition weighs of it."""
+
+    kind: str
+    amount: int | None
+    currency: str | None
+
+
+def event_disposition(
+    *,
+    object_id: str | None,
+    status: str | None,
+    needs_person: bool,
+    object_kind: str | None,
+    amount: tuple[int, str] | None,
+    operation: NamedOperation | None,
+) -> EventDisposition:
+    """The disposition of a provider's event about its object `object_id` in
+    `status` (the lookup's words; None: a type the adapter does not read) that
+    names `operation` (None: no operation of ours at this provider).
+
+    Only an event the adapter reads, about an operation of ours, of a kind that
+    speaks for it (`speaks_for`) is evidence; of those, one a person must see
+    (a chargeback) or about another amount (`amount_differs`) settles nothing
+    and is flagged, and the rest are judged."""
+    if not object_id or (status is None and not needs_person):
+        return "unmapped_type"  # a type the adapter does not read: nothing to judge
+    if operation is None:
+        return "unknown_reference"
+    if not speaks_for(object_kind, operation.kind):
+        return "wrong_kind"
+    if needs_person or amount_differs(amount, operation.amount, operation.currency):
+        return "flagged"
+    return "recorded"
+
+
+def flag_reason(
+    *,
+    event_type: str,
+    status: str | None,
+    amount: tuple[int, str] | None,
+    operation: NamedOperation,
+) -> str:
+    """Why a `flagged` event (`event_disposition`) needs a person: it names
+    another amount than the operation's, or the provider moved money outside
+    our writes (a chargeback)."""
+    differs = amount_differs(amount, operation.amount, operation.currency)
+    if differs is not None:
+        return f"{status or event_type} for another amount: {differs}"
+    return f"{event_type}: the provider moved money outside our writes"
 
 
 @dataclass(frozen=True)
@@ -821,15 +884,19 @@ __all__ = [
     "AUDIT_LOOKS",
     "AttemptFacts",
     "Effect",
+    "EventDisposition",
     "Evidence",
     "Facts",
     "Limits",
     "LookupResult",
     "Move",
+    "NamedOperation",
     "OperatorStatement",
     "ProviderNotice",
     "Share",
     "SubmitAnswer",
+    "event_disposition",
+    "flag_reason",
     "judge",
     "last_sent_at",
     "live_keys",

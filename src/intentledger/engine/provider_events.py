@@ -27,9 +27,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.domain.evidence import (
     Limits,
     Move,
+    NamedOperation,
     ProviderNotice,
-    amount_differs,
-    speaks_for,
+    event_disposition,
+    flag_reason,
 )
 from intentledger.engine import changes
 from intentledger.engine.clock import Clock
@@ -60,7 +61,15 @@ async def receive(
         ledger = Ledger(conn)
         now = clock()
         operation = await _ours(ledger, provider, event.reference)
-        disposition = _disposition(event, operation)
+        named = _named(operation)
+        disposition: str = event_disposition(
+            object_id=event.object_id,
+            status=event.status,
+            needs_person=event.needs_person,
+            object_kind=event.object_kind,
+            amount=event.amount,
+            operation=named,
+        )
         stored = await event_store.store_once(
             conn,
             provider=provider,
@@ -83,8 +92,11 @@ async def receive(
             disposition = await _judge(ledger, operation, provider, event, now, backoff)
             await event_store.set_disposition(conn, provider, event.event_id, disposition)
         elif disposition == "flagged":
-            assert operation is not None
-            await _flag(ledger, operation, provider, event, now, _flag_reason(event, operation))
+            assert operation is not None and named is not None
+            why = flag_reason(
+                event_type=event.type, status=event.status, amount=event.amount, operation=named
+            )
+            await _flag(ledger, operation, provider, event, now, why)
     if disposition == "unknown_reference":
         log.warning(
             "provider %s event %s (%s) names no operation of ours: %r; stored, acknowledged",
@@ -135,23 +147,11 @@ async def _ours(ledger: Ledger, provider: str, reference: str | None) -> Operati
     return operation
 
 
-def _disposition(event: WebhookEvent, operation: OperationRecord | None) -> str:
-    if not event.object_id or (event.status is None and not event.needs_person):
-        return "unmapped_type"  # a type the adapter does not read: nothing to judge
+def _named(operation: OperationRecord | None) -> NamedOperation | None:
+    """What the domain weighs of the operation an event names."""
     if operation is None:
-        return "unknown_reference"
-    if not speaks_for(event.object_kind, operation.kind):
-        return "wrong_kind"
-    if event.needs_person or amount_differs(event.amount, operation.amount, operation.currency):
-        return "flagged"
-    return "recorded"
-
-
-def _flag_reason(event: WebhookEvent, operation: OperationRecord) -> str:
-    differs = amount_differs(event.amount, operation.amount, operation.currency)
-    if differs is not None:
-        return f"{event.status or event.type} for another amount: {differs}"
-    return f"{event.type}: the provider moved money outside our writes"
+        return None
+    return NamedOperation(operation.kind, operation.amount, operation.currency)
 
 
 async def _flag(
