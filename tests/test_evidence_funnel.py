@@ -10,6 +10,7 @@ and keep a mandate's books on the provider's side.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -21,9 +22,10 @@ from intentledger.documents import operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.safety import SafetyRules
 from intentledger.domain.states import NextAction, Outcome, State
-from intentledger.engine import batch_dispatch, mandates, operator
+from intentledger.engine import batch_dispatch, mandates, operator, provider_events
 from intentledger.engine.intake import Intent, accept
 from intentledger.engine.operator import OperatorAction
+from intentledger.providers.base import WebhookEvent
 from intentledger.store.batches import BatchLedger
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import decisions, outbox
@@ -382,3 +384,55 @@ async def test_an_operators_approval_records_key_age_and_retention_policy(
     assert OPERATOR in approval.reason and "the customer asked" in approval.reason
     op = await scene.operation(op_id)
     assert op.key_age_at_decision == timedelta(hours=25)
+
+
+@pytest.mark.parametrize(
+    ("event_type", "status", "needs_person", "amount", "why"),
+    [
+        (
+            "CHARGEBACK",
+            None,
+            True,
+            (500, "EUR"),
+            "CHARGEBACK: the provider moved money outside our writes",
+        ),
+        (
+            "AUTHORISATION",
+            "succeeded",
+            False,
+            (1, "EUR"),
+            "succeeded for another amount: it names 1 EUR, the operation is for 500 EUR",
+        ),
+    ],
+)
+async def test_a_flagged_provider_event_logs_why_a_person_must_see_it(
+    engine: AsyncEngine,
+    caplog: pytest.LogCaptureFixture,
+    event_type: str,
+    status: str | None,
+    needs_person: bool,
+    amount: tuple[int, str],
+    why: str,
+) -> None:
+    scene = Scene(engine)
+    op_id = await scene.accept()  # 500 EUR at the sandbox
+    event = WebhookEvent(
+        event_id="evt_flagged",
+        type=event_type,
+        signed_at=scene.clock(),
+        object_id="ch_1",
+        reference=op_id,
+        status=status,
+        payload={},
+        object_kind="payment",
+        needs_person=needs_person,
+        amount=amount,
+    )
+    with caplog.at_level(logging.WARNING, logger=provider_events.__name__):
+        receipt = await provider_events.receive(
+            engine, scene.clock, "sandbox", event, timedelta(seconds=30)
+        )
+    assert receipt.disposition == "flagged"
+    (line,) = [r for r in caplog.records if getattr(r, "event", None) == "provider_event.flagged"]
+    assert getattr(line, "reason", None) == why
+    assert why in line.getMessage()

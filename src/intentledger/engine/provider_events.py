@@ -70,6 +70,7 @@ async def receive(
             amount=event.amount,
             operation=named,
         )
+        why: str | None = None  # for a flagged event: why a person must see it
         stored = await event_store.store_once(
             conn,
             provider=provider,
@@ -108,13 +109,15 @@ async def receive(
     elif disposition == "flagged":
         assert operation is not None
         log.warning(
-            "provider %s event %s (%s) about %s %s needs a person: recorded on it, changes nothing",
+            "provider %s event %s (%s) about %s %s needs a person (%s): recorded on it, "
+            "changes nothing",
             provider,
             event.event_id,
             event.type,
             operation.kind,
             operation.operation_id,
-            extra={"event": "provider_event.flagged", "provider": provider},
+            why,
+            extra={"event": "provider_event.flagged", "provider": provider, "reason": why},
         )
         PROVIDER_EVENTS_FLAGGED.labels(provider).inc()
     elif disposition == "wrong_kind":
