@@ -23,7 +23,7 @@ from intentledger.providers.adyen_notifications import (
     AdyenNotifications,
     hmac_keys,
 )
-from intentledger.providers.base import BatchWebhookReader, UnreadableEvent
+from intentledger.providers.base import BatchWebhookReader, UnreadableEvent, read_events
 
 KEY = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"
 OLD_KEY = "0123456789ABCDEF0123456789ABCDEF"
@@ -58,6 +58,13 @@ READER = AdyenNotifications((KEY,), ACCOUNT)
 def test_it_is_a_batch_reader_answering_accepted() -> None:
     assert isinstance(READER, BatchWebhookReader)
     assert READER.acknowledgement == "[accepted]"
+
+
+def test_the_webhook_route_reads_every_item_of_a_batch() -> None:
+    body = batch(item(), item(success="false"))
+    assert read_events(READER, body, {}, NOW) == READER.read_batch(body, {}, NOW)
+    with pytest.raises(SignatureRefused):
+        read_events(READER, batch(item(), key=OLD_KEY), {}, NOW)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from intentledger.domain.signatures import SignatureRefused
 from intentledger.engine.provider_events import receive
 from intentledger.observability.metrics import WEBHOOKS_IN
-from intentledger.providers.base import BatchWebhookReader, UnreadableEvent, Webhooks
+from intentledger.providers.base import (
+    BatchWebhookReader,
+    UnreadableEvent,
+    Webhooks,
+    read_events,
+)
 from intentledger.web.problems import Problem
 
 log = logging.getLogger(__name__)
@@ -57,10 +62,7 @@ async def provider_webhook(provider: str, request: Request) -> Response:
     body = await request.body()
     clock = request.app.state.clock
     try:
-        if isinstance(reader, BatchWebhookReader):
-            events = reader.read_batch(body, request.headers, clock())
-        else:
-            events = [reader.read(body, request.headers, clock())]
+        events = read_events(reader, body, request.headers, clock())
     except SignatureRefused as exc:
         rejected: Counter[str] = request.app.state.webhook_rejections
         rejected[provider] += 1

@@ -143,6 +143,17 @@ class BatchWebhookReader(Protocol):
 Webhooks = WebhookReader | BatchWebhookReader
 
 
+def read_events(
+    reader: Webhooks, body: bytes, headers: Mapping[str, str], now: datetime
+) -> list[WebhookEvent]:
+    """The events of one signed body, through whichever reader it is: a batch
+    reader's all, or a one-event reader's one. Raises as the reader does
+    (SignatureRefused, UnreadableEvent)."""
+    if isinstance(reader, BatchWebhookReader):
+        return reader.read_batch(body, headers, now)
+    return [reader.read(body, headers, now)]
+
+
 def read_event_json(body: bytes) -> Any:
     """A verified webhook body as JSON that every database can store: no lone
     surrogate anywhere (PostgreSQL refuses one that SQLite keeps)."""
