@@ -54,8 +54,8 @@ from intentledger.providers.base import (
     LookupConsistency,
     Provider,
     UnreadableEvent,
-    WebhookEvent,
     WebhookReader,
+    read_events,
 )
 from intentledger.providers.http import call_deadline
 from intentledger.store.judging import operation_states
@@ -154,7 +154,7 @@ class _Line:
     async def _hand_on(self, delay: float, body: bytes, headers: dict[str, str]) -> None:
         await asyncio.sleep(delay)
         try:
-            events = _read_events(self.reader, body, headers)
+            events = read_events(self.reader, body, headers, system_clock())
         except (SignatureRefused, UnreadableEvent) as exc:
             self.problems.append(f"the adapter refused a notification its fake signed: {exc}")
             return
@@ -369,11 +369,3 @@ async def _outcomes(engine: AsyncEngine) -> dict[str, int]:
     async with engine.connect() as conn:
         rows = await operation_states(conn)
     return dict(Counter(f"{row.kind} {row.outcome or row.state}" for row in rows))
-
-
-def _read_events(
-    reader: WebhookReader | BatchWebhookReader, body: bytes, headers: Mapping[str, str]
-) -> list[WebhookEvent]:
-    if isinstance(reader, BatchWebhookReader):
-        return reader.read_batch(body, headers, system_clock())
-    return [reader.read(body, headers, system_clock())]

@@ -70,6 +70,7 @@ from intentledger.providers.base import (
     UnreadableEvent,
     WebhookEvent,
     WebhookReader,
+    read_events,
 )
 from intentledger.providers.http import ProviderResponse, answer_of, call_deadline
 from intentledger.store.ledger import Ledger
@@ -324,17 +325,6 @@ def _signed(
     return sent, {name.lower(): value for name, value in headers.items()}
 
 
-def _read_body(
-    webhooks: Webhooks, body: bytes, headers: Mapping[str, str], now: datetime
-) -> list[WebhookEvent]:
-    """The reader's events of one body, through whichever reader it is (as the
-    webhook route reads them)."""
-    reader = webhooks.reader
-    if isinstance(reader, BatchWebhookReader):
-        return reader.read_batch(body, headers, now)
-    return [reader.read(body, headers, now)]
-
-
 def _read(
     webhooks: Webhooks,
     body: bytes,
@@ -345,7 +335,7 @@ def _read(
 ) -> WebhookEvent:
     """The adapter's reading of the one event in `body`, signed."""
     sent, headers = _signed(webhooks, body, now, secret=secret, signed_at=signed_at)
-    events = _read_body(webhooks, sent, headers, now)
+    events = read_events(webhooks.reader, sent, headers, now)
     if len(events) != 1:
         raise _fail(f"the reader read {len(events)} events from a body holding one")
     return events[0]
@@ -611,8 +601,8 @@ async def check_webhook_verification(engine: AsyncEngine, webhooks: Webhooks) ->
     another = secrets.token_hex(32)
     refusals: dict[str, Callable[[], object]] = {
         "signed with another secret": lambda: _read(webhooks, body, now, secret=another),
-        "changed after signing": lambda: _read_body(webhooks, tampered, headers, now),
-        "not signed": lambda: _read_body(webhooks, body, {}, now),
+        "changed after signing": lambda: read_events(webhooks.reader, tampered, headers, now),
+        "not signed": lambda: read_events(webhooks.reader, body, {}, now),
     }
     if webhooks.tolerance is not None:
         tolerance = webhooks.tolerance
