@@ -496,20 +496,36 @@ class EveryOutcomeReadAsSuccess(AdyenNotifications):
         return [replace(e, status="succeeded") if e.status else e for e in events]
 
 
-async def test_a_reader_that_hears_only_successes_fails_the_chaos_check(
-    databases: Databases, adyen: AdyenFake
+class CrashesOnEveryBatch(AdyenNotifications):
+    """A reader that fails on what it was not written for: every batch."""
+
+    def read_batch(
+        self, body: bytes, headers: Mapping[str, str], now: datetime
+    ) -> list[WebhookEvent]:
+        raise KeyError("a field this reader did not expect")
+
+
+@pytest.mark.parametrize(
+    ("broken", "found"),
+    [
+        (EveryOutcomeReadAsSuccess, "contradictions"),
+        (CrashesOnEveryBatch, "could not be taken: KeyError"),
+    ],
+)
+async def test_a_broken_reader_fails_the_chaos_check(
+    databases: Databases, adyen: AdyenFake, broken: type[AdyenNotifications], found: str
 ) -> None:
     """What the reader gets wrong does not depend on the database: one is enough."""
     settings = config(adyen)
     fake = AdyenChaos(adyen)
     engine = create_ledger_engine(databases.create("sqlite"))
     try:
-        with pytest.raises(ConformanceError, match="contradictions"):
+        with pytest.raises(ConformanceError, match=found):
             await check_chaos(
                 engine,
                 fake,
                 build,
-                reader=EveryOutcomeReadAsSuccess((FAKE_HMAC_KEY,), FAKE_MERCHANT_ACCOUNT),
+                reader=broken((FAKE_HMAC_KEY,), FAKE_MERCHANT_ACCOUNT),
                 consistency=PLUGIN.consistency(settings),
                 retention=PLUGIN.retention(settings),
                 fault_proxy=AdyenFaultProxy,

@@ -256,9 +256,34 @@ class FreshKeyEverySend(SandboxProvider):
         return await super().submit(replace(request, idempotency_key=fresh))
 
 
+class ChargesDouble(SandboxProvider):
+    """An adapter that charges twice the amount asked."""
+
+    async def submit(self, request: ProviderRequest) -> ProviderAnswer:
+        if request.kind == "payment":
+            doubled = {**request.body, "amount": 2 * int(str(request.body["amount"]))}
+            request = replace(request, body=doubled)
+        return await super().submit(request)
+
+
+class RefundsHalf(SandboxProvider):
+    """An adapter that refunds half of what the ledger asked."""
+
+    async def submit(self, request: ProviderRequest) -> ProviderAnswer:
+        if request.kind == "refund":
+            halved = {**request.body, "amount": int(str(request.body["amount"])) // 2}
+            request = replace(request, body=halved)
+        return await super().submit(request)
+
+
 @pytest.mark.parametrize(
     ("broken", "found"),
-    [(LostAnswerReadAsDecline, "contradictions"), (FreshKeyEverySend, "duplicates")],
+    [
+        (LostAnswerReadAsDecline, "contradictions"),
+        (FreshKeyEverySend, "duplicates"),
+        (ChargesDouble, "wrong_amounts"),
+        (RefundsHalf, "wrong_amounts"),
+    ],
 )
 async def test_a_broken_adapter_fails_the_chaos_check(
     databases: Databases, sandbox: str, broken: type[SandboxProvider], found: str
@@ -278,6 +303,27 @@ async def test_a_broken_adapter_fails_the_chaos_check(
                 reader=None,
                 consistency=PLUGIN.consistency(config()),
                 retention=PLUGIN.retention(config()),
+            )
+    finally:
+        await engine.dispose()
+
+
+async def test_a_reader_no_notification_ever_reached_fails_the_chaos_check(
+    databases: Databases, sandbox: str
+) -> None:
+    """The standalone sandbox posts nothing: a run given a reader must say that
+    the reader was never exercised, not pass on its silence."""
+    engine = create_ledger_engine(databases.create("sqlite"))
+    try:
+        with pytest.raises(ConformanceError, match="no notification reached the ledger"):
+            await check_chaos(
+                engine,
+                SandboxChaos(sandbox),
+                build,
+                reader=SandboxWebhookReader(SECRET),
+                consistency=PLUGIN.consistency(config()),
+                retention=PLUGIN.retention(config()),
+                payments=10,
             )
     finally:
         await engine.dispose()

@@ -682,7 +682,10 @@ def sandbox_truth(sandbox_url: str) -> Truth:
     refunded: Counter[str] = Counter()
     for r in refunds:
         refunded[r["charge"]] += r["amount"]
-    return Truth(executed, {c["id"]: c["amount"] for c in charges}, refunded)
+    amounts: dict[str, list[int]] = {}
+    for write in [*charges, *refunds]:
+        amounts.setdefault(write["reference"], []).append(write["amount"])
+    return Truth(executed, {c["id"]: c["amount"] for c in charges}, refunded, amounts)
 
 
 def stripe_truth(api_base: str, api_key: str) -> tuple[Truth, int]:
@@ -692,6 +695,7 @@ def stripe_truth(api_base: str, api_key: str) -> tuple[Truth, int]:
     executed: Counter[str] = Counter()
     captured: dict[str, int] = {}
     refunded: Counter[str] = Counter()
+    amounts: dict[str, list[int]] = {}
     total = 0
     with httpx.Client(
         base_url=api_base, headers={"Authorization": f"Bearer {api_key}"}, timeout=30
@@ -701,13 +705,15 @@ def stripe_truth(api_base: str, api_key: str) -> tuple[Truth, int]:
             if intent["status"] == "succeeded":
                 executed[_reference_of(intent)] += 1
                 captured[intent["id"]] = intent["amount"]
+                amounts.setdefault(_reference_of(intent), []).append(intent["amount"])
         for refund in _every(client, "/v1/refunds"):
             if refund["status"] == "succeeded":
                 executed[_reference_of(refund)] += 1
+                amounts.setdefault(_reference_of(refund), []).append(refund["amount"])
                 refunded[str(refund.get("payment_intent") or refund.get("charge"))] += refund[
                     "amount"
                 ]
-    return Truth(executed, captured, refunded), total
+    return Truth(executed, captured, refunded, amounts), total
 
 
 def _reference_of(stripe_object: dict[str, Any]) -> str:
@@ -734,15 +740,20 @@ def adyen_truth(truth: dict[str, Any]) -> Truth:
     executed: Counter[str] = Counter()
     captured: dict[str, int] = {}
     refunded: Counter[str] = Counter()
+    amounts: dict[str, list[int]] = {}
     for payment in truth["payments"]:
         if payment["resultCode"] == "Authorised" or payment.get("settled") is True:
             executed[str(payment["reference"])] += 1
             captured[payment["pspReference"]] = int(payment["amount"]["value"])
+            amounts.setdefault(str(payment["reference"]), []).append(
+                int(payment["amount"]["value"])
+            )
     for refund in truth["refunds"]:
         if refund.get("settled") == "REFUND":
             executed[str(refund["reference"])] += 1
+            amounts.setdefault(str(refund["reference"]), []).append(int(refund["amount"]["value"]))
             refunded[refund["paymentPspReference"]] += int(refund["amount"]["value"])
-    return Truth(executed, captured, refunded)
+    return Truth(executed, captured, refunded, amounts)
 
 
 def adyen_report(truth: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,8 @@ class WholeLedger:
     last_rule: dict[str, str]  # per operation, its latest decision's rule
     # The operations a person was asked about (MANUAL_REVIEW) or acted on.
     asked_a_person: set[str]
+    # How many operations were ever UNKNOWN.
+    went_unknown: int
 
 
 def read_whole_ledger(conn: Connection, rules: Sequence[str]) -> WholeLedger:
@@ -35,6 +37,7 @@ def read_whole_ledger(conn: Connection, rules: Sequence[str]) -> WholeLedger:
         .where(transitions.c.to_state == "MANUAL_REVIEW")
         .distinct()
     )
+    unknown = select(transitions.c.operation_id).where(transitions.c.to_state == "UNKNOWN")
     by_operator = (
         select(decisions.c.operation_id).where(decisions.c.rule.like("operator%")).distinct()
     )
@@ -45,6 +48,7 @@ def read_whole_ledger(conn: Connection, rules: Sequence[str]) -> WholeLedger:
         last_rule={row.operation_id: row.rule for row in conn.execute(latest)},
         asked_a_person={row.operation_id for row in conn.execute(to_review)}
         | {row.operation_id for row in conn.execute(by_operator)},
+        went_unknown=len({row.operation_id for row in conn.execute(unknown)}),
     )
 
 

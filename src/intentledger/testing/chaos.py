@@ -155,15 +155,28 @@ class _Line:
         await asyncio.sleep(delay)
         try:
             events = read_events(self.reader, body, headers, system_clock())
+            for event in events:
+                receipt = await provider_events.receive(
+                    self.engine, system_clock, self.provider, event, BACKOFF
+                )
+                self.posts[f"event_{receipt.disposition}"] += not receipt.duplicate
+                self.posts["event_duplicate"] += receipt.duplicate
         except (SignatureRefused, UnreadableEvent) as exc:
             self.problems.append(f"the adapter refused a notification its fake signed: {exc}")
-            return
-        for event in events:
-            receipt = await provider_events.receive(
-                self.engine, system_clock, self.provider, event, BACKOFF
+        except Exception as exc:
+            # Acknowledged already: the fake will not send it again, so the
+            # run would only wait for what it said. Said now, and the run stops.
+            self.problems.append(
+                f"a notification the fake signed could not be taken: {type(exc).__name__}: {exc}"
             )
-            self.posts[f"event_{receipt.disposition}"] += not receipt.duplicate
-            self.posts["event_duplicate"] += receipt.duplicate
+
+    def events_taken(self) -> int:
+        return sum(n for name, n in self.posts.items() if name.startswith("event_"))
+
+    async def settle(self, within: float) -> None:
+        """Let what is on its way reach the ledger."""
+        if self.in_flight:
+            await asyncio.wait(list(self.in_flight), timeout=within)
 
 
 @dataclass
@@ -229,7 +242,7 @@ async def check_chaos(
     seed: int = 1,
     faults: Mapping[str, float] = FAULTS,
     fault_proxy: Callable[[str, int], FaultProxy] = FaultProxy,
-    budget: timedelta = timedelta(seconds=90),
+    budget: timedelta = timedelta(seconds=180),
 ) -> dict[str, Any]:
     """`payments` payments, and refunds of some as they succeed, sent by a
     worker through `build(proxy_base, CALL_TIMEOUT)` (the adapter against the
@@ -275,6 +288,8 @@ async def check_chaos(
     load = _Load(engine, fake, provider.name, rng)
     deadline = started + budget.total_seconds()
     timed_out = False
+    sending: asyncio.Task[None] | None = None
+    working: asyncio.Task[None] | None = None
     try:
         await fake.prepare(notify_url, seed)
         working = asyncio.create_task(
@@ -291,6 +306,8 @@ async def check_chaos(
             settled = await _settled(engine, load.accepted, refunded)
             refunded |= settled.keys()
             await load.refunds(settled)
+            if line is not None and line.problems:
+                break  # the judge will say so; waiting would only wait for the budget
             if sending.done() and await _done(engine, load.accepted, line, fake):
                 break
             if time.monotonic() > deadline:
@@ -298,14 +315,21 @@ async def check_chaos(
                 break
         await sending
     finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await working
-        await worker.close()
+        if sending is not None and not sending.done():
+            sending.cancel()
+        # No new notification; what is on its way reaches the ledger before
+        # the workers stop (one may make work for them).
+        await runner.cleanup()
         if line is not None:
+            await line.settle(within=2 * LATE_SECONDS + 5)
             for task in list(line.in_flight):
                 task.cancel()
-        await runner.cleanup()
+        stop.set()
+        if working is not None:
+            with contextlib.suppress(Exception):
+                await working
+        await worker.close()
+        # After every forward the proxy made has reached the fake.
         await proxy.stop()
     # Every writer has stopped: the truth, then the ledger (the other way
     # round, a write landing between the two reads would count against it).
@@ -323,8 +347,24 @@ async def check_chaos(
     )
     problems = [f"{name} {count}" for name, count in violations_in(report).items()]
     problems += line.problems if line else []
+    if timed_out:
+        problems.append(
+            f"the run did not settle within {budget}: {report['unresolved']} operation(s) "
+            f"unresolved, by next action {report['unresolved_next_action']}"
+        )
+    # A check that cannot fail is no check: the run must have met what it is for.
     if not report["settled"].get("payment succeeded"):
         problems.append("no payment was settled succeeded: the run proved nothing")
+    if not report["went_unknown"]:
+        problems.append(
+            "no operation's outcome was ever unknown: the proxy's faults never reached the "
+            "ledger (does the adapter keep the timeout `build` gives it?)"
+        )
+    if line is not None and not line.events_taken():
+        problems.append(
+            "a reader was given, yet no notification reached the ledger: the fake posted "
+            "nothing to the URL `prepare` gave it, or never sent a refused post again"
+        )
     if problems:
         raise ConformanceError(f"{'; '.join(problems)}; the run: {report}")
     return report

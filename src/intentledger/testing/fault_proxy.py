@@ -53,6 +53,8 @@ FAULTS = (
 )
 # Executed upstream, and the answer lost, replaced or late: the outcome is unknown.
 AFTER_FORWARDING = frozenset({"error_after", "reset_after", "hold_after"})
+# How long a stopping proxy waits for the answers to what it forwarded.
+FORWARDS_SETTLE_SECONDS = 3.0
 ERROR_BEFORE_MESSAGE = "An error occurred before the request was executed (injected)."
 ERROR_AFTER_MESSAGE = "An error occurred after the request was executed (injected)."
 
@@ -218,6 +220,7 @@ class FaultProxy:
         self.session: aiohttp.ClientSession | None = None
         self.listener: PublicListener | None = None
         self._runners: list[web.AppRunner] = []
+        self._forwards: set[asyncio.Future[Answer]] = set()
 
     # -- what a provider's proxy says its own way ----------------------------
 
@@ -280,6 +283,16 @@ class FaultProxy:
         self._runners.append(control_runner)
 
     async def stop(self) -> None:
+        # A request forwarded is answered by the upstream before the proxy
+        # goes, or, if the upstream holds it past `FORWARDS_SETTLE_SECONDS`,
+        # hung up on, as its client did long before: an upstream that executes
+        # only what it answers (the sandbox's held scenarios) then never will,
+        # and a caller reading its truth next sees all it will ever execute.
+        if self._forwards:
+            await asyncio.wait(list(self._forwards), timeout=FORWARDS_SETTLE_SECONDS)
+            for forwarding in list(self._forwards):
+                forwarding.cancel()
+            await asyncio.gather(*self._forwards, return_exceptions=True)
         if self.listener is not None:
             self.listener.close()
         for runner in self._runners:
@@ -395,8 +408,12 @@ class FaultProxy:
         refused = self.refuse_before(fault, request, request_id)
         if refused is not None:
             return refused
-        # Shielded: once forwarded, the upstream's work is done even if this handler is cancelled.
-        answer = await asyncio.shield(self.forward(request, body, request_id))
+        # Shielded: once forwarded, the upstream's work is done even if this
+        # handler is cancelled; kept, so that stopping waits for it.
+        forwarding = asyncio.ensure_future(self.forward(request, body, request_id))
+        self._forwards.add(forwarding)
+        forwarding.add_done_callback(self._forwards.discard)
+        answer = await asyncio.shield(forwarding)
         entry["forwarded"] = True
         return await self.deliver(request, answer, {}, fault)
 

@@ -38,17 +38,20 @@ VIOLATIONS = (
     "orphans",
     "cancelled_but_charged",
     "reused_key_accepted",
+    "wrong_amounts",
 )
 
 
 @dataclass(frozen=True)
 class Truth:
     """The provider's own record: executed writes per operation id (charges and
-    refunds), and per charge what it took and what was refunded of it."""
+    refunds), and per charge what it took and what was refunded of it; per
+    operation id, the amount (minor units) of each write it executed."""
 
     executed: Counter[str]
     captured: dict[str, int] = field(default_factory=dict)
     refunded: Counter[str] = field(default_factory=Counter)
+    amounts: dict[str, list[int]] = field(default_factory=dict)
 
 
 def judge_ledger(
@@ -95,6 +98,13 @@ def judge_ledger(
             1 for op in ops.values() if op.state == "CANCELLED" and executed[op.operation_id]
         ),
         "reused_key_accepted": reused_key_accepted,
+        # A payment or refund the provider executed for another amount than
+        # the ledger's: a customer charged or refunded what nobody asked.
+        "wrong_amounts": sum(
+            1
+            for op_id, amounts in truth.amounts.items()
+            if op_id in ops and any(amount != ops[op_id].amount for amount in amounts)
+        ),
         "ledger_over_refunded": sum(
             1 for charge, (captured, taken) in refund_books.items() if taken > captured
         ),
@@ -106,6 +116,7 @@ def judge_ledger(
         "settled_without_a_person": _settled_without_a_person(
             [ops[op_id] for op_id in accepted if op_id in ops], whole.asked_a_person
         ),
+        "went_unknown": whole.went_unknown,
         "unresolved": sum(unresolved.values()),
         "unresolved_by_state": dict(sorted(unresolved.items())),
         "unresolved_next_action": dict(Counter(op.next_action for op in open_ops)),
