@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -19,8 +20,49 @@ class UnsupportedDatabase(ValueError):
     pass
 
 
+def parse_url(url: str) -> URL:
+    """`url` as SQLAlchemy reads it. libpq's multi-host form,
+    `postgresql://user@h1:p1,h2:p2/db?target_session_attrs=read-write` (the
+    service follows whichever host is the primary), is not one SQLAlchemy
+    parses: it becomes its own spelling of the same, one `host=h:p` query
+    parameter per host, which its psycopg dialect hands to libpq whole."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return make_url(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(name == "host" for name, _ in query):
+        raise UnsupportedDatabase(
+            f"database URL {_redacted(url)}: name the hosts once, as h1:p1,h2:p2 or as "
+            "host= parameters, not both"
+        )
+    if any(not host.strip() for host in hosts.split(",")):
+        raise UnsupportedDatabase(f"database URL {_redacted(url)}: an empty host in {hosts!r}")
+    query += [("host", host) for host in hosts.split(",")]
+    return make_url(f"{parts.scheme}://{userinfo}{at}{parts.path}?{urlencode(query)}")
+
+
+def _redacted(url: str) -> str:
+    """`url` with any password hidden, for an error message."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    user, colon, _password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=user + (colon and ":***") + at + hosts))
+
+
+def hosts_of(url: str) -> tuple[str, ...]:
+    """The `host:port` (or `host`) entries a PostgreSQL URL names, in order."""
+    parsed = parse_url(url)
+    many = parsed.query.get("host")
+    if many:
+        return (many,) if isinstance(many, str) else tuple(many)
+    if parsed.host is None:
+        return ()
+    return (f"{parsed.host}:{parsed.port}" if parsed.port else parsed.host,)
+
+
 def dialect_of(url: str) -> str:
-    name = make_url(url).get_backend_name()
+    name = parse_url(url).get_backend_name()
     if name not in ("sqlite", "postgresql"):
         raise UnsupportedDatabase(
             f"unsupported database URL {url!r}: use sqlite:///FILE or postgresql://..."
@@ -54,19 +96,41 @@ def require_utf8(url: str) -> None:
 
 
 def libpq_url(url: str) -> str:
-    """The URL as libpq reads it (`postgresql://`, no SQLAlchemy driver name)."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    """The URL as libpq reads it (`postgresql://`, no SQLAlchemy driver name;
+    several hosts in libpq's own h1:p1,h2:p2 form)."""
+    parsed = parse_url(url).set(drivername="postgresql")
+    hosts = parsed.query.get("host")
+    if not hosts or isinstance(hosts, str):
+        return parsed.render_as_string(hide_password=False)
+    userinfo = ""
+    if parsed.username is not None:
+        userinfo = quote(parsed.username, safe="")
+        if parsed.password is not None:
+            userinfo += ":" + quote(str(parsed.password), safe="")
+        userinfo += "@"
+    rest = urlencode([(name, value) for name, value in _query_items(parsed) if name != "host"])
+    return f"postgresql://{userinfo}{','.join(hosts)}/{parsed.database or ''}" + (
+        f"?{rest}" if rest else ""
+    )
+
+
+def _query_items(parsed: URL) -> list[tuple[str, str]]:
+    return [
+        (name, value)
+        for name, values in parsed.query.items()
+        for value in ((values,) if isinstance(values, str) else values)
+    ]
 
 
 def async_url(url: str) -> str:
     """`sqlite:///x.db` -> aiosqlite, `postgresql://` -> psycopg 3 (async)."""
-    parsed = make_url(url)
+    parsed = parse_url(url)
     driver = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}[dialect_of(url)]
     return parsed.set(drivername=driver).render_as_string(hide_password=False)
 
 
 def sync_url(url: str) -> str:
-    parsed = make_url(url)
+    parsed = parse_url(url)
     driver = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg"}[dialect_of(url)]
     return parsed.set(drivername=driver).render_as_string(hide_password=False)
 

@@ -6,9 +6,14 @@ from pathlib import Path
 
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import make_url
 
-from intentledger.store.database import Pooler, create_sync_engine, dialect_of, require_utf8
+from intentledger.store.database import (
+    Pooler,
+    create_sync_engine,
+    dialect_of,
+    parse_url,
+    require_utf8,
+)
 from intentledger.store.migrate import alembic_config
 
 
@@ -19,7 +24,7 @@ class SchemaNotCurrent(RuntimeError):
 def require_current_schema(database_url: str, pooler: Pooler = "none") -> None:
     """Refuse a database that is missing, not UTF-8, or not at the migrations' head.
     A missing SQLite file is not created by asking (connecting would create it)."""
-    path = make_url(database_url).database
+    path = parse_url(database_url).database
     on_disk = dialect_of(database_url) == "sqlite" and path not in (None, "", ":memory:")
     if on_disk and not Path(str(path)).exists():
         raise SchemaNotCurrent(f"there is no database at {path}: run `intentledger migrate` first")
