@@ -529,6 +529,7 @@ async def test_a_broken_reader_fails_the_chaos_check(
                 consistency=PLUGIN.consistency(settings),
                 retention=PLUGIN.retention(settings),
                 fault_proxy=AdyenFaultProxy,
+                payments=20,
             )
     finally:
         await fake.aclose()
