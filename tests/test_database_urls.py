@@ -62,6 +62,12 @@ def test_psycopg_is_given_the_hosts_in_libpqs_own_form() -> None:
     [
         ("postgresql://u@a:1,,b:2/db", "an empty host"),
         ("postgresql://u@a:1,b:2/db?host=c:3", "not both"),
+        # SQLAlchemy would cut it at its colons and drop the node unsaid.
+        ("postgresql://u@[::1]:5432,b:2/db", r"'\[::1\]:5432' is not a host name"),
+        ("postgresql://u@a:1,%2Frun%2Fpostgresql/db", "is not a host name"),
+        ("postgresql://u@a:1,b:port/db", "'b:port' is not a host name"),
+        ("postgresql://u@a:port/db", "cannot be read"),
+        ("mysql://u@a/db", "unsupported database URL"),
     ],
 )
 def test_a_url_naming_its_hosts_wrongly_is_refused_without_its_password(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -29,7 +31,13 @@ def parse_url(url: str) -> URL:
     parts = urlsplit(url)
     userinfo, at, hosts = parts.netloc.rpartition("@")
     if "," not in hosts:
-        return make_url(url)
+        try:
+            return make_url(url)
+        except (ArgumentError, ValueError) as exc:
+            # Not the parser's words: they may quote the URL, password and all.
+            raise UnsupportedDatabase(
+                f"database URL {_redacted(url)} cannot be read ({type(exc).__name__})"
+            ) from None
     query = parse_qsl(parts.query, keep_blank_values=True)
     if any(name == "host" for name, _ in query):
         raise UnsupportedDatabase(
@@ -38,8 +46,21 @@ def parse_url(url: str) -> URL:
         )
     if any(not host.strip() for host in hosts.split(",")):
         raise UnsupportedDatabase(f"database URL {_redacted(url)}: an empty host in {hosts!r}")
+    unnamed = [host for host in hosts.split(",") if not _NAMED_HOST.fullmatch(host)]
+    if unnamed:
+        # SQLAlchemy splits each entry at its colons: an IPv6 literal would be
+        # cut into pieces and a node silently dropped. Refused, not guessed.
+        raise UnsupportedDatabase(
+            f"database URL {_redacted(url)}: {', '.join(map(repr, unnamed))} is not a host "
+            "name or IPv4 address with an optional :port; in a URL naming several hosts, "
+            "name each so (an IPv6 address or a socket directory needs a host name there)"
+        )
     query += [("host", host) for host in hosts.split(",")]
     return make_url(f"{parts.scheme}://{userinfo}{at}{parts.path}?{urlencode(query)}")
+
+
+# A host of a multi-host URL: a name or IPv4 address, and an optional port.
+_NAMED_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]{1,5})?")
 
 
 def _redacted(url: str) -> str:
@@ -65,7 +86,7 @@ def dialect_of(url: str) -> str:
     name = parse_url(url).get_backend_name()
     if name not in ("sqlite", "postgresql"):
         raise UnsupportedDatabase(
-            f"unsupported database URL {url!r}: use sqlite:///FILE or postgresql://..."
+            f"unsupported database URL {_redacted(url)!r}: use sqlite:///FILE or postgresql://..."
         )
     return name
 
