@@ -605,20 +605,23 @@ def check_the_provider_and_the_ledger_agree_or_are_flagged(
         keys = {a.provider_idempotency_key for a in snapshot.attempts.get(operation_id, [])}
         if op.mandate_id is not None and (state not in UNRESOLVED or len(keys) <= 1):
             exposure[op.mandate_id] = exposure.get(op.mandate_id, 0) + op.amount * len(charges)
+        # Without a lookup, only an answer or a notification can show what the
+        # provider did, and this model's provider sends no notification of its
+        # own: a charge the ledger's answers never saw (a person's wrong
+        # "failed", a second key's charge whose answer was lost), and a request
+        # lost before it reached the provider, stay unseen. What the ledger owes
+        # then is to keep watching, and past the looks' budget to tell a person
+        # the outcome was never proven (provider_not_final).
+        unprovable = not provider.has_lookup and op.watch == Watch.NOT_FINAL
         if len(charges) > 1:
-            assert op.duplicate_detected or state in UNRESOLVED, (
+            assert op.duplicate_detected or state in UNRESOLVED or unprovable, (
                 f"{operation_id}: {len(charges)} charges, no duplicate flagged ({state})"
             )
         if state is State.CANCELLED or op.outcome == Outcome.FAILED:
-            assert not charges or op.outcome_contradicted, (
+            assert not charges or op.outcome_contradicted or unprovable, (
                 f"{operation_id} is {state} {op.outcome} yet charged: not flagged"
             )
         if op.outcome == Outcome.SUCCEEDED:
-            # Without a lookup nothing can show an absence (a request lost before
-            # it reached the provider is never notified either): a person's
-            # "succeeded" is watched, and past the looks' budget a person is told
-            # it was never proven (provider_not_final).
-            unprovable = not provider.has_lookup and op.watch == Watch.NOT_FINAL
             assert charges or op.outcome_contradicted or unprovable, (
                 f"{operation_id} is succeeded, the provider has no charge: not flagged"
             )
