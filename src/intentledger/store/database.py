@@ -198,25 +198,59 @@ def connect_args(url: str, pooler: Pooler) -> dict[str, Any]:
     return {"prepare_threshold": None}
 
 
+# SQLSTATEs after which a pooled connection is worth nothing, though psycopg
+# may still call it open: 25006, a write refused because the node is (now) a
+# read-only standby; 57P01-57P03, a server shutting down, crashed or not yet
+# accepting connections; class 08, the connection itself failing.
+_CONNECTION_LOST_STATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+
+
+def _count_lost_nodes_as_disconnects(sync_engine: Engine) -> None:
+    """Treat a node that went away or stopped taking writes as a disconnect.
+
+    After a failover the old primary may come back as a standby while a pooled
+    connection to it stays open: every write on it is refused with 25006,
+    which SQLAlchemy reports as a plain error, so the pool would hand the same
+    connection out again and the API would answer 500 until it was recycled.
+    Counted as a disconnect, SQLAlchemy drops the whole pool: the next
+    connection goes through the URL's host list again, and
+    `target_session_attrs=read-write` finds the new primary; meanwhile the
+    error reaches the API as an invalidated connection, a 503 with
+    Retry-After, which the client retries with the same key. The ledger never
+    sets a session or transaction read-only itself, so a 25006 always means
+    the node, not the request.
+    """
+
+    @event.listens_for(sync_engine, "handle_error")
+    def _on_error(context: Any) -> None:
+        sqlstate = getattr(context.original_exception, "sqlstate", None) or ""
+        if sqlstate in _CONNECTION_LOST_STATES or sqlstate.startswith("08"):
+            context.is_disconnect = True
+
+
 def create_ledger_engine(url: str, *, pool_size: int = 10, pooler: Pooler = "none") -> AsyncEngine:
     arguments = connect_args(url, pooler)
     if dialect_of(url) == "sqlite":
         engine = create_async_engine(async_url(url))
         _configure_sqlite(engine.sync_engine)
         return engine
-    return create_async_engine(
+    engine = create_async_engine(
         async_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
         connect_args=arguments,
     )
+    _count_lost_nodes_as_disconnects(engine.sync_engine)
+    return engine
 
 
 def create_sync_engine(url: str, *, pooler: Pooler = "none") -> Engine:
     engine = create_engine(sync_url(url), connect_args=connect_args(url, pooler))
     if dialect_of(url) == "sqlite":
         _configure_sqlite(engine)
+    else:
+        _count_lost_nodes_as_disconnects(engine)
     return engine
 
 
