@@ -123,6 +123,18 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     await eng.dispose()
 
 
+@pytest.fixture
+async def engine_on_one_backend(databases: Databases) -> AsyncIterator[AsyncEngine]:
+    """A fresh database's engine on PostgreSQL when the run has it, else on
+    SQLite: for a slow check of what does not depend on the database (an
+    adapter under the kit's chaos run), which both databases would only repeat."""
+    eng = create_ledger_engine(
+        databases.create("postgresql" if "postgresql" in BACKENDS else BACKENDS[0])
+    )
+    yield eng
+    await eng.dispose()
+
+
 @pytest.fixture(scope="session")
 def pgbouncer() -> Iterator[PgBouncer]:
     """Debian's PgBouncer in transaction mode in front of the test server, with

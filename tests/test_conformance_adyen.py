@@ -466,12 +466,14 @@ class AdyenChaos:
         await self.control.aclose()
 
 
-async def test_adyen_survives_a_short_chaos_run(engine: AsyncEngine, adyen: AdyenFake) -> None:
+async def test_adyen_survives_a_short_chaos_run(
+    engine_on_one_backend: AsyncEngine, adyen: AdyenFake
+) -> None:
     settings = config(adyen)
     fake = AdyenChaos(adyen)
     try:
         report = await check_chaos(
-            engine,
+            engine_on_one_backend,
             fake,
             build,
             reader=AdyenNotifications((FAKE_HMAC_KEY,), FAKE_MERCHANT_ACCOUNT),

@@ -224,9 +224,11 @@ class SandboxChaos:
         return await asyncio.to_thread(chaos.sandbox_truth, self.url)
 
 
-async def test_the_sandbox_survives_a_short_chaos_run(engine: AsyncEngine, sandbox: str) -> None:
+async def test_the_sandbox_survives_a_short_chaos_run(
+    engine_on_one_backend: AsyncEngine, sandbox: str
+) -> None:
     report = await check_chaos(
-        engine,
+        engine_on_one_backend,
         SandboxChaos(sandbox),
         build,
         reader=None,

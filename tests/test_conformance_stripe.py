@@ -325,7 +325,9 @@ class StripeChaos:
         return truth
 
 
-async def test_stripe_survives_a_short_chaos_run(engine: AsyncEngine, fake: StripeFake) -> None:
+async def test_stripe_survives_a_short_chaos_run(
+    engine_on_one_backend: AsyncEngine, fake: StripeFake
+) -> None:
     settings = provider_config(
         Settings(
             provider="stripe",
@@ -339,7 +341,7 @@ async def test_stripe_survives_a_short_chaos_run(engine: AsyncEngine, fake: Stri
         return StripeProvider(FAKE_API_KEY, api_base, timeout, CHAOS_SEARCH_LAG)
 
     report = await check_chaos(
-        engine,
+        engine_on_one_backend,
         StripeChaos(fake),
         build_lagging,
         reader=None,
