@@ -190,12 +190,20 @@ def test_the_service_follows_the_primary_through_failovers(
             assert cluster.primary() == new, cluster.states()
             after = [op for p in payers for op in p.acked_since(stable_at)]
             assert _present_on(new, after, "ledger_ha") == set(after)
+            acked_at = sorted(at for p in payers for at, _ in p.acks)
+            # The write outage the clients saw: last acknowledgement before the
+            # kill to the first after it.
+            outage = min(at for at in acked_at if at >= killed_at) - max(
+                at for at in acked_at if at < killed_at
+            )
             print(
-                f"{mode} kill: {cluster.failovers[-1]}; acked before the kill "
-                f"{sum(1 for p in payers for at, _ in p.acks if at < killed_at)}, after "
-                f"{len(after)}; 503s {sum(p.unavailable for p in payers)}, "
+                f"{mode} kill: {cluster.failovers[-1]}; no acknowledgement for {outage:.1f}s; "
+                f"acked before the kill {sum(1 for at in acked_at if at < killed_at)}, "
+                f"after the new primary was stable {len(after)}; "
+                f"503s so far {sum(p.unavailable for p in payers)}, "
                 f"connection errors {sum(p.connection_errors for p in payers)}"
             )
+            assert outage < 45, f"writes stopped for {outage:.1f}s in a tuned failover"
         threads.stop.set()
         threads.join()
         assert not [f for p in payers for f in p.failures], [p.failures for p in payers]

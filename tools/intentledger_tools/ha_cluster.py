@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, NamedTuple
 
 import psycopg
 
@@ -105,8 +105,10 @@ class Node:
     pgdata: Path
 
 
-@dataclass(frozen=True)
-class NodeState:
+class NodeState(NamedTuple):
+    """A node as the monitor sees it: the state its keeper last reported and
+    the one the monitor assigned it."""
+
     name: str
     port: int
     reported: str
@@ -495,6 +497,12 @@ class HACluster:
             node.pgdata.parent.mkdir(exist_ok=True)
         (self.workdir / "xdg/runtime").chmod(0o700)
         if self._as_postgres:
+            closed = [p for p in self.workdir.resolve().parents if not p.stat().st_mode & 0o001]
+            if closed:
+                raise HAClusterError(
+                    f"the servers run as postgres, who cannot enter {closed[0]}: "
+                    "choose a work directory under an open one (tempfile.mkdtemp() in /tmp)"
+                )
             postgres = pwd.getpwnam("postgres")
             SOCKET_DIR.mkdir(parents=True, exist_ok=True)
             os.chown(SOCKET_DIR, postgres.pw_uid, postgres.pw_gid)
@@ -766,13 +774,16 @@ class HACluster:
             return
         self._keeper(node.name, ["run", "--pgdata", str(node.pgdata)])
 
-    def _settled(self) -> bool:
+    def _require_keepers(self) -> None:
+        """Raise, with its log, if a keeper we did not kill has exited."""
         for name, keeper in self._keepers.items():
             if keeper.poll() is not None and (self._down is None or name != self._down.name):
                 raise HAClusterError(
                     f"pg_autoctl for {name} exited with {keeper.returncode}\n"
                     + _tail(self.workdir / "logs" / f"{name}.log")
                 )
+
+    def _settled(self) -> bool:
         states = self.states()
         return len(states) == len(self.nodes) and all(
             s.reported == s.assigned and s.reported in ("primary", "secondary") for s in states
@@ -790,6 +801,7 @@ class HACluster:
         deadline = time.monotonic() + max(timeout, 0)
         last_error: BaseException | None = None
         while True:
+            self._require_keepers()
             if watch:
                 watch()
             try:
