@@ -149,6 +149,13 @@ def _present_on(node: Node, op_ids: list[str], dbname: str) -> set[str]:
     return {row[0] for row in rows}
 
 
+def _in_recovery(node: Node) -> bool:
+    url = f"postgresql://postgres@127.0.0.1:{node.port}/postgres"
+    with psycopg.connect(url, connect_timeout=5) as conn:
+        row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    return bool(row and row[0])
+
+
 def _wait_for_acks(payers: list[Payer], since: float, count: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while sum(len(p.acked_since(since)) for p in payers) < count:
@@ -186,8 +193,10 @@ def test_the_service_follows_the_primary_through_failovers(
             stable_at = time.monotonic()
             assert new != old
             _wait_for_acks(payers, stable_at, ACKS_AFTER_FAILOVER, 60)
-            # Still the primary: the acknowledgements counted above were its commits.
+            # Still the primary: the acknowledgements counted above were its
+            # commits; the old primary is back, and only as a standby.
             assert cluster.primary() == new, cluster.states()
+            assert _in_recovery(old), f"{old.name} came back taking writes"
             after = [op for p in payers for op in p.acked_since(stable_at)]
             assert _present_on(new, after, "ledger_ha") == set(after)
             acked_at = sorted(at for p in payers for at, _ in p.acks)
