@@ -550,6 +550,7 @@ async def test_two_review_pages_for_one_approval_approve_once(console: Console) 
         await conn.execute(
             attempts.insert().values(
                 operation_id=op,
+                actor="dora",
                 number=1,
                 provider_idempotency_key=f"{op}:1",
                 submitted_at=NOW - THRESHOLD,
