@@ -10,12 +10,15 @@ reference tables only; and Citus can distribute them in the declared order.
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 
 import pytest
 from alembic import command
 from sqlalchemy import ForeignKeyConstraint, UniqueConstraint, inspect, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from intentledger.store.database import create_sync_engine
 from intentledger.store.distribution import (
@@ -28,7 +31,12 @@ from intentledger.store.distribution import (
     citus_statements,
 )
 from intentledger.store.distribution import TABLES as DECLARED
-from intentledger.store.migrate import alembic_config, upgrade
+from intentledger.store.migrate import (
+    MigrationRefused,
+    alembic_config,
+    current_revision,
+    upgrade,
+)
 from intentledger.store.partitions import is_partition_name
 from intentledger.store.tables import metadata
 from tests.conftest import Databases
@@ -94,13 +102,69 @@ def live_shape(conn: Connection) -> Shape:
     return shape
 
 
+# A column naming a row of another table, by its name.
+NAMES_A_ROW_OF = {
+    "operation_id": "operations",
+    "parent_operation_id": "operations",
+    "pending_operation_id": "operations",
+    "mandate_id": "mandates",
+    "card_id": "cards",
+    "decision_id": "decisions",
+    "observation_id": "observations",
+    "event_id": "merchant_events",
+    "endpoint_id": "webhook_endpoints",
+    "delivery_id": "webhook_deliveries",
+    "api_key_id": "api_keys",
+}
+# `*_id` columns naming no row of ours: the provider's id, or a row of one of several tables.
+NAMES_NO_ROW = {
+    ("cards", "provider_card_id"),
+    ("idempotency_records", "resource_id"),
+    ("merchant_events", "object_id"),
+    ("provider_events", "object_id"),
+}
+
+
+def unreferenced(
+    shape: Shape, declared: dict[str, Placement], undeclared: dict[tuple[str, str], str]
+) -> list[str]:
+    """Every column of a table distributed by actor that names a row of another
+    such table has a foreign key, or is listed (with a reason) as having none;
+    and every listed column exists and has none."""
+    found = []
+    for table in sorted(set(shape.columns) & set(declared)):
+        with_key = {c for columns, _, _ in shape.foreign[table] for c in columns}
+        for column in sorted(c for c in shape.columns[table] if c.endswith("_id")):
+            if (table, column) in NAMES_NO_ROW:
+                continue
+            referred = NAMES_A_ROW_OF.get(column)
+            if referred is None:
+                found.append(f"{table}.{column}: names a row of which table? (NAMES_A_ROW_OF)")
+                continue
+            both_by_actor = isinstance(declared[table], ByActor) and isinstance(
+                declared.get(referred), ByActor
+            )
+            own_key = referred == table and column in shape.primary[table]
+            if own_key or not both_by_actor or column in with_key:
+                continue
+            if (table, column) not in undeclared:
+                found.append(f"{table}.{column}: names a row of {referred} with no foreign key")
+    for table, column in sorted(undeclared):
+        if column not in shape.columns.get(table, set()):
+            found.append(f"{table}.{column}: listed as undeclared, but no such column")
+    return found
+
+
 def problems(
-    shape: Shape, declared: dict[str, Placement], serial_rowids: Shape | None = None
+    shape: Shape,
+    declared: dict[str, Placement],
+    serial_rowids: Shape | None = None,
+    undeclared: dict[tuple[str, str], str] = UNDECLARED_FOREIGN_KEYS,
 ) -> list[str]:
     """What would keep `shape` from being distributed as `declared` says.
     `serial_rowids`: the declared shape, on SQLite, whose serial ids are the
     whole key (store/distribution.py)."""
-    found = []
+    found = unreferenced(shape, declared, undeclared)
     undeclared = set(shape.columns) - set(declared)
     missing = set(declared) - set(shape.columns)
     found += [f"{t}: no placement declared (store/distribution.py)" for t in sorted(undeclared)]
@@ -143,7 +207,7 @@ def problems(
                 found.append(f"{table}: refers to {referred}, distributed apart")
             if isinstance(placement, OwnKey) and not isinstance(target, Reference | None):
                 found.append(f"{table}: refers to {referred}, distributed apart")
-            if (table, columns[0]) in UNDECLARED_FOREIGN_KEYS:
+            if (table, columns[0]) in undeclared:
                 found.append(f"{table}: foreign key {columns} declared as undeclared")
             order = list(declared)
             if referred in declared and order.index(referred) > order.index(table):
@@ -199,6 +263,34 @@ def test_a_table_not_declared_or_not_keyed_by_actor_is_caught() -> None:
     assert problems(grown, as_reference) == ["payouts: a reference table refers to operations"]
     unique = replace(grown, unique={**grown.unique, "outbox": [("operation_id", "kind")]})
     assert "outbox: unique key ('operation_id', 'kind') lacks actor" in problems(unique, declared)
+
+
+def test_a_row_named_with_no_foreign_key_and_a_stale_listing_are_caught() -> None:
+    shape = declared_shape()
+    without = replace(
+        shape,
+        foreign={
+            **shape.foreign,
+            "outbox": [f for f in shape.foreign["outbox"] if f[1] != "decisions"],
+        },
+    )
+    assert problems(without, DECLARED) == [
+        "outbox.decision_id: names a row of decisions with no foreign key"
+    ]
+    assert problems(without, DECLARED, undeclared={("outbox", "decision_id"): "why"}) == [
+        "cards.pending_operation_id: names a row of operations with no foreign key",
+        "observation_details.observation_id: names a row of observations with no foreign key",
+        "operations.mandate_id: names a row of mandates with no foreign key",
+        "operations.parent_operation_id: names a row of operations with no foreign key",
+    ]
+    stale = {**UNDECLARED_FOREIGN_KEYS, ("outbox", "decision"): "renamed since"}
+    assert problems(shape, DECLARED, undeclared=stale) == [
+        "outbox.decision: listed as undeclared, but no such column"
+    ]
+    grown = replace(shape, columns={**shape.columns, "outbox": {*shape.columns["outbox"], "x_id"}})
+    assert problems(grown, DECLARED) == [
+        "outbox.x_id: names a row of which table? (NAMES_A_ROW_OF)"
+    ]
 
 
 def test_citus_statements_distribute_every_table_in_order() -> None:
@@ -279,4 +371,93 @@ def test_migration_0020_fills_each_rows_actor_from_its_operation(
                 assert "actor" not in {c["name"] for c in inspect(conn).get_columns(table)}
                 assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 1
         upgrade(url)
+    engine.dispose()
+
+
+def _at_0019_with(backend: str, databases: Databases, statements: list[str]) -> str:
+    """A database at revision 0019 holding `statements`' rows, foreign keys
+    unchecked: as a database written with them off may hold."""
+    url = databases.create(backend)
+    command.downgrade(alembic_config(url), "0019")
+    at = {"at": "2026-12-01 10:00:00+00"}
+    if backend == "sqlite":
+        with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as raw:
+            raw.execute("PRAGMA foreign_keys=OFF")
+            for statement in statements:
+                raw.execute(statement, at)
+            raw.commit()
+        return url
+    engine = create_sync_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+        for statement in statements:
+            conn.execute(text(statement), at)
+    engine.dispose()
+    return url
+
+
+def test_a_row_whose_parent_is_missing_stops_migration_0020_before_any_change(
+    backend: str, databases: Databases
+) -> None:
+    url = _at_0019_with(
+        backend,
+        databases,
+        [OLD_ROWS[0], OLD_ROWS[1].replace("'op_1'", "'op_gone'"), OLD_ROWS[6]],
+    )
+    with pytest.raises(MigrationRefused) as refused:
+        upgrade(url)
+    assert "1 decisions rows whose operation_id names no operations row" in str(refused.value)
+    assert "nothing was changed" in str(refused.value)
+    assert current_revision(url) == "0019"
+
+
+def test_a_sqlite_orphan_makes_the_whole_upgrade_fail_and_leaves_its_revision(
+    databases: Databases,
+) -> None:
+    """The foreign key check runs before the migrations' one commit
+    (migrations/env.py): a row no migration touches, naming a missing row, is
+    found and the database stays where it was."""
+    url = _at_0019_with(
+        "sqlite",
+        databases,
+        [
+            "INSERT INTO console_sessions (session_hash, api_key_id, created_at, expires_at) "
+            "VALUES ('s', 404, :at, :at)"
+        ],
+    )
+    with pytest.raises(MigrationRefused) as refused:
+        upgrade(url)
+    assert "console_sessions (rowid 1) -> api_keys" in str(refused.value)
+    assert current_revision(url) == "0019"
+
+
+@pytest.mark.parametrize(
+    ("table", "row"),
+    [
+        (
+            "attempts",
+            "INSERT INTO attempts (operation_id, actor, number, provider_idempotency_key, "
+            "submitted_at, relation, decision_id, source) "
+            "VALUES ('op_1', 'shop-a', 1, 'pk', :at, 'original', 404, 's')",
+        ),
+        (
+            "outbox",
+            "INSERT INTO outbox (operation_id, actor, kind, due_at, deliveries, decision_id, "
+            "created_at) VALUES ('op_1', 'shop-a', 'submit', :at, 0, 404, :at)",
+        ),
+        (
+            "webhook_attempts",
+            "INSERT INTO webhook_attempts (delivery_id, actor, at, duration_ms, delivered) "
+            "VALUES (404, 'shop-a', :at, 5, false)",
+        ),
+    ],
+)
+def test_a_dangling_decision_or_delivery_is_refused(
+    backend: str, databases: Databases, table: str, row: str
+) -> None:
+    engine = create_sync_engine(databases.create(backend))
+    with engine.begin() as conn:
+        conn.execute(text(OLD_ROWS[0]), {"at": "2026-12-01 10:00:00+00"})
+    with pytest.raises(IntegrityError, match=r"(?i)foreign key"), engine.begin() as conn:
+        conn.execute(text(row), {"at": "2026-12-01 10:00:00+00"})
     engine.dispose()

@@ -15,7 +15,27 @@ else (distributed by their own key, in a co-location group of their own).
 SQLite is never distributed, and one of its limits shows in the migrated
 schema: a serial id is SQLite's rowid only when it is the whole primary key,
 so there a table with a serial id keeps `PRIMARY KEY (id)` where PostgreSQL
-has `PRIMARY KEY (id, actor)` (migration 0020).
+has `PRIMARY KEY (id, actor)` (migration 0020). Where a foreign key refers to
+such a table by (id, actor) (decisions, webhook_deliveries), SQLite has a
+unique index on (id, actor) for it to refer to (tables.py).
+
+What the database no longer guarantees: with the actor in every key, an
+operation id (and a mandate, card, merchant event or endpoint id) is unique
+only with its actor, and on PostgreSQL a serial id only with its actor too.
+No two actors get the same id because the server makes each id:
+`new_operation_id()` (store/ledger.py) and the mandate, card, event and
+endpoint ids (engine/) are 96 random bits from `secrets`, never taken from a
+request; serial ids come from the table's sequence, which never repeats. A
+collision of two random ids among n ids has a chance of about n^2 / 2^97: one
+in 10^11 after a billion operations. Were it to happen, lookups by the id
+alone would meet two rows: `Ledger.get_operation` would take one of them
+(`.first()`, in no stated order), `lock_operation` would raise
+(`scalar_one_or_none` on two rows), and `write_operation_change` (by id and
+version) would update both if their versions matched, or raise
+`ConcurrentUpdate`. It is accepted for that chance. A unique index on the id
+alone, kept outside Citus, would break the rule this module holds the schema
+to (every unique key holds the actor), and once the lookups name the actor
+(docs/scaling.md) a collision no longer reaches them.
 """
 
 from __future__ import annotations
@@ -92,19 +112,28 @@ TABLES: dict[str, Placement] = {
     ),
 }
 
-# Foreign keys between tables distributed by actor that are not declared, and why:
-# (table, column) -> reason. Each names a serial id, which on SQLite is only the
-# rowid when it is the whole key (see above), so a foreign key by (id, actor)
-# has nothing unique to refer to there; PostgreSQL and SQLite keep one schema.
+# A column of a table distributed by actor that names a row of another such
+# table has a foreign key by (column, actor), unless it is listed here with the
+# reason: (table, column) -> reason. tests/test_schema_distribution.py holds
+# the schema to it, and every entry to a column without a foreign key.
 UNDECLARED_FOREIGN_KEYS: dict[tuple[str, str], str] = {
-    ("attempts", "decision_id"): (
-        "the decision is written by the same unit of work, just before (Ledger.save)"
+    ("observation_details", "observation_id"): (
+        "partitioned on PostgreSQL: a foreign key would make every partition attached or "
+        "dropped lock observations, which every payment writes (tables.py)"
     ),
-    ("outbox", "decision_id"): (
-        "the decision is written by the same unit of work, just before (Ledger.save)"
+    ("operations", "mandate_id"): (
+        "never declared, nor before migration 0020: intake locks the mandate and checks it is "
+        "the actor's in the operation's transaction (engine/mandates.py); one by "
+        "(mandate_id, actor) is possible now, left to a later migration"
     ),
-    ("webhook_attempts", "delivery_id"): (
-        "written for a delivery this worker holds leased; deliveries are never deleted"
+    ("operations", "parent_operation_id"): (
+        "never declared, nor before migration 0020: a refund's payment is locked and checked "
+        "in the refund's transaction (engine/refunds.py); one by (parent_operation_id, actor) "
+        "is possible now, left to a later migration"
+    ),
+    ("cards", "pending_operation_id"): (
+        "a card being issued is written naming its operation before that operation's row, "
+        "in the same transaction (engine/cards.py): an immediate foreign key would refuse it"
     ),
 }
 

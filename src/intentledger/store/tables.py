@@ -11,6 +11,7 @@ the partition it lies in (store/partitions.py), on SQLite row by row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -110,6 +111,31 @@ def _of_operation() -> ForeignKeyConstraint:
     return ForeignKeyConstraint(
         ["operation_id", "actor"], ["operations.operation_id", "operations.actor"]
     )
+
+
+# Where on SQLite only a unique index holds: Alembic's comparison of the
+# migrated schema with this one takes it on SQLite alone (`declared_on`).
+ONLY_ON = "only_on"
+
+
+def _id_and_actor_unique_on_sqlite(table: str) -> Index:
+    """What a foreign key by (id, actor) refers to on SQLite, where the id
+    alone is the primary key (it is the rowid only so: store/distribution.py).
+    On PostgreSQL the primary key is (id, actor) already, and a second index
+    on the same columns would only slow every insert."""
+    index = Index(f"uq_{table}_id_actor", "id", "actor", unique=True, info={ONLY_ON: "sqlite"})
+    return index.ddl_if(dialect="sqlite")
+
+
+def declared_on(dialect: str) -> Callable[[Any, str | None, str, bool, Any], bool]:
+    """Alembic's `include_object` for a database of `dialect`: what this
+    schema declares for another dialect only is not expected there."""
+
+    def include(item: Any, _name: str | None, _kind: str, reflected: bool, _other: Any) -> bool:
+        only_on = None if reflected else getattr(item, "info", {}).get(ONLY_ON)
+        return only_on is None or only_on == dialect
+
+    return include
 
 
 api_keys = Table(
@@ -246,6 +272,7 @@ decisions = Table(
     Column("source", String(SOURCE_LENGTH), nullable=False),
     _actor(),
     PrimaryKeyConstraint("id", "actor"),
+    _id_and_actor_unique_on_sqlite("decisions"),
     _of_operation(),
     Index(None, "operation_id", "id"),
     # A person's decisions, few among the engine's: /metrics counts them at
@@ -270,12 +297,12 @@ attempts = Table(
     # "original", or "resubmission" of attempt `resubmission_of`.
     Column("relation", String(16), nullable=False),
     Column("resubmission_of", Integer, nullable=True),
-    # No foreign key: store/distribution.UNDECLARED_FOREIGN_KEYS.
     Column("decision_id", Integer, nullable=True),
     Column("source", String(SOURCE_LENGTH), nullable=False),
     _actor(),
     PrimaryKeyConstraint("id", "actor"),
     _of_operation(),
+    ForeignKeyConstraint(["decision_id", "actor"], ["decisions.id", "decisions.actor"]),
     UniqueConstraint("operation_id", "number", "actor"),
 )
 
@@ -405,13 +432,14 @@ outbox = Table(
     Column("lease_owner", String(128), nullable=True),
     Column("deliveries", Integer, nullable=False, default=0),
     # The decision that authorised this submission, for every attempt after the
-    # first. No foreign key: store/distribution.UNDECLARED_FOREIGN_KEYS.
+    # first.
     Column("decision_id", Integer, nullable=True),
     _timestamp("done_at", nullable=True),
     _timestamp("created_at"),
     _actor(),
     PrimaryKeyConstraint("id", "actor"),
     _of_operation(),
+    ForeignKeyConstraint(["decision_id", "actor"], ["decisions.id", "decisions.actor"]),
     Index(
         "ix_outbox_pending_due",
         "due_at",
@@ -500,6 +528,7 @@ webhook_deliveries = Table(
     _timestamp("finished_at", nullable=True),
     _actor(),
     PrimaryKeyConstraint("id", "actor"),
+    _id_and_actor_unique_on_sqlite("webhook_deliveries"),
     ForeignKeyConstraint(
         ["event_id", "actor"], ["merchant_events.event_id", "merchant_events.actor"]
     ),
@@ -528,7 +557,6 @@ webhook_attempts = Table(
     metadata,
     # On SQLite the id alone is the key (store/distribution.py).
     Column("id", Integer, autoincrement=True),
-    # No foreign key: store/distribution.UNDECLARED_FOREIGN_KEYS.
     Column("delivery_id", Integer, nullable=False),
     _timestamp("at"),
     Column("duration_ms", Integer, nullable=False),
@@ -539,5 +567,8 @@ webhook_attempts = Table(
     _timestamp("next_attempt_at", nullable=True),
     _actor(),
     PrimaryKeyConstraint("id", "actor"),
+    ForeignKeyConstraint(
+        ["delivery_id", "actor"], ["webhook_deliveries.id", "webhook_deliveries.actor"]
+    ),
     Index(None, "delivery_id", "id"),
 )

@@ -9,16 +9,24 @@ Create Date: 2026-12-06
   operation (observation, delivery, event), then made NOT NULL;
 - every primary key and unique key of a table distributed by actor takes it
   (on SQLite a serial id stays the whole key: it is the rowid only so);
-- every foreign key between such tables refers by (key, actor), except the
-  three to a serial id, which are dropped (distribution.UNDECLARED_FOREIGN_KEYS);
+- every foreign key between such tables refers by (key, actor); on SQLite,
+  where a serial id stays the whole primary key, decisions and
+  webhook_deliveries get a unique index on (id, actor) for the foreign keys
+  that refer to them;
 - provider_events' key takes event_id, the column it is distributed by.
 
-Every existing row is rewritten once (the fill), in this one transaction:
-like 0014 it runs with the writers stopped. On SQLite the tables are rebuilt
-(batch mode) with foreign keys off, as SQLite requires for rebuilding a table
-others refer to (migrations/env.py), and checked by `PRAGMA foreign_key_check`
-before the commit. `observation_details` is partitioned on PostgreSQL: a
-column, NOT NULL and a primary key set on it reach every partition.
+Before anything changes, a row whose parent is missing (so it has no actor to
+take) stops the migration with its table and count (`refuse_orphans`).
+Every existing row is then rewritten once (the fill: on PostgreSQL an
+`UPDATE ... FROM` join per table), in this one transaction: like 0014 it runs
+with the writers stopped (docs/operations.md gives the time it takes). On
+SQLite the tables are rebuilt (batch mode) with foreign keys off, as SQLite
+requires for rebuilding a table others refer to, and `PRAGMA
+foreign_key_check` runs before the upgrade's one commit (migrations/env.py):
+a row left naming a missing row makes the whole upgrade fail, the database
+still at the revision it was at. `observation_details` is partitioned on
+PostgreSQL: a column, NOT NULL and a primary key set on it reach every
+partition.
 
 Intake's writer (migration 0019's function, PostgreSQL) writes the submit row
 and the first transition with their operation's actor, which each row it is
@@ -34,6 +42,8 @@ from types import ModuleType
 import sqlalchemy as sa
 from alembic import op
 
+from intentledger.store.migrate import MigrationRefused
+
 revision = "0020"
 down_revision = "0019"
 branch_labels = None
@@ -41,16 +51,17 @@ depends_on = None
 
 ACTOR = sa.String(255)
 
-# table -> (the statement filling its actor), in an order where a source is filled first.
+# table -> (the table its actor comes from, that table's key, the column naming
+# it), in an order where a source is filled first.
 FILLED = {
-    "decisions": "SELECT o.actor FROM operations AS o WHERE o.operation_id = t.operation_id",
-    "attempts": "SELECT o.actor FROM operations AS o WHERE o.operation_id = t.operation_id",
-    "observations": "SELECT o.actor FROM operations AS o WHERE o.operation_id = t.operation_id",
-    "transitions": "SELECT o.actor FROM operations AS o WHERE o.operation_id = t.operation_id",
-    "outbox": "SELECT o.actor FROM operations AS o WHERE o.operation_id = t.operation_id",
-    "observation_details": "SELECT o.actor FROM observations AS o WHERE o.id = t.observation_id",
-    "webhook_deliveries": "SELECT e.actor FROM merchant_events AS e WHERE e.event_id = t.event_id",
-    "webhook_attempts": "SELECT d.actor FROM webhook_deliveries AS d WHERE d.id = t.delivery_id",
+    "decisions": ("operations", "operation_id", "operation_id"),
+    "attempts": ("operations", "operation_id", "operation_id"),
+    "observations": ("operations", "operation_id", "operation_id"),
+    "transitions": ("operations", "operation_id", "operation_id"),
+    "outbox": ("operations", "operation_id", "operation_id"),
+    "observation_details": ("observations", "id", "observation_id"),
+    "webhook_deliveries": ("merchant_events", "event_id", "event_id"),
+    "webhook_attempts": ("webhook_deliveries", "id", "delivery_id"),
 }
 
 # table -> its primary key before and after.
@@ -111,6 +122,27 @@ FOREIGN_KEYS_BEFORE = [
 FOREIGN_KEYS_AFTER = [
     *[(t, name, [col, "actor"], ref, [col, "actor"]) for t, name, ref, col in OPERATION_KEYS],
     (
+        "attempts",
+        "fk_attempts_decision_id_decisions",
+        ["decision_id", "actor"],
+        "decisions",
+        ["id", "actor"],
+    ),
+    (
+        "outbox",
+        "fk_outbox_decision_id_decisions",
+        ["decision_id", "actor"],
+        "decisions",
+        ["id", "actor"],
+    ),
+    (
+        "webhook_attempts",
+        "fk_webhook_attempts_delivery_id_webhook_deliveries",
+        ["delivery_id", "actor"],
+        "webhook_deliveries",
+        ["id", "actor"],
+    ),
+    (
         "webhook_deliveries",
         "fk_webhook_deliveries_event_id_merchant_events",
         ["event_id", "actor"],
@@ -125,6 +157,12 @@ FOREIGN_KEYS_AFTER = [
         ["endpoint_id", "actor"],
     ),
 ]
+# SQLite only: what a foreign key by (id, actor) refers to where the id alone
+# is the primary key (tables.py); on PostgreSQL the primary key is (id, actor).
+ID_ACTOR_UNIQUE_ON_SQLITE = {
+    "decisions": "uq_decisions_id_actor",
+    "webhook_deliveries": "uq_webhook_deliveries_id_actor",
+}
 # table -> (name, columns) of its unique key before and after.
 UNIQUE_KEYS = {
     "attempts": (
@@ -173,10 +211,24 @@ def writer_with_actor() -> str:
 
 
 def upgrade() -> None:
+    refuse_orphans()
+    postgresql = op.get_bind().dialect.name == "postgresql"
     for table in FILLED:
         op.add_column(table, sa.Column("actor", ACTOR, nullable=True))
-    for table, source in FILLED.items():
-        op.execute(f"UPDATE {table} AS t SET actor = ({source})")
+    for table, (source, key, column) in FILLED.items():
+        if postgresql:
+            # A join (one hash join per table), not a subquery per row.
+            op.execute(
+                f"UPDATE {table} AS t SET actor = s.actor FROM {source} AS s "
+                f"WHERE s.{key} = t.{column}"
+            )
+        else:
+            # SQLite has UPDATE ... FROM since 3.33 only; its tables are
+            # rebuilt below anyway.
+            op.execute(
+                f"UPDATE {table} AS t SET actor = "
+                f"(SELECT s.actor FROM {source} AS s WHERE s.{key} = t.{column})"
+            )
     _rekey(
         sets_not_null=True,
         keys={t: after for t, (_, after) in {**KEYS, **SERIAL_KEYS}.items()},
@@ -201,6 +253,29 @@ def downgrade() -> None:
     for table in reversed(FILLED):
         with op.batch_alter_table(table, schema=None) as batch_op:
             batch_op.drop_column("actor")
+
+
+def refuse_orphans() -> None:
+    """A row whose parent is missing has no actor to take: say which, before
+    anything is changed, rather than fail on the NOT NULL it would break."""
+    found = []
+    for table, (source, key, column) in FILLED.items():
+        orphans = (
+            op.get_bind()
+            .exec_driver_sql(
+                f"SELECT count(*) FROM {table} AS t WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {source} AS s WHERE s.{key} = t.{column})"
+            )
+            .scalar_one()
+        )
+        if orphans:
+            found.append(f"{orphans} {table} rows whose {column} names no {source} row")
+    if found:
+        raise MigrationRefused(
+            "migration 0020 takes each row's actor from the row it belongs to, and "
+            + "; ".join(found)
+            + ": nothing was changed (restore those rows, or delete them, then migrate)"
+        )
 
 
 def _rekey(
@@ -237,8 +312,14 @@ def _rekey(
             for owner, name, *_ in foreign_before:
                 if owner == table:
                     batch_op.drop_constraint(name, type_="foreignkey")
+            if not sets_not_null and table in ID_ACTOR_UNIQUE_ON_SQLITE:
+                batch_op.drop_index(ID_ACTOR_UNIQUE_ON_SQLITE[table])
             if sets_not_null and table in FILLED:
                 batch_op.alter_column("actor", existing_type=ACTOR, nullable=False)
+            if sets_not_null and table in ID_ACTOR_UNIQUE_ON_SQLITE:
+                batch_op.create_index(
+                    ID_ACTOR_UNIQUE_ON_SQLITE[table], ["id", "actor"], unique=True
+                )
             if table in keys and table not in SERIAL_KEYS:
                 batch_op.drop_constraint(f"pk_{table}", type_="primary")
                 batch_op.create_primary_key(f"pk_{table}", keys[table])
