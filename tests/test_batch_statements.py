@@ -36,9 +36,11 @@ NAMING = {"id", "operation_id", "idempotency_key", "created_at", "provider_idemp
 
 
 def answer(operation_id: str, detail: dict[str, Any] | None) -> dict[str, Any]:
-    """A success's observation row; `detail` None is what an empty body leaves."""
+    """A success's observation row (of an operation `accept` made: alice's);
+    `detail` None is what an empty body leaves."""
     return {
         "operation_id": operation_id,
+        "actor": "alice",
         "at": NOW,
         "kind": "submit_result",
         "source": SOURCE,

@@ -307,10 +307,12 @@ async def test_a_superseded_rows_delivery_leaves_the_live_attempt_alone(
     op_id = await scene.accept()
     row = await claim(scene, "submit")
     assert await scene.worker.dispatcher._pre_submit(row) is not None  # attempt 1 in flight
+    actor = (await scene.operation(op_id)).actor
     async with engine.begin() as conn:
         ledger = Ledger(conn)
         old = await ledger.add_decision(
             operation_id=op_id,
+            actor=actor,
             at=scene.clock(),
             rule="non_execution_evidence",
             inputs={"provider_idempotency_key": f"{op_id}:1"},
@@ -318,7 +320,7 @@ async def test_a_superseded_rows_delivery_leaves_the_live_attempt_alone(
             reason="an earlier decision, since superseded",
             source="test",
         )
-        await ledger.enqueue(op_id, "submit", scene.clock(), scene.clock(), decision_id=old)
+        await ledger.enqueue(op_id, actor, "submit", scene.clock(), scene.clock(), decision_id=old)
     stale = await claim(scene, "submit")
     assert await scene.worker.dispatcher._pre_submit(stale) is None
     op = await scene.operation(op_id)

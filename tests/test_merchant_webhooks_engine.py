@@ -189,6 +189,7 @@ async def pending_deliveries(
             await conn.execute(
                 webhook_deliveries.insert().values(
                     event_id=event_id,
+                    actor="ana",
                     endpoint_id=endpoint_id,
                     status="pending",
                     due_at=clock(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 
 import httpx
 import pytest
@@ -169,6 +170,16 @@ def test_every_metric_of_ours_has_bounded_labels(served: Served) -> None:
         name == "intentledger_classifications_total" and labels["transport"] == "no_response"
         for name, labels, _ in ours
     )
+    server = {
+        name: value for name, labels, value in ours if name.startswith("intentledger_database_")
+    }
+    if served.database_url.startswith("sqlite"):
+        assert server == {}
+    else:
+        # The suite's server: started before this test, alone, with no standby.
+        assert 0 < server["intentledger_database_server_start_time_seconds"] < time.time()
+        assert server["intentledger_database_commits_wait_for_standby"] == 0
+        assert server["intentledger_database_synchronous_standbys"] == 0
 
 
 def test_the_process_registry_holds_only_bounded_label_names() -> None:

@@ -73,7 +73,12 @@ async def answer(engine: AsyncEngine, operation_id: str, at: datetime) -> int:
     """An observation of `operation_id` at `at`, with a provider answer."""
     async with engine.begin() as conn:
         return await Ledger(conn).add_observation(
-            operation_id=operation_id, at=at, kind="lookup_result", source="test", detail=DETAIL
+            operation_id=operation_id,
+            actor="dora",
+            at=at,
+            kind="lookup_result",
+            source="test",
+            detail=DETAIL,
         )
 
 

@@ -120,24 +120,36 @@ async def add(
         )
         answered = await conn.execute(
             insert(tables.observations).values(
-                operation_id=operation_id, at=at, kind="submit_result", source="test"
+                operation_id=operation_id,
+                actor="dora",
+                at=at,
+                kind="submit_result",
+                source="test",
             )
         )
         await conn.execute(
             insert(tables.observation_details).values(
-                observation_id=answered.inserted_primary_key[0], retention_bucket=at, detail=DETAIL
+                observation_id=answered.inserted_primary_key[0],
+                retention_bucket=at,
+                actor="dora",
+                detail=DETAIL,
             )
         )
         # A detail-less answer has no answer row: nothing to remove, nor count.
         await conn.execute(
             insert(tables.observations).values(
-                operation_id=operation_id, at=at, kind="lookup_result", source="test"
+                operation_id=operation_id,
+                actor="dora",
+                at=at,
+                kind="lookup_result",
+                source="test",
             )
         )
         for _ in range(done_outbox):
             await conn.execute(
                 insert(tables.outbox).values(
                     operation_id=operation_id,
+                    actor="dora",
                     kind="submit",
                     due_at=at,
                     deliveries=1,
@@ -148,7 +160,12 @@ async def add(
         if pending_outbox:
             await conn.execute(
                 insert(tables.outbox).values(
-                    operation_id=operation_id, kind="audit", due_at=NOW, deliveries=0, created_at=at
+                    operation_id=operation_id,
+                    actor="dora",
+                    kind="audit",
+                    due_at=NOW,
+                    deliveries=0,
+                    created_at=at,
                 )
             )
 

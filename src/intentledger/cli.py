@@ -654,7 +654,7 @@ def _in_days(span: timedelta) -> str:
 def migrate(database_url: DatabaseUrl = None, database_pooler: DatabasePooler = None) -> None:
     """Bring the database schema up to date."""
     from intentledger.store.database import UnsupportedDatabase
-    from intentledger.store.migrate import upgrade
+    from intentledger.store.migrate import MigrationRefused, upgrade
 
     settings = load_settings(database_url=database_url, database_pooler=database_pooler)
     _configure_logging(settings)
@@ -664,7 +664,7 @@ def migrate(database_url: DatabaseUrl = None, database_pooler: DatabasePooler = 
             retention=settings.record_retention,
             pooler=settings.database_pooler,
         )
-    except UnsupportedDatabase as exc:
+    except (UnsupportedDatabase, MigrationRefused) as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
     if before is None:

@@ -227,7 +227,7 @@ async def _record_together(dispatcher: Dispatcher, sent: Sequence[Sent]) -> list
                 continue
             observed.append(
                 submit_result(
-                    operation.operation_id,
+                    operation,
                     now,
                     dispatcher.worker_id,
                     item.submission.attempt_number,

@@ -89,6 +89,7 @@ def plan(
         values["next_action"] = next_action
         transition = {
             "operation_id": operation.operation_id,
+            "actor": operation.actor,
             "at": now,
             "from_state": current,
             "to_state": target,
@@ -338,11 +339,16 @@ class Writes:
         self.rows.changes.append(change.rows)
 
     def enqueue(
-        self, operation_id: str, kind: str, due_at: datetime, decision: Made | int | None = None
+        self,
+        operation: OperationRecord,
+        kind: str,
+        due_at: datetime,
+        decision: Made | int | None = None,
     ) -> None:
         self.rows.outbox.append(
             {
-                "operation_id": operation_id,
+                "operation_id": operation.operation_id,
+                "actor": operation.actor,
                 "kind": kind,
                 "due_at": due_at,
                 "now": self.now,

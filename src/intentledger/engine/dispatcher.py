@@ -87,7 +87,7 @@ def request_for(operation: OperationRecord, idempotency_key: str) -> ProviderReq
 
 
 def submit_result(
-    operation_id: str,
+    operation: OperationRecord,
     now: datetime,
     source: str,
     attempt_number: int,
@@ -97,7 +97,8 @@ def submit_result(
 ) -> dict[str, Any]:
     """The observation row of an answer to a submit: what the wire showed, as is."""
     return {
-        "operation_id": operation_id,
+        "operation_id": operation.operation_id,
+        "actor": operation.actor,
         "at": now,
         "kind": "submit_result",
         "source": source,
@@ -142,6 +143,7 @@ def begin_attempt(
     committed before provider I/O."""
     attempt = {
         "operation_id": operation.operation_id,
+        "actor": operation.actor,
         "number": plan.number,
         "provider_idempotency_key": plan.key,
         "submitted_at": now,
@@ -272,6 +274,7 @@ class Dispatcher:
         reason = f"new request not sent: mandate {operation.mandate_id} is {status}"
         planned.decide(
             operation_id=operation.operation_id,
+            actor=operation.actor,
             at=planned.now,
             rule="mandate_not_active",
             inputs={"mandate_id": operation.mandate_id, "mandate_status": status},
@@ -356,6 +359,7 @@ class Dispatcher:
         )
         planned.decide(
             operation_id=operation.operation_id,
+            actor=operation.actor,
             at=now,
             rule="replay_window_closed",
             inputs={
@@ -385,6 +389,7 @@ class Dispatcher:
         )
         observation = planned.observe(
             operation_id=operation.operation_id,
+            actor=operation.actor,
             at=planned.now,
             kind="resumed_submitting",
             source=self.worker_id,
@@ -439,7 +444,7 @@ class Dispatcher:
             retry_after = parse_retry_after(answer.retry_after, now)
             observation = planned.observe(
                 **submit_result(
-                    operation.operation_id,
+                    operation,
                     now,
                     self.worker_id,
                     submission.attempt_number,

@@ -280,13 +280,13 @@ async def carry_out(
                 **fields,
             )
         )
-        planned.enqueue(operation.operation_id, "reconcile", effect.check_at)
+        planned.enqueue(operation, "reconcile", effect.check_at)
     elif fields:
         planned.change(changes.plan(operation, None, now=now, **fields))
     if effect.not_final is not None:
         _provider_not_final(planned, operation, effect, now, source)
     if effect.verify_at is not None:
-        planned.enqueue(operation.operation_id, "audit", effect.verify_at)
+        planned.enqueue(operation, "audit", effect.verify_at)
     await planned.save(ledger)
 
 
@@ -298,6 +298,7 @@ def _provider_not_final(
     assert effect.verify_at is not None
     planned.decide(
         operation_id=operation.operation_id,
+        actor=operation.actor,
         at=now,
         rule="provider_not_final",
         inputs={"open": effect.not_final, "next_look_at": effect.verify_at.isoformat()},
@@ -335,6 +336,7 @@ def _requeue(
     due, now = effect.check_at, planned.now
     decision = planned.decide(
         operation_id=operation.operation_id,
+        actor=operation.actor,
         at=now,
         rule="non_execution_evidence",
         inputs={
@@ -365,7 +367,7 @@ def _requeue(
             **fields,
         )
     )
-    planned.enqueue(operation.operation_id, "submit", due, decision=decision)
+    planned.enqueue(operation, "submit", due, decision=decision)
 
 
 def _to_a_person(
@@ -396,6 +398,7 @@ def _to_a_person(
         inputs = {"observation_id": observation_id, "evidence": effect.reason}
     planned.decide(
         operation_id=operation.operation_id,
+        actor=operation.actor,
         at=now,
         rule=effect.rule,
         inputs=inputs,
@@ -418,4 +421,4 @@ def _to_a_person(
         )
     )
     if effect.check_at is not None:
-        planned.enqueue(operation.operation_id, "reconcile", effect.check_at)
+        planned.enqueue(operation, "reconcile", effect.check_at)

@@ -133,6 +133,7 @@ async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome
     planned = changes.Writes(now)
     observation = planned.observe(
         operation_id=action.operation_id,
+        actor=operation.actor,
         at=now,
         kind="operator",
         source=f"operator:{action.by}",
@@ -141,6 +142,7 @@ async def resolve(ledger: Ledger, now: datetime, action: OperatorAction, outcome
     )
     planned.decide(
         operation_id=action.operation_id,
+        actor=operation.actor,
         at=now,
         rule="operator_contradiction_resolution" if contradicted else "operator_resolution",
         inputs={
@@ -208,6 +210,7 @@ async def approve_resubmission(
     planned = changes.Writes(now)
     decision = planned.decide(
         operation_id=action.operation_id,
+        actor=operation.actor,
         at=now,
         rule="operator_approved_new_request",
         inputs={
@@ -244,7 +247,7 @@ async def approve_resubmission(
             live_keys=keys,
         )
     )
-    planned.enqueue(action.operation_id, "submit", now, decision=decision)
+    planned.enqueue(operation, "submit", now, decision=decision)
     await planned.save(ledger)
     return f"new request approved with key {key}"
 
@@ -256,6 +259,7 @@ async def escalate(ledger: Ledger, now: datetime, action: OperatorAction) -> str
     planned = changes.Writes(now)
     planned.decide(
         operation_id=action.operation_id,
+        actor=operation.actor,
         at=now,
         rule="operator_escalation",
         inputs={**action.recorded_by(), "reason": reason, "state_before": operation.state},

@@ -171,6 +171,7 @@ async def _flag(
     planned = changes.Writes(now)
     planned.observe(
         operation_id=operation.operation_id,
+        actor=operation.actor,
         at=now,
         kind="provider_event",
         source=f"webhook:{provider}",
@@ -201,6 +202,7 @@ async def _judge(
     planned = changes.Writes(now)
     observation = planned.observe(
         operation_id=operation.operation_id,
+        actor=operation.actor,
         at=now,
         kind="provider_event",
         source=source,

@@ -182,6 +182,7 @@ class Reconciler:
             planned = changes.Writes(now)
             observation = planned.observe(
                 operation_id=operation.operation_id,
+                actor=operation.actor,
                 at=now,
                 kind=kind,
                 source=self.worker_id,

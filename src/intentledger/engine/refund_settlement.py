@@ -34,6 +34,7 @@ async def after_refund_settled(
     planned = changes.Writes(now)
     planned.decide(
         operation_id=payment.operation_id,
+        actor=payment.actor,
         at=now,
         rule="duplicate_refunded",
         inputs={"refunded_charges": sorted(extras), "refund_operation_id": refund.operation_id},

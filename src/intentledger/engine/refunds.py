@@ -191,6 +191,7 @@ async def refund_duplicate(
     await changes.decide(
         ledger,
         operation_id=payment.operation_id,
+        actor=payment.actor,
         at=now,
         rule="operator_refund_duplicate",
         inputs={

@@ -138,6 +138,7 @@ async def run_safety_review(
     planned = changes.Writes(now)
     made = planned.decide(
         operation_id=operation.operation_id,
+        actor=operation.actor,
         at=now,
         rule=decision.rule,
         inputs=document,
@@ -163,7 +164,7 @@ async def run_safety_review(
         )
     )
     if decision.next_action is NextAction.RESUBMIT:
-        planned.enqueue(operation.operation_id, "submit", now, decision=made)
+        planned.enqueue(operation, "submit", now, decision=made)
         await planned.save(ledger)
         return
     await planned.save(ledger)

@@ -67,6 +67,7 @@ class Sweeper:
                 planned = changes.Writes(now)
                 observation = planned.observe(
                     operation_id=operation_id,
+                    actor=operation.actor,
                     at=now,
                     kind="sweeper",
                     source=self.worker_id,

@@ -41,4 +41,4 @@ def plan_unknown(
             **fields,
         )
     )
-    planned.enqueue(operation.operation_id, "reconcile", check_at)
+    planned.enqueue(operation, "reconcile", check_at)

@@ -45,6 +45,8 @@ class LedgerState:
     webhook_due_seconds: float = 0.0
     # rule -> operator actions ever recorded under it.
     operator_actions: dict[str, int] = field(default_factory=dict)
+    # The PostgreSQL server read (None on SQLite).
+    server: reads.DatabaseServer | None = None
 
 
 async def read_ledger_state(engine: AsyncEngine, now: datetime) -> LedgerState:
@@ -58,6 +60,7 @@ async def read_ledger_state(engine: AsyncEngine, now: datetime) -> LedgerState:
         state.outbox_due_seconds = _age(now, await reads.oldest_due_outbox(conn, now))
         state.webhook_due_seconds = _age(now, await reads.oldest_due_delivery(conn, now))
         state.operator_actions = await reads.operator_action_counts(conn)
+        state.server = await reads.database_server(conn)
     return state
 
 
@@ -132,3 +135,28 @@ class LedgerCollector(Collector):
         for rule, count in sorted(reading.operator_actions.items()):
             actions.add_metric([rule], count)
         yield actions
+        if reading.server is not None:
+            yield from _database_server_gauges(reading.server)
+
+
+def _database_server_gauges(server: reads.DatabaseServer) -> Iterator[GaugeMetricFamily]:
+    yield GaugeMetricFamily(
+        "intentledger_database_server_start_time_seconds",
+        "When the PostgreSQL server this process reads was started (Unix time): another "
+        "value after a restart, and after a failover to another node.",
+        value=server.started_at.timestamp(),
+    )
+    yield GaugeMetricFamily(
+        "intentledger_database_commits_wait_for_standby",
+        "1 if the ledger's commits wait for a synchronous standby (synchronous_standby_names "
+        "set, synchronous_commit on, remote_write or remote_apply), else 0: a commit then "
+        "lives on one machine only.",
+        value=1 if server.commits_wait_for_standby else 0,
+    )
+    if server.synchronous_standbys is not None:
+        yield GaugeMetricFamily(
+            "intentledger_database_synchronous_standbys",
+            "Standbys replicating synchronously (sync or quorum) now. Absent when the "
+            "database role may not read it (grant it pg_monitor).",
+            value=server.synchronous_standbys,
+        )

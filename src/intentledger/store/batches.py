@@ -268,7 +268,12 @@ class BatchLedger:
             )
         ).scalars()
         details = [
-            {"observation_id": observation_id, "retention_bucket": row["at"], "detail": detail}
+            {
+                "observation_id": observation_id,
+                "retention_bucket": row["at"],
+                "actor": row["actor"],
+                "detail": detail,
+            }
             for observation_id, row, detail in zip(ids, observed, answers, strict=True)
             if detail is not None
         ]
@@ -286,18 +291,19 @@ class BatchLedger:
 
     async def log_transitions(
         self,
-        entries: Sequence[tuple[str, str, str]],
+        entries: Sequence[tuple[str, str, str, str]],
         from_state: State | None,
         to_state: State,
         next_action: NextAction,
         now: datetime,
     ) -> None:
-        """One transition row per (operation id, reason, source)."""
+        """One transition row per (operation id, actor, reason, source)."""
         await self.conn.execute(
             insert(transitions),
             [
                 {
                     "operation_id": operation_id,
+                    "actor": actor,
                     "at": now,
                     "from_state": from_state,
                     "to_state": to_state,
@@ -305,7 +311,7 @@ class BatchLedger:
                     "reason": reason,
                     "source": source,
                 }
-                for operation_id, reason, source in entries
+                for operation_id, actor, reason, source in entries
             ],
         )
 
@@ -387,8 +393,8 @@ def _changes_sql(
         if "detail" in observation_columns:
             steps.append(
                 """new_details AS (
-            INSERT INTO observation_details (observation_id, retention_bucket, detail)
-            SELECT id, at, detail FROM answers WHERE detail IS NOT NULL
+            INSERT INTO observation_details (observation_id, retention_bucket, actor, detail)
+            SELECT id, at, actor, detail FROM answers WHERE detail IS NOT NULL
         )"""
             )
     assignments = ", ".join(f"{name} = w.{name}" for name in value_columns)

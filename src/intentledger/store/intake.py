@@ -257,6 +257,7 @@ class IntakeLedger:
             [
                 {
                     "operation_id": row["operation_id"],
+                    "actor": row["actor"],
                     "kind": "submit",
                     "due_at": parameters["due_at"],
                     "lease_owner": parameters["lease_owner"],
@@ -269,7 +270,10 @@ class IntakeLedger:
         )
         written = {row.operation_id: row.id for row in rows}
         await BatchLedger(self.conn).log_transitions(
-            [(row["operation_id"], parameters["reason"], source) for row, source in new],
+            [
+                (row["operation_id"], row["actor"], parameters["reason"], source)
+                for row, source in new
+            ],
             None,
             State.ACCEPTED,
             NextAction.SUBMIT,

@@ -357,12 +357,14 @@ class Ledger:
         if detail is not None and self.conn.dialect.name == "postgresql":
             # One statement: the answer names the id the server just made (no
             # round trip, and no literal id a recorded statement would repeat).
-            made = observation.returning(observations.c.id, observations.c.at).cte("made")
+            made = observation.returning(
+                observations.c.id, observations.c.at, observations.c.actor
+            ).cte("made")
             answer = (
                 insert(observation_details)
                 .from_select(
-                    ["observation_id", "retention_bucket", "detail"],
-                    select(made.c.id, made.c.at, bindparam("detail", detail, Json)),
+                    ["observation_id", "retention_bucket", "actor", "detail"],
+                    select(made.c.id, made.c.at, made.c.actor, bindparam("detail", detail, Json)),
                 )
                 .returning(observation_details.c.observation_id)
             )
@@ -372,7 +374,10 @@ class Ledger:
         if detail is not None:
             await self.conn.execute(
                 insert(observation_details).values(
-                    observation_id=observation_id, retention_bucket=values["at"], detail=detail
+                    observation_id=observation_id,
+                    retention_bucket=values["at"],
+                    actor=values["actor"],
+                    detail=detail,
                 )
             )
         return observation_id
@@ -481,6 +486,7 @@ class Ledger:
     async def enqueue(
         self,
         operation_id: str,
+        actor: str,
         kind: str,
         due_at: datetime,
         now: datetime,
@@ -491,6 +497,7 @@ class Ledger:
         result = await self.conn.execute(
             insert(outbox).values(
                 operation_id=operation_id,
+                actor=actor,
                 kind=kind,
                 **new_row_lease(due_at, hold),
                 decision_id=decision_id,

@@ -4,6 +4,7 @@ bounded by what needs attention, through an index, never by the ledger's size.""
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select, text
@@ -81,3 +82,37 @@ async def operator_action_counts(conn: AsyncConnection) -> dict[str, int]:
         .group_by(decisions.c.rule)
     )
     return {rule: int(count) for rule, count in actions}
+
+
+@dataclass(frozen=True)
+class DatabaseServer:
+    """The PostgreSQL server a connection reached, as a ledger's operator needs
+    it: when it started (another value after a restart, or after a failover
+    to another node), whether this session's commits wait for a standby, and
+    how many standbys are synchronous now (None when this role may not read
+    pg_stat_replication's sync_state: it needs pg_monitor's privileges)."""
+
+    started_at: datetime
+    commits_wait_for_standby: bool
+    synchronous_standbys: int | None
+
+
+_DATABASE_SERVER = text(
+    """
+    SELECT pg_postmaster_start_time(),
+           current_setting('synchronous_standby_names') <> ''
+             AND current_setting('synchronous_commit') IN ('on', 'remote_write', 'remote_apply'),
+           (SELECT count(*) FILTER (WHERE sync_state IN ('sync', 'quorum'))
+              FROM pg_stat_replication),
+           (SELECT count(*) FILTER (WHERE sync_state IS NULL) FROM pg_stat_replication)
+    """
+)
+
+
+async def database_server(conn: AsyncConnection) -> DatabaseServer | None:
+    """The server behind `conn`, on PostgreSQL; None on SQLite (one file, no
+    standby to wait for)."""
+    if conn.dialect.name != "postgresql":
+        return None
+    started_at, waits, synchronous, unreadable = (await conn.execute(_DATABASE_SERVER)).one()
+    return DatabaseServer(started_at, bool(waits), None if unreadable else int(synchronous))

@@ -89,6 +89,7 @@ async def add_event(
         [
             {
                 "event_id": event_id,
+                "actor": actor,
                 "endpoint_id": endpoint_id,
                 "status": "pending",
                 "due_at": now,

@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
+class MigrationRefused(RuntimeError):
+    """The data is not what a migration can carry over; nothing was changed."""
+
+
 def alembic_config(database_url: str, pooler: Pooler = "none") -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

@@ -194,7 +194,17 @@ def _create(conn: Connection, lower: datetime, upper: datetime) -> None:
     # First, so that no answer of the range can reach the default partition
     # between the move and the attach (which would then refuse).
     conn.execute(text(f"LOCK TABLE {DEFAULT_PARTITION} IN ACCESS EXCLUSIVE MODE"))
-    columns = ", ".join(observation_details.c.keys())
+    # The parent's columns as the database has them: `migrate` makes partitions
+    # at any revision it is asked for, whose columns may not be tables.py's.
+    columns = ", ".join(
+        conn.execute(
+            text(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:parent) "
+                "AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+            ),
+            {"parent": PARENT},
+        ).scalars()
+    )
     conn.execute(
         text(
             f"WITH moved AS (DELETE FROM {DEFAULT_PARTITION} "

@@ -136,6 +136,7 @@ class DecisionRecord(TableRecord):
     reason: str
     key_age_at_decision: timedelta | None
     source: str
+    actor: str
 
 
 @_built
@@ -150,6 +151,7 @@ class AttemptRecord(TableRecord):
     resubmission_of: int | None
     decision_id: int | None
     source: str
+    actor: str
 
 
 @_built
@@ -170,6 +172,7 @@ class ObservationRecord(TableRecord):
     retry_after_raw: str | None
     retry_after_at: datetime | None
     retry_after_problem: str | None
+    actor: str
 
 
 @_built
@@ -187,6 +190,7 @@ class ObservationDetailRecord(TableRecord):
     observation_id: int
     retention_bucket: datetime
     detail: Any
+    actor: str
 
 
 @_built
@@ -200,6 +204,7 @@ class TransitionRecord(TableRecord):
     next_action: str
     reason: str
     source: str
+    actor: str
 
 
 # An entry of an operation's timeline (Ledger.events_of).
@@ -249,6 +254,7 @@ class OutboxRecord(TableRecord):
     decision_id: int | None
     done_at: datetime | None
     created_at: datetime
+    actor: str
 
 
 @_built
@@ -302,6 +308,7 @@ class WebhookDeliveryRecord(TableRecord):
     attempts: int
     created_at: datetime
     finished_at: datetime | None
+    actor: str
 
 
 @_built
@@ -325,6 +332,7 @@ class WebhookAttemptRecord(TableRecord):
     error: str | None
     delivered: bool
     next_attempt_at: datetime | None
+    actor: str
 
 
 @_built

@@ -11,6 +11,7 @@ the partition it lies in (store/partitions.py), on SQLite row by row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,10 +23,12 @@ from sqlalchemy import (
     DateTime,
     Dialect,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     Interval,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
@@ -96,6 +99,45 @@ def _timestamp(name: str, nullable: bool = False) -> Column[Any]:
     return Column(name, UTCDateTime(), nullable=nullable)
 
 
+# The distribution column (store/distribution.py): every table whose rows belong
+# to an actor has it, in its primary key, its unique keys and its foreign keys
+# to other such tables, so that a distribution by actor can keep an actor's
+# rows of every table together.
+def _actor() -> Column[Any]:
+    return Column("actor", String(ACTOR_LENGTH), nullable=False)
+
+
+def _of_operation() -> ForeignKeyConstraint:
+    return ForeignKeyConstraint(
+        ["operation_id", "actor"], ["operations.operation_id", "operations.actor"]
+    )
+
+
+# Where on SQLite only a unique index holds: Alembic's comparison of the
+# migrated schema with this one takes it on SQLite alone (`declared_on`).
+ONLY_ON = "only_on"
+
+
+def _id_and_actor_unique_on_sqlite(table: str) -> Index:
+    """What a foreign key by (id, actor) refers to on SQLite, where the id
+    alone is the primary key (it is the rowid only so: store/distribution.py).
+    On PostgreSQL the primary key is (id, actor) already, and a second index
+    on the same columns would only slow every insert."""
+    index = Index(f"uq_{table}_id_actor", "id", "actor", unique=True, info={ONLY_ON: "sqlite"})
+    return index.ddl_if(dialect="sqlite")
+
+
+def declared_on(dialect: str) -> Callable[[Any, str | None, str, bool, Any], bool]:
+    """Alembic's `include_object` for a database of `dialect`: what this
+    schema declares for another dialect only is not expected there."""
+
+    def include(item: Any, _name: str | None, _kind: str, reflected: bool, _other: Any) -> bool:
+        only_on = None if reflected else getattr(item, "info", {}).get(ONLY_ON)
+        return only_on is None or only_on == dialect
+
+    return include
+
+
 api_keys = Table(
     "api_keys",
     metadata,
@@ -123,7 +165,7 @@ console_sessions = Table(
 operations = Table(
     "operations",
     metadata,
-    Column("operation_id", String(40), primary_key=True),
+    Column("operation_id", String(40), nullable=False),
     Column("idempotency_key", String(255), nullable=False),
     Column("state", String(24), nullable=False),
     Column("request_context", Json, nullable=False),
@@ -134,7 +176,7 @@ operations = Table(
     Column("key_age_at_decision", Interval, nullable=True),
     Column("provider_retention_note", Text, nullable=True),
     Column("next_action", String(16), nullable=False),
-    Column("actor", String(ACTOR_LENGTH), nullable=False),
+    _actor(),
     Column("route", String(64), nullable=False),
     Column("kind", String(32), nullable=False),
     Column("request_hash", String(64), nullable=False),
@@ -173,6 +215,7 @@ operations = Table(
     # evidence left them: its mandate share holds the amount once per live key.
     Column("watch", String(24), nullable=True),
     Column("live_keys", Integer, nullable=False, server_default=text("0")),
+    PrimaryKeyConstraint("operation_id", "actor"),
     # The operator list filters by state; the sweeper by state and age.
     Index(None, "state", "updated_at"),
     Index(None, "parent_operation_id"),
@@ -217,8 +260,9 @@ idempotency_records = Table(
 decisions = Table(
     "decisions",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
+    # On SQLite the id alone is the key (store/distribution.py).
+    Column("id", Integer, autoincrement=True),
+    Column("operation_id", String(40), nullable=False),
     _timestamp("at"),
     Column("rule", String(64), nullable=False),
     Column("inputs", Json, nullable=False),
@@ -226,6 +270,10 @@ decisions = Table(
     Column("reason", Text, nullable=False),
     Column("key_age_at_decision", Interval, nullable=True),
     Column("source", String(SOURCE_LENGTH), nullable=False),
+    _actor(),
+    PrimaryKeyConstraint("id", "actor"),
+    _id_and_actor_unique_on_sqlite("decisions"),
+    _of_operation(),
     Index(None, "operation_id", "id"),
     # A person's decisions, few among the engine's: /metrics counts them at
     # each scrape (observability/ledger_gauges.py).
@@ -240,24 +288,30 @@ decisions = Table(
 attempts = Table(
     "attempts",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
+    # On SQLite the id alone is the key (store/distribution.py).
+    Column("id", Integer, autoincrement=True),
+    Column("operation_id", String(40), nullable=False),
     Column("number", Integer, nullable=False),
     Column("provider_idempotency_key", String(255), nullable=False),
     _timestamp("submitted_at"),
     # "original", or "resubmission" of attempt `resubmission_of`.
     Column("relation", String(16), nullable=False),
     Column("resubmission_of", Integer, nullable=True),
-    Column("decision_id", Integer, ForeignKey("decisions.id"), nullable=True),
+    Column("decision_id", Integer, nullable=True),
     Column("source", String(SOURCE_LENGTH), nullable=False),
-    UniqueConstraint("operation_id", "number"),
+    _actor(),
+    PrimaryKeyConstraint("id", "actor"),
+    _of_operation(),
+    ForeignKeyConstraint(["decision_id", "actor"], ["decisions.id", "decisions.actor"]),
+    UniqueConstraint("operation_id", "number", "actor"),
 )
 
 observations = Table(
     "observations",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
+    # On SQLite the id alone is the key (store/distribution.py).
+    Column("id", Integer, autoincrement=True),
+    Column("operation_id", String(40), nullable=False),
     _timestamp("at"),
     # submit_result, resumed_submitting, lookup_result, sweeper, operator, ...
     Column("kind", String(32), nullable=False),
@@ -272,6 +326,9 @@ observations = Table(
     Column("retry_after_raw", Text, nullable=True),
     _timestamp("retry_after_at", nullable=True),
     Column("retry_after_problem", String(32), nullable=True),
+    _actor(),
+    PrimaryKeyConstraint("id", "actor"),
+    _of_operation(),
     Index(None, "operation_id", "id"),
 )
 
@@ -286,9 +343,11 @@ observations = Table(
 observation_details = Table(
     "observation_details",
     metadata,
-    Column("observation_id", Integer, primary_key=True, autoincrement=False),
-    Column("retention_bucket", UTCDateTime(), primary_key=True),
+    Column("observation_id", Integer, autoincrement=False),
+    Column("retention_bucket", UTCDateTime()),
     Column("detail", Json, nullable=False),
+    _actor(),
+    PrimaryKeyConstraint("observation_id", "retention_bucket", "actor"),
     postgresql_partition_by="RANGE (retention_bucket)",
 )
 
@@ -307,22 +366,26 @@ observations_with_detail = (
 transitions = Table(
     "transitions",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
+    # On SQLite the id alone is the key (store/distribution.py).
+    Column("id", Integer, autoincrement=True),
+    Column("operation_id", String(40), nullable=False),
     _timestamp("at"),
     Column("from_state", String(24), nullable=True),
     Column("to_state", String(24), nullable=False),
     Column("next_action", String(16), nullable=False),
     Column("reason", Text, nullable=False),
     Column("source", String(SOURCE_LENGTH), nullable=False),
+    _actor(),
+    PrimaryKeyConstraint("id", "actor"),
+    _of_operation(),
     Index(None, "operation_id", "id"),
 )
 
 mandates = Table(
     "mandates",
     metadata,
-    Column("mandate_id", String(40), primary_key=True),
-    Column("actor", String(ACTOR_LENGTH), nullable=False),
+    Column("mandate_id", String(40), nullable=False),
+    _actor(),
     Column("currency", String(3), nullable=False),
     Column("max_amount", BigInteger, nullable=False),
     Column("total_limit", BigInteger, nullable=False),
@@ -333,14 +396,15 @@ mandates = Table(
     Column("version", Integer, nullable=False),
     _timestamp("created_at"),
     _timestamp("updated_at"),
+    PrimaryKeyConstraint("mandate_id", "actor"),
     Index(None, "actor"),
 )
 
 cards = Table(
     "cards",
     metadata,
-    Column("card_id", String(40), primary_key=True),
-    Column("actor", String(ACTOR_LENGTH), nullable=False),
+    Column("card_id", String(40), nullable=False),
+    _actor(),
     Column("label", String(100), nullable=True),
     Column("provider_card_id", String(64), nullable=True),
     # pending (issue in flight) | active | frozen | not_issued
@@ -351,24 +415,31 @@ cards = Table(
     Column("version", Integer, nullable=False),
     _timestamp("created_at"),
     _timestamp("updated_at"),
+    PrimaryKeyConstraint("card_id", "actor"),
     Index(None, "actor"),
 )
 
 outbox = Table(
     "outbox",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
+    # On SQLite the id alone is the key (store/distribution.py).
+    Column("id", Integer, autoincrement=True),
+    Column("operation_id", String(40), nullable=False),
     Column("kind", String(16), nullable=False),  # submit | reconcile
     # When the row may next be claimed. A claim moves it to the end of the
     # lease, so an expired lease makes the row due again with no extra column.
     _timestamp("due_at"),
     Column("lease_owner", String(128), nullable=True),
     Column("deliveries", Integer, nullable=False, default=0),
-    # The decision that authorised this submission, for every attempt after the first.
-    Column("decision_id", Integer, ForeignKey("decisions.id"), nullable=True),
+    # The decision that authorised this submission, for every attempt after the
+    # first.
+    Column("decision_id", Integer, nullable=True),
     _timestamp("done_at", nullable=True),
     _timestamp("created_at"),
+    _actor(),
+    PrimaryKeyConstraint("id", "actor"),
+    _of_operation(),
+    ForeignKeyConstraint(["decision_id", "actor"], ["decisions.id", "decisions.actor"]),
     Index(
         "ix_outbox_pending_due",
         "due_at",
@@ -385,7 +456,8 @@ outbox = Table(
 provider_events = Table(
     "provider_events",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
+    # On SQLite the id alone is the key (store/distribution.py).
+    Column("id", Integer, autoincrement=True),
     Column("provider", String(40), nullable=False),
     Column("event_id", String(255), nullable=False),
     Column("type", String(100), nullable=False),
@@ -396,6 +468,8 @@ provider_events = Table(
     Column("operation_id", String(40), nullable=True),
     Column("disposition", String(32), nullable=False),
     Column("payload", Json, nullable=False),
+    # Distributed by event_id on its own (store/distribution.py).
+    PrimaryKeyConstraint("id", "event_id"),
     UniqueConstraint("provider", "event_id"),
     Index(None, "operation_id"),
 )
@@ -406,14 +480,15 @@ provider_events = Table(
 webhook_endpoints = Table(
     "webhook_endpoints",
     metadata,
-    Column("endpoint_id", String(40), primary_key=True),
-    Column("actor", String(ACTOR_LENGTH), nullable=False),
+    Column("endpoint_id", String(40), nullable=False),
+    _actor(),
     Column("url", Text, nullable=False),
     # The event types it takes; NULL for every type.
     Column("events", Json, nullable=True),
     Column("secret", String(64), nullable=False),
     _timestamp("created_at"),
     _timestamp("deleted_at", nullable=True),
+    PrimaryKeyConstraint("endpoint_id", "actor"),
     Index(None, "actor"),
 )
 
@@ -423,12 +498,13 @@ webhook_endpoints = Table(
 merchant_events = Table(
     "merchant_events",
     metadata,
-    Column("event_id", String(40), primary_key=True),
-    Column("actor", String(ACTOR_LENGTH), nullable=False),
+    Column("event_id", String(40), nullable=False),
+    _actor(),
     Column("type", String(40), nullable=False),
     Column("object_id", String(40), nullable=False),
     Column("payload", Text, nullable=False),
     _timestamp("created_at"),
+    PrimaryKeyConstraint("event_id", "actor"),
     # The console shows an operation's (or mandate's, card's) events.
     Index(None, "object_id"),
 )
@@ -439,9 +515,10 @@ merchant_events = Table(
 webhook_deliveries = Table(
     "webhook_deliveries",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("event_id", String(40), ForeignKey("merchant_events.event_id"), nullable=False),
-    Column("endpoint_id", String(40), ForeignKey("webhook_endpoints.endpoint_id"), nullable=False),
+    # On SQLite the id alone is the key (store/distribution.py).
+    Column("id", Integer, autoincrement=True),
+    Column("event_id", String(40), nullable=False),
+    Column("endpoint_id", String(40), nullable=False),
     # pending | delivered | failed (given up) | cancelled (endpoint deleted)
     Column("status", String(16), nullable=False),
     _timestamp("due_at"),
@@ -449,6 +526,15 @@ webhook_deliveries = Table(
     Column("attempts", Integer, nullable=False),
     _timestamp("created_at"),
     _timestamp("finished_at", nullable=True),
+    _actor(),
+    PrimaryKeyConstraint("id", "actor"),
+    _id_and_actor_unique_on_sqlite("webhook_deliveries"),
+    ForeignKeyConstraint(
+        ["event_id", "actor"], ["merchant_events.event_id", "merchant_events.actor"]
+    ),
+    ForeignKeyConstraint(
+        ["endpoint_id", "actor"], ["webhook_endpoints.endpoint_id", "webhook_endpoints.actor"]
+    ),
     Index(
         "ix_webhook_deliveries_pending_due",
         "due_at",
@@ -469,8 +555,9 @@ webhook_deliveries = Table(
 webhook_attempts = Table(
     "webhook_attempts",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("delivery_id", Integer, ForeignKey("webhook_deliveries.id"), nullable=False),
+    # On SQLite the id alone is the key (store/distribution.py).
+    Column("id", Integer, autoincrement=True),
+    Column("delivery_id", Integer, nullable=False),
     _timestamp("at"),
     Column("duration_ms", Integer, nullable=False),
     Column("http_status", Integer, nullable=True),
@@ -478,5 +565,10 @@ webhook_attempts = Table(
     Column("error", Text, nullable=True),
     Column("delivered", Boolean, nullable=False),
     _timestamp("next_attempt_at", nullable=True),
+    _actor(),
+    PrimaryKeyConstraint("id", "actor"),
+    ForeignKeyConstraint(
+        ["delivery_id", "actor"], ["webhook_deliveries.id", "webhook_deliveries.actor"]
+    ),
     Index(None, "delivery_id", "id"),
 )

@@ -35,6 +35,7 @@ class Claimed:
     endpoint_id: str
     url: str
     secret: str
+    actor: str
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,7 @@ class WebhookStore:
                 webhook_endpoints.c.endpoint_id,
                 webhook_endpoints.c.url,
                 webhook_endpoints.c.secret,
+                webhook_deliveries.c.actor,
             )
             .join(merchant_events, merchant_events.c.event_id == webhook_deliveries.c.event_id)
             .join(
@@ -273,6 +275,7 @@ class WebhookStore:
         await self.conn.execute(
             insert(webhook_attempts).values(
                 delivery_id=claimed.delivery_id,
+                actor=claimed.actor,
                 at=result.at,
                 duration_ms=result.duration_ms,
                 http_status=result.http_status,
