@@ -60,6 +60,9 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     # Every phase of issue 18 ran: through PgBouncer, 1/2/4 workers, the growth sizes.
     assert figures["pooler_ratio"] > 0 and figures["pooler_per_s"] > 0
     assert figures["pooler_pgbench_ratio"] > 0 and figures["pooler_pgbench_per_s"] > 0
+    # Intake with a synchronous standby (a cluster of the bench's own) over the server alone.
+    assert figures["standby_ratio"] > 0 and figures["standby_synchronous"], figures
+    assert len(figures["standby_round_ratios"]) == 2
     # Intake against pgbench, the pooler's paths and the growth ledgers: in rounds, in turn.
     assert len(figures["intake_round_ratios"]) == figures["intake_rounds"] == 2
     assert len(figures["pooler_round_ratios"]) == figures["pooler_rounds"] == 2

@@ -26,6 +26,7 @@ own record of what it executed (`/truth`).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import os
@@ -39,10 +40,10 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from rich.console import Console
@@ -62,6 +63,9 @@ from intentledger.store.tables import (
     outbox,
 )
 from intentledger.testing.truth import VIOLATIONS, Truth, judge_ledger
+
+if TYPE_CHECKING:
+    from intentledger_tools.ha_cluster import HACluster, KillMode
 
 # Every sandbox scenario (docs/design.md#sandbox-scenarios) but pm_webhook_late,
 # weighted towards the ordinary case.
@@ -173,6 +177,18 @@ class ChaosConfig:
     # the Adyen fake's control base (its truth; the run drives its notifications).
     adyen_api_base: str | None = None
     adyen_truth_base: str | None = None
+    # Set: the run starts its own high-availability cluster (a monitor and
+    # three PostgreSQL nodes under pg_auto_failover), runs on its multi-host
+    # URL and kills the current primary about this often while the load runs.
+    failover_every: float | None = None
+    # How a primary dies: its postmaster alone ("postmaster"), every process
+    # of its node, as a machine dies ("node"), or the two in turn ("both").
+    failover_mode: FailoverMode = "both"
+    # The counterexample: the cluster replicates asynchronously
+    # (synchronous_commit=local), and each kill comes right after commits the
+    # standbys have not received. Such a run is expected to lose what it
+    # acknowledged; its judge must say so.
+    asynchronous_replication: bool = False
 
     @property
     def on_stripe(self) -> bool:
@@ -187,6 +203,15 @@ class ChaosConfig:
         return self.provider == "sandbox"
 
 
+FailoverMode = Literal["postmaster", "node", "both"]
+# How long a primary's standbys are kept from its latest commits before it is
+# killed, in a run with asynchronous replication: long enough for commits to
+# be acknowledged that no standby has.
+ASYNC_FREEZE_SECONDS = 2.0
+# How long the cluster may take to promote a new primary after a kill.
+FAILOVER_TIMEOUT_SECONDS = 120.0
+
+
 @dataclass
 class Tally:
     sent: int = 0
@@ -199,10 +224,32 @@ class Tally:
     kills: int = 0
     db_restarts: int = 0
     suspended_mandates: int = 0
+    # Per failover: how the primary died, and how long until the cluster
+    # promoted another and the clients were answered 2xx again.
+    failovers: list[dict[str, Any]] = field(default_factory=list)
+    # When each 2xx reached the client (monotonic), and the windows in which
+    # the clients were answered nothing but 5xx or no answer at all.
+    acked_at: list[float] = field(default_factory=list)
+    unavailable_since: float | None = None
+    unavailable_windows: list[float] = field(default_factory=list)
+    # Answers of 5xx other than 503, by status (retried like a lost answer).
+    server_errors: Counter[int] = field(default_factory=Counter)
     refunds_sent: int = 0
     refunds_accepted: int = 0
     refunds_refused: Counter[str] = field(default_factory=Counter)
     phase: str = "starting"
+
+    def answered(self, status: int) -> None:
+        now = time.monotonic()
+        if status in (200, 202):
+            self.acked_at.append(now)
+        if self.unavailable_since is not None:
+            self.unavailable_windows.append(now - self.unavailable_since)
+            self.unavailable_since = None
+
+    def unanswered(self) -> None:
+        if self.unavailable_since is None:
+            self.unavailable_since = time.monotonic()
 
 
 class Fleet:
@@ -397,12 +444,18 @@ class Load:
                     self._url() + path, json=body, headers={**self.headers, "Idempotency-Key": key}
                 )
                 if response.status_code < 500:
+                    self.tally.answered(response.status_code)
                     return response
+                self.tally.unanswered()
+                if response.status_code != 503:
+                    # Never expected: a restart or failover is a 503 with
+                    # Retry-After, a killed process no answer at all.
+                    self.tally.server_errors[response.status_code] += 1
                 asked = response.headers.get("retry-after", "")
                 if asked.isdigit():
                     wait = max(wait, min(float(asked), 2.0))
             except httpx.HTTPError:
-                pass
+                self.tally.unanswered()
             self.tally.client_retries += attempt == 0
             attempt += 1
             await asyncio.sleep(wait)
@@ -632,6 +685,76 @@ def restart_database(command: str, workdir: Path) -> None:
         raise RuntimeError(f"database restart failed: {log.read_text()[-500:]}")
 
 
+async def _kill_primaries(
+    config: ChaosConfig,
+    cluster: HACluster,
+    tally: Tally,
+    stop: asyncio.Event,
+    rng: random.Random,
+) -> None:
+    """Every `failover_every` seconds (randomised) while the load runs: kill the
+    current primary, wait for the cluster to promote another, and record how
+    long that took and how long until a client was answered 2xx again."""
+    assert config.failover_every is not None
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), config.failover_every * rng.uniform(0.75, 1.25))
+            return
+        except TimeoutError:
+            pass
+        mode: KillMode = (
+            ("postmaster", "node")[len(tally.failovers) % 2]
+            if config.failover_mode == "both"
+            else config.failover_mode
+        )
+        if config.asynchronous_replication:
+            # Right after commits: what the primary acknowledged while its
+            # standbys were held back is on no other node when it dies.
+            # The walsenders stay frozen past the kill, which ends them.
+            await asyncio.to_thread(cluster.freeze_replication, ASYNC_FREEZE_SECONDS + 10)
+            await asyncio.sleep(ASYNC_FREEZE_SECONDS)
+        windows_before = len(tally.unavailable_windows)
+        killed_at = time.monotonic()
+        old = await asyncio.to_thread(cluster.kill_primary, mode)
+        # Returns once another node is primary with a synchronous standby and
+        # the killed one is back as a standby.
+        new = await asyncio.to_thread(cluster.wait_stable, FAILOVER_TIMEOUT_SECONDS)
+        seen = cluster.failovers[-1]
+        promoted_at = killed_at + seen.to_new_primary
+        # The clients are back once a 2xx arrives after the promotion.
+        back_at = None
+        while back_at is None and time.monotonic() < promoted_at + FAILOVER_TIMEOUT_SECONDS:
+            # The first 2xx after the promotion (acked_at grows in time order).
+            after = bisect.bisect_right(tally.acked_at, promoted_at)
+            back_at = tally.acked_at[after] if after < len(tally.acked_at) else None
+            if back_at is None:
+                if stop.is_set():
+                    break
+                await asyncio.sleep(0.1)
+        if back_at is None and not stop.is_set():
+            raise RuntimeError(
+                f"no client was answered 2xx within {FAILOVER_TIMEOUT_SECONDS:.0f} s "
+                f"of {new.name} becoming the primary"
+            )
+        tally.failovers.append(
+            {
+                "mode": mode,
+                "old_primary": old.name,
+                "new_primary": new.name,
+                "promoted_after_s": round(seen.to_new_primary, 1),
+                "synchronous_standby_after_s": round(seen.to_sync_standby, 1),
+                "old_primary_rejoined_after_s": round(seen.to_rejoined, 1),
+                "without_synchronous_standby_s": round(seen.wait_primary_seconds, 1),
+                "clients_back_after_s": (
+                    round(back_at - killed_at, 1) if back_at is not None else None
+                ),
+                "longest_unanswered_s": round(
+                    max(tally.unavailable_windows[windows_before:], default=0.0), 1
+                ),
+            }
+        )
+
+
 # The drain ends when no outbox row falls due within this long: a check that
 # backoff has put minutes away is work the run cannot wait for, and its
 # operation is reported unresolved (with what it waits for), not hidden.
@@ -665,6 +788,7 @@ def _view(tally: Tally, states: Counter[str], pending: int, started: float) -> T
         ("client retries after a lost answer", tally.client_retries),
         ("processes SIGKILLed", tally.kills),
         ("database restarts", tally.db_restarts),
+        ("primary failovers", len(tally.failovers)),
         ("mandates suspended", tally.suspended_mandates),
         ("outbox rows pending", pending),
     ]
@@ -955,11 +1079,37 @@ async def _token(database_url: str, pooler: Pooler) -> str:
 
 
 async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
+    """The run, on `config.database_url` or, with failovers, on a
+    high-availability cluster of its own that lives as long as the run."""
+    workdir = Path(tempfile.mkdtemp(prefix="intentledger-chaos-"))
+    if config.failover_every is None:
+        return await _run_chaos(config, console, workdir, None)
+    from intentledger_tools.ha_cluster import HACluster
+
+    console.print("chaos: starting a high-availability cluster (a monitor and three nodes)")
+    # A directory of its own: the run's is closed to the postgres user.
+    cluster = HACluster(
+        Path(tempfile.mkdtemp(prefix="intentledger-ha-")),
+        synchronous=not config.asynchronous_replication,
+    )
+    try:
+        await asyncio.to_thread(cluster.start)
+        await asyncio.to_thread(cluster.create_database, "chaos")
+        on_cluster = replace(config, database_url=cluster.database_url("chaos"))
+        report = await _run_chaos(on_cluster, console, workdir, cluster)
+    finally:
+        await asyncio.to_thread(cluster.stop)
+    report["replication"] = "asynchronous" if config.asynchronous_replication else "synchronous"
+    return report
+
+
+async def _run_chaos(
+    config: ChaosConfig, console: Console, workdir: Path, cluster: HACluster | None
+) -> dict[str, Any]:
     started = time.monotonic()
     # A soak's partitions are made for its short retention from the start.
     upgrade(config.database_url, retention=config.retention, pooler=config.database_pooler)
     token = await _token(config.database_url, config.database_pooler)
-    workdir = Path(tempfile.mkdtemp(prefix="intentledger-chaos-"))
     fleet = Fleet(config, workdir)
     tally = Tally()
     rng = random.Random(config.seed + 1)
@@ -969,6 +1119,7 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
         else None
     )
     notifying: asyncio.Task[None] | None = None
+    failing_over: asyncio.Task[None] | None = None
     # Stopped only once the drain is over: late notifications are part of it.
     stop_notifying = asyncio.Event()
     fleet.start_all()
@@ -978,6 +1129,10 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
         await _wait_healthy(fleet.health_urls)
         stop = asyncio.Event()
         monkey = asyncio.create_task(_chaos_monkey(config, fleet, tally, stop, rng))
+        if cluster is not None:
+            failing_over = asyncio.create_task(
+                _kill_primaries(config, cluster, tally, stop, random.Random(config.seed + 5))
+            )
         if notifications is not None:
             notifying = asyncio.create_task(notifications.run(stop_notifying))
         samples: list[dict[str, Any]] = []
@@ -1005,8 +1160,9 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
                         _pending_work, config.database_url, config.database_pooler
                     )
                 live.update(_view(tally, states, pending, started))
-                if monkey.done() and monkey.exception():
-                    raise monkey.exception()  # type: ignore[misc]
+                for task in (monkey, failing_over):
+                    if task is not None and task.done() and task.exception():
+                        raise task.exception()  # type: ignore[misc]
                 if notifying is not None and notifying.done() and notifying.exception():
                     raise notifying.exception()  # type: ignore[misc]
                 out_of_time = time.monotonic() > deadline
@@ -1024,6 +1180,10 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
                     draining = True
                     stop.set()
                     await monkey
+                    if failing_over is not None:
+                        # A failover under way ends (the cluster stable again)
+                        # before the drain is judged.
+                        await failing_over
                     if notifications is not None:
                         await notifications.finish()
                     tally.phase = "draining"
@@ -1065,6 +1225,10 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
             report["table_sizes"] = samples
     finally:
         fleet.stop_all()
+        if failing_over is not None and not failing_over.done():
+            failing_over.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await failing_over
         if notifying is not None and not notifying.done():
             notifying.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -1077,8 +1241,11 @@ async def run_chaos(config: ChaosConfig, console: Console) -> dict[str, Any]:
             "accepted": len(tally.accepted),
             "kills": tally.kills,
             "db_restarts": tally.db_restarts,
+            "failovers": tally.failovers,
+            "longest_unanswered_s": round(max(tally.unavailable_windows, default=0.0), 1),
             "client_retries": tally.client_retries,
             "refused_by_status": dict(tally.refused),
+            "server_errors": dict(tally.server_errors),
             "key_reuse_checks": tally.key_reuse_checks,
             "key_expired": tally.key_expired,
             "refunds_sent": tally.refunds_sent,

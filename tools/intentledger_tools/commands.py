@@ -29,8 +29,13 @@ def demo(
 
 def chaos(
     database_url: Annotated[
-        str, typer.Option("--database-url", help="A PostgreSQL URL (required).")
-    ],
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="A PostgreSQL URL (required, but with --failover-every, which brings its "
+            "own cluster).",
+        ),
+    ] = None,
     operations: Annotated[int, typer.Option(help="Payments to send.")] = 2000,
     workers: Annotated[int, typer.Option(help="Worker processes.")] = 3,
     api: Annotated[int, typer.Option(help="API processes.")] = 2,
@@ -113,13 +118,60 @@ def chaos(
             "production-like to see how much settles without a person."
         ),
     ] = "30s",
+    failover_every: Annotated[
+        float | None,
+        typer.Option(
+            min=1.0,
+            help="Run on a high-availability cluster of the run's own (pg_auto_failover: a "
+            "monitor and three PostgreSQL nodes, a synchronous standby) and kill its primary "
+            "about this many seconds apart while the load runs.",
+        ),
+    ] = None,
+    failover_mode: Annotated[
+        str,
+        typer.Option(
+            help="How a primary dies: postmaster (its postmaster SIGKILLed), node (every "
+            "process of its node, as a machine dies) or both (in turn)."
+        ),
+    ] = "both",
+    asynchronous_replication: Annotated[
+        bool,
+        typer.Option(
+            "--asynchronous-replication",
+            help="The counterexample: the cluster replicates asynchronously "
+            "(synchronous_commit=local) and each kill comes right after commits no standby "
+            "has. Expected to lose acknowledged intents, which the run must report.",
+        ),
+    ] = False,
 ) -> None:
-    """Payments under SIGKILLs, a database restart and provider faults, checked against
-    the provider's truth. The last line is a JSON report; any violation exits 1."""
+    """Payments under SIGKILLs, a database restart or failovers, and provider faults,
+    checked against the provider's truth. The last line is a JSON report; any violation
+    exits 1."""
     from intentledger.store.database import Pooler, dialect_of
-    from intentledger_tools.chaos import MUTATIONS, ChaosConfig, print_report, run_chaos
+    from intentledger_tools.chaos import (
+        MUTATIONS,
+        ChaosConfig,
+        FailoverMode,
+        print_report,
+        run_chaos,
+    )
 
-    if dialect_of(database_url) != "postgresql":
+    if failover_every is None and asynchronous_replication:
+        err.print("[red]--asynchronous-replication needs --failover-every[/red]")
+        raise typer.Exit(2)
+    if failover_mode not in ("postmaster", "node", "both"):
+        err.print("[red]--failover-mode is postmaster, node or both[/red]")
+        raise typer.Exit(2)
+    if failover_every is not None:
+        if database_url is not None or restart_db_cmd is not None:
+            err.print(
+                "[red]--failover-every runs on a cluster of its own: leave out "
+                "--database-url and --restart-db-cmd[/red]"
+            )
+            raise typer.Exit(2)
+        # Replaced by the cluster's URL once it is up (run_chaos).
+        database_url = "postgresql://"
+    elif database_url is None or dialect_of(database_url) != "postgresql":
         err.print("[red]chaos runs on PostgreSQL: pass --database-url postgresql://...[/red]")
         raise typer.Exit(2)
     from intentledger.domain.durations import parse_duration
@@ -181,6 +233,9 @@ def chaos(
         key_retention,
         adyen_api_base=adyen_api_base,
         adyen_truth_base=adyen_truth_base,
+        failover_every=failover_every,
+        failover_mode=cast(FailoverMode, failover_mode),  # checked above
+        asynchronous_replication=asynchronous_replication,
     )
 
     async def main() -> dict[str, Any]:

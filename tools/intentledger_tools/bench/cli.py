@@ -41,7 +41,8 @@ def bench_command(
         typer.Option(
             "--only",
             help="Run only these phases, comma-separated: "
-            "intake, pooler, dispatch, latency_bound, scaling, peer, peer_dbos, scan, growth.",
+            "intake, pooler, standby, dispatch, latency_bound, scaling, peer, peer_dbos, scan, "
+            "growth.",
         ),
     ] = None,
     allow_fast_server: Annotated[

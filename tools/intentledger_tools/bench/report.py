@@ -251,6 +251,14 @@ def table(figures: dict[str, Any]) -> Table:
         _num(f.get("pooler_ratio")),
         _met(f, "pooler_ratio"),
     )
+    if f.get("standby_ratio") is not None:
+        out.add_row(
+            "standby: intake with a synchronous standby over the server alone",
+            _num(f.get("standby_per_s"), "/s"),
+            f"alone {_num(f.get('standby_alone_per_s'), '/s')}",
+            _num(f.get("standby_ratio")),
+            "— (the price of RPO 0)",
+        )
     if f.get("pooler_pgbench_ratio") is not None:
         out.add_row(
             "pooler, for scale: pgbench's intake transaction through PgBouncer",

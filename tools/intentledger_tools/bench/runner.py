@@ -211,6 +211,7 @@ class BenchConfig:
 PHASES = (
     "intake",
     "pooler",
+    "standby",
     "dispatch",
     "latency_bound",
     "scaling",
@@ -572,6 +573,7 @@ class Bench:
             phases: dict[str, Callable[[], None]] = {
                 "intake": self.intake,
                 "pooler": self.pooler,
+                "standby": self.standby,
                 "dispatch": self.dispatch,
                 "latency_bound": self.latency_bound,
                 "scaling": self.scaling,
@@ -901,6 +903,53 @@ class Bench:
             pooler_pgbench_direct_per_s=round(pgbench_direct.tps, 1),
             pooler_pgbench_per_s=round(pgbench_through.tps, 1),
             pooler_pgbench_ratio=pgbench_through.tps / pgbench_direct.tps,
+        )
+
+    def standby(self) -> None:
+        """Intake on the bench's server, alone, against intake on the primary of a
+        cluster whose commits wait for a synchronous standby (the tools' HACluster:
+        pg_auto_failover, a monitor and three nodes, on this machine), in rounds
+        that take the two in turn: what waiting for a standby costs a keyed write.
+        Not judged: it is the price of not losing acknowledged intents with a
+        machine, paid here over loopback, on one disk and two cores."""
+        from intentledger_tools.ha_cluster import HACluster
+
+        cfg = self.config
+        self.say(
+            "standby: intake on this server alone and on a cluster's primary with a "
+            f"synchronous standby, {cfg.rounds_in_turn} rounds in turn"
+        )
+        self.note_background("standby")
+        self.truncate()
+        # A directory of its own: the bench's is closed to the postgres user.
+        cluster_dir = Path(tempfile.mkdtemp(prefix="intentledger-bench-ha-"))
+        with HACluster(cluster_dir, synchronous=True) as cluster:
+            cluster.create_database("bench")
+            url = cluster.database_url("bench")
+            upgrade(url)
+            synchronous = cluster.sync_standbys()
+            if not synchronous:
+                raise BenchError("standby: the cluster's primary has no synchronous standby")
+            ledger = GrowthLedger(0, "standby", url, libpq_url(url))
+            with (
+                self.api_fleet("api-alone-") as alone_apis,
+                self.api_fleet("api-standby-", ledger) as standby_apis,
+            ):
+                alone_rounds, standby_rounds = self.intake_in_turn([alone_apis, standby_apis])
+        alone, standing = summed(alone_rounds), summed(standby_rounds)
+        alone_rate = alone.ok / alone.seconds
+        standby_rate = standing.ok / standing.seconds
+        self.figures.update(
+            standby_alone_per_s=round(alone_rate, 1),
+            standby_per_s=round(standby_rate, 1),
+            standby_ratio=standby_rate / alone_rate,
+            standby_round_ratios=[
+                round((s.ok / s.seconds) / (a.ok / a.seconds), 4)
+                for a, s in zip(alone_rounds, standby_rounds, strict=True)
+            ],
+            standby_p99_ms=round(standing.p99_ms, 1),
+            standby_alone_p99_ms=round(alone.p99_ms, 1),
+            standby_synchronous=synchronous,
         )
 
     def dispatch(self) -> None:
