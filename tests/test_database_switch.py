@@ -172,3 +172,43 @@ def test_the_api_answers_503_while_its_node_takes_no_writes(
     finally:
         api.stop()
     assert statuses[500] == 0, (statuses, api.output()[-3000:])
+
+
+def test_authentication_without_a_database_is_a_503_not_the_servers_500(
+    switched_database: str, tmp_path: Path
+) -> None:
+    """A key not yet in the process's cache is looked up in the database before
+    any route runs, on intake's own path and at the edge: with no node to ask,
+    that is the routes' 503 too, and the server logs no traceback for it."""
+    token = create_key(switched_database, "rita")
+    port = free_port()
+    api = Process(
+        ["serve", "--no-workers", "--port", str(port), "--database-url", switched_database],
+        {},
+        tmp_path / "serve.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    name = make_url(switched_database).database
+    try:
+        api.wait_healthy(url + "/healthz")
+        _admin(
+            switched_database,
+            f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false',
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            f"WHERE datname = '{name}' AND pid <> pg_backend_pid()",
+        )
+        headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "no-node"}
+        with httpx.Client(base_url=url, timeout=10) as http:
+            answers = [
+                http.post("/v1/payments", json=PAYMENT, headers=headers),
+                http.get("/v1/operations/op_none", headers=headers),
+            ]
+        for answer in answers:
+            assert answer.status_code == 503, (answer.status_code, answer.text)
+            assert answer.headers["content-type"].startswith("application/problem+json")
+            assert answer.json()["type"].endswith("/database-unavailable")
+            assert answer.headers["retry-after"] == "1"
+    finally:
+        _admin(switched_database, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        api.stop()
+    assert "Traceback" not in api.output(), api.output()[-3000:]

@@ -185,9 +185,9 @@ class ChaosConfig:
     # of its node, as a machine dies ("node"), or the two in turn ("both").
     failover_mode: FailoverMode = "both"
     # The counterexample: the cluster replicates asynchronously
-    # (synchronous_commit=local), and each kill comes right after commits the
-    # standbys have not received. Such a run is expected to lose what it
-    # acknowledged; its judge must say so.
+    # (synchronous_commit=local). Each kill, in every run, comes right after
+    # commits the standbys have not received; this run is expected to lose
+    # what it acknowledged, and its judge must say so.
     asynchronous_replication: bool = False
 
     @property
@@ -205,9 +205,9 @@ class ChaosConfig:
 
 FailoverMode = Literal["postmaster", "node", "both"]
 # How long a primary's standbys are kept from its latest commits before it is
-# killed, in a run with asynchronous replication: long enough for commits to
-# be acknowledged that no standby has.
-ASYNC_FREEZE_SECONDS = 2.0
+# killed: long enough for commits to be made that no standby has (and, with
+# asynchronous replication, acknowledged).
+FREEZE_SECONDS = 2.0
 # How long the cluster may take to promote a new primary after a kill.
 FAILOVER_TIMEOUT_SECONDS = 120.0
 
@@ -707,12 +707,14 @@ async def _kill_primaries(
             if config.failover_mode == "both"
             else config.failover_mode
         )
-        if config.asynchronous_replication:
-            # Right after commits: what the primary acknowledged while its
-            # standbys were held back is on no other node when it dies.
-            # The walsenders stay frozen past the kill, which ends them.
-            await asyncio.to_thread(cluster.freeze_replication, ASYNC_FREEZE_SECONDS + 10)
-            await asyncio.sleep(ASYNC_FREEZE_SECONDS)
+        # Right after commits, in both modes, so that the two runs differ in
+        # replication alone: with a synchronous standby the commits made
+        # while the standbys are held back wait and are never acknowledged;
+        # without one they are acknowledged and on no other node when the
+        # primary dies. The walsenders stay frozen past the kill, which ends them.
+        synchronous_standbys = await asyncio.to_thread(cluster.sync_standbys)
+        await asyncio.to_thread(cluster.freeze_replication, FREEZE_SECONDS + 10)
+        await asyncio.sleep(FREEZE_SECONDS)
         windows_before = len(tally.unavailable_windows)
         killed_at = time.monotonic()
         old = await asyncio.to_thread(cluster.kill_primary, mode)
@@ -739,6 +741,7 @@ async def _kill_primaries(
         tally.failovers.append(
             {
                 "mode": mode,
+                "synchronous_standbys_at_kill": synchronous_standbys,
                 "old_primary": old.name,
                 "new_primary": new.name,
                 "promoted_after_s": round(seen.to_new_primary, 1),

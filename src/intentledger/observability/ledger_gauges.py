@@ -20,6 +20,7 @@ size of the ledger, through an index (the statements are store/ledger_state.py's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,6 +31,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.states import FINAL, State
 from intentledger.store import ledger_state as reads
+
+log = logging.getLogger(__name__)
 
 UNRESOLVED = tuple(state for state in State if state not in FINAL)
 
@@ -60,7 +63,14 @@ async def read_ledger_state(engine: AsyncEngine, now: datetime) -> LedgerState:
         state.outbox_due_seconds = _age(now, await reads.oldest_due_outbox(conn, now))
         state.webhook_due_seconds = _age(now, await reads.oldest_due_delivery(conn, now))
         state.operator_actions = await reads.operator_action_counts(conn)
-        state.server = await reads.database_server(conn)
+    try:
+        async with engine.connect() as conn:
+            state.server = await reads.database_server(conn)
+    except Exception:
+        # A server that will not say (a function revoked, an engine that is
+        # PostgreSQL on the wire only): those gauges are absent, the ledger's
+        # own readings stand.
+        log.warning("could not read the database server's replication settings", exc_info=True)
     return state
 
 

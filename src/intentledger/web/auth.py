@@ -8,7 +8,7 @@ from collections.abc import Callable
 from fastapi import Request
 
 from intentledger.engine.api_keys import Principal, hash_token, principal_of_hash
-from intentledger.web.problems import Problem
+from intentledger.web.problems import Problem, database_unavailable, unavailable_problem
 
 # A known key is looked up in the database at most once per this many seconds
 # per API process. There is no key revocation today, but a key removed from
@@ -111,7 +111,15 @@ async def principal_of(request: Request, token: str) -> Principal | None:
     principal = cache.get(token_hash)
     if principal is not None:
         return principal
-    principal = await principal_of_hash(request.app.state.engine, token_hash)
+    try:
+        principal = await principal_of_hash(request.app.state.engine, token_hash)
+    except Exception as exc:
+        # Raised before any route runs (the edge, and intake's own path,
+        # authenticate first): answered here as the routes' handlers would,
+        # 503 with Retry-After, not left to the server's plain 500.
+        if database_unavailable(exc):
+            raise unavailable_problem(exc) from exc
+        raise
     if principal is None:
         return None
     cache.put(token_hash, principal)

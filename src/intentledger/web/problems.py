@@ -139,12 +139,19 @@ def install_problem_handlers(app: FastAPI) -> None:
         # server then closes the client's connection. A database restart or
         # failover is expected; it costs a line in the log, not a traceback
         # and a dropped connection per request.
+        what = _described(exc)
         if not database_unavailable(exc):
-            log.error("database error on %s", request.url.path, exc_info=exc)
+            log.error("database error on %s: %s", request.url.path, what, exc_info=exc)
             return _internal(request)
-        log.warning(
-            "database unavailable on %s: %s (answered 503)", request.url.path, type(exc).__name__
-        )
+        if _connection_lost(exc):
+            log.warning("database unavailable on %s: %s (answered 503)", request.url.path, what)
+        else:
+            # Answered 503 (a deadlock, a lock or statement timeout, a full
+            # disk: retrying the same key may succeed), but not a switch:
+            # logged whole, so it does not pass for one.
+            log.error(
+                "database error on %s: %s (answered 503)", request.url.path, what, exc_info=exc
+            )
         return _unavailable(request, exc)
 
     for database_error in (DBAPIError, PoolTimeout, ConnectionError):
@@ -157,19 +164,59 @@ def install_problem_handlers(app: FastAPI) -> None:
         return _internal(request)
 
 
-def _unavailable(request: Request, exc: BaseException) -> JSONResponse:
+def unavailable_problem(exc: BaseException) -> Problem:
     # Whether a write in flight committed is unknown to us too: the client
     # retries with the same Idempotency-Key, which replays or makes it,
     # exactly once either way.
-    return problem_response(
+    return Problem(
         503,
         "database-unavailable",
         "Service Unavailable",
         f"the database is not answering ({type(exc).__name__}); retry with the same "
         "Idempotency-Key",
-        instance=request.url.path,
         headers={"Retry-After": str(DATABASE_RETRY_AFTER)},
     )
+
+
+def _unavailable(request: Request, exc: BaseException) -> JSONResponse:
+    problem = unavailable_problem(exc)
+    return problem_response(
+        problem.status,
+        problem.slug,
+        problem.title,
+        problem.detail,
+        instance=request.url.path,
+        headers=problem.headers,
+    )
+
+
+# SQLSTATEs of a connection lost or a node gone or read-only (store/database.py
+# counts the same as disconnects): the expected face of a restart or failover.
+_LOST_STATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+
+
+def _sqlstate(exc: BaseException) -> str:
+    original = getattr(exc, "orig", exc)
+    return str(getattr(original, "sqlstate", None) or "")
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, PoolTimeout | ConnectionError | InterfaceError):
+        return True
+    state = _sqlstate(exc)
+    # No SQLSTATE: the connection failed before the server could say why.
+    return not state or state in _LOST_STATES or state.startswith("08")
+
+
+def _described(exc: BaseException) -> str:
+    """The exception's type, SQLSTATE and first line: enough to tell a
+    failover from a deadlock in a log line, never the statement's parameters."""
+    original = getattr(exc, "orig", None) or exc
+    first_line = (str(original).strip().splitlines() or [""])[0][:200]
+    state = _sqlstate(exc)
+    return f"{type(original).__name__}" + (f" [{state}]" if state else "") + f": {first_line}"
 
 
 def _internal(request: Request) -> JSONResponse:
@@ -189,6 +236,10 @@ DATABASE_RETRY_AFTER = 1
 def database_unavailable(exc: BaseException) -> bool:
     """The database could not be reached or dropped the connection: a restart,
     a failover, a full pool. Not a bug, and not this request's fault."""
+    if _sqlstate(exc).startswith("54"):
+        # A program limit (a row or index entry too big, too many columns):
+        # this request's, every time; retrying cannot help.
+        return False
     if isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
         return True
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
