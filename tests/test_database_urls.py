@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
+import sqlalchemy.exc
 from sqlalchemy.engine import make_url
 
 from intentledger.ports import free_port
@@ -22,6 +24,7 @@ from intentledger.store.database import (
     dialect_of,
     hosts_of,
     libpq_url,
+    lost_connection,
     parse_url,
     sync_url,
 )
@@ -127,3 +130,23 @@ def test_every_entry_point_connects_through_the_host_that_answers(
     assert listed.returncode == 0 and op_id[:12] in listed.stdout, listed.stderr
     reaped = run("reap", "--database-url", url)
     assert reaped.returncode == 0, reaped.stderr
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "wrapper", "lost"),
+    [
+        ("25006", sqlalchemy.exc.InternalError, True),  # a node now a standby
+        ("57P01", sqlalchemy.exc.OperationalError, True),  # shut down by the server
+        ("57P03", sqlalchemy.exc.OperationalError, True),  # not yet accepting connections
+        ("08006", sqlalchemy.exc.OperationalError, True),  # the connection failed
+        ("40P01", sqlalchemy.exc.OperationalError, False),  # a deadlock: ours to look at
+        ("57014", sqlalchemy.exc.OperationalError, False),  # a statement timeout
+        ("23505", sqlalchemy.exc.IntegrityError, False),  # a unique key
+        ("22P02", sqlalchemy.exc.DataError, False),  # bad input that got this far
+    ],
+)
+def test_only_a_lost_connection_is_called_one(
+    sqlstate: str, wrapper: type[sqlalchemy.exc.DBAPIError], lost: bool
+) -> None:
+    original = psycopg.errors.lookup(sqlstate)("what the server said")
+    assert lost_connection(wrapper("SELECT 1", {}, original)) is lost

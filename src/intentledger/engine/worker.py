@@ -25,6 +25,7 @@ from intentledger.engine.webhook_sender import WebhookSender
 from intentledger.observability import ledger_events
 from intentledger.observability.logs import log_context
 from intentledger.store.batches import BatchLedger
+from intentledger.store.database import lost_connection
 from intentledger.store.ledger import Ledger
 from intentledger.store.records import OutboxRecord
 
@@ -138,8 +139,17 @@ async def run_worker(
         while not stop.is_set():
             try:
                 delivered = await worker.deliver_batch(per_loop)
-            except Exception:
-                log.exception("delivery failed; the rows' leases will make them due again")
+            except Exception as exc:
+                if lost_connection(exc):
+                    # A restart or failover: expected, and every loop meets it
+                    # at each poll until a node takes writes again.
+                    log.warning(
+                        "delivery failed, the database is not answering (%s); "
+                        "the rows' leases will make them due again",
+                        type(exc).__name__,
+                    )
+                else:
+                    log.exception("delivery failed; the rows' leases will make them due again")
                 delivered = 0
             if not delivered:
                 await _pause(stop, poll_interval)

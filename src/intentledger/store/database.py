@@ -8,7 +8,8 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -223,9 +224,28 @@ def _count_lost_nodes_as_disconnects(sync_engine: Engine) -> None:
 
     @event.listens_for(sync_engine, "handle_error")
     def _on_error(context: Any) -> None:
-        sqlstate = getattr(context.original_exception, "sqlstate", None) or ""
-        if sqlstate in _CONNECTION_LOST_STATES or sqlstate.startswith("08"):
+        if _lost_state(getattr(context.original_exception, "sqlstate", None) or ""):
             context.is_disconnect = True
+
+
+def _lost_state(sqlstate: str) -> bool:
+    return sqlstate in _CONNECTION_LOST_STATES or sqlstate.startswith("08")
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """Did `exc` come from a connection that was lost, a node gone or one no
+    longer taking writes (a restart or failover), rather than from what was
+    asked of it? For log lines: the one kind is expected, the other a bug."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, InterfaceError | ConnectionError | PoolTimeout):
+        return True
+    original = exc.orig if isinstance(exc, DBAPIError) else exc
+    sqlstate = str(getattr(original, "sqlstate", None) or "")
+    if isinstance(exc, OperationalError) and not sqlstate:
+        # No SQLSTATE: the connection failed before the server could say why.
+        return True
+    return _lost_state(sqlstate)
 
 
 def create_ledger_engine(url: str, *, pool_size: int = 10, pooler: Pooler = "none") -> AsyncEngine:

@@ -15,6 +15,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from intentledger.engine.refusal import Refusal
+from intentledger.store.database import lost_connection
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def install_problem_handlers(app: FastAPI) -> None:
         if not database_unavailable(exc):
             log.error("database error on %s: %s", request.url.path, what, exc_info=exc)
             return _internal(request)
-        if _connection_lost(exc):
+        if lost_connection(exc):
             log.warning("database unavailable on %s: %s (answered 503)", request.url.path, what)
         else:
             # Answered 503 (a deadlock, a lock or statement timeout, a full
@@ -190,24 +191,9 @@ def _unavailable(request: Request, exc: BaseException) -> JSONResponse:
     )
 
 
-# SQLSTATEs of a connection lost or a node gone or read-only (store/database.py
-# counts the same as disconnects): the expected face of a restart or failover.
-_LOST_STATES = frozenset({"25006", "57P01", "57P02", "57P03"})
-
-
 def _sqlstate(exc: BaseException) -> str:
     original = getattr(exc, "orig", exc)
     return str(getattr(original, "sqlstate", None) or "")
-
-
-def _connection_lost(exc: BaseException) -> bool:
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    if isinstance(exc, PoolTimeout | ConnectionError | InterfaceError):
-        return True
-    state = _sqlstate(exc)
-    # No SQLSTATE: the connection failed before the server could say why.
-    return not state or state in _LOST_STATES or state.startswith("08")
 
 
 def _described(exc: BaseException) -> str:
