@@ -14,8 +14,8 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from intentledger.engine.outages import lost_connection
 from intentledger.engine.refusal import Refusal
-from intentledger.store.database import lost_connection
 
 log = logging.getLogger(__name__)
 
