@@ -6,12 +6,16 @@ target_session_attrs=read-write.
 - The served process follows the primary through two failovers (its
   postmaster killed, then its whole node): the API answers 503 while no node
   takes writes, never 500; payments are acknowledged again on the new primary;
-  every acknowledged payment is there afterwards and settles.
+  every acknowledged payment is there afterwards and settles. Its /metrics
+  says its commits wait for a synchronous standby before and after each
+  failover, and names another server (start time) after each.
 - The harness can see a loss: on an asynchronous cluster, commits made while
   replication is frozen are acknowledged and lost when the primary's machine
   dies; the same procedure on the synchronous cluster loses none.
+- A sweep of a dead run's registry record signals no process whose pid was
+  reused and removes no directory a cluster did not make.
 
-PostgreSQL only, and `alone`: four PostgreSQL servers and a served process.
+The clusters are PostgreSQL only, and `alone`: four PostgreSQL servers and a served process.
 pg_autoctl missing is an error (installed as root by scripts/ensure-test-tools
 or here), never a skip.
 """
@@ -36,7 +40,13 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from intentledger_tools.ha_cluster import REGISTRY, HACluster, Node, sweep_stale_clusters
+from intentledger_tools.ha_cluster import (
+    REGISTRY,
+    HACluster,
+    HAClusterError,
+    Node,
+    sweep_stale_clusters,
+)
 from tests.conftest import BACKENDS
 from tests.served import serve
 from tests.test_cli import run
@@ -180,6 +190,7 @@ def _database_gauges(base: str) -> dict[str, float]:
                 }
                 if len(gauges) == 3:
                     return gauges
+                seen = f"200, database gauges {gauges}"
         assert time.monotonic() < deadline, f"no database gauges on /metrics: {seen}"
         time.sleep(0.5)
 
@@ -385,6 +396,10 @@ def test_asynchronous_replication_loses_acknowledged_commits_and_the_harness_see
         assert not asynchronous.sync_standbys()
         acknowledged, lost = _rows_lost_when_the_machine_dies(asynchronous, "rows_async")
         assert lost > 0, f"{acknowledged} acknowledged, none lost: the harness cannot see a loss"
+    # A wait still running after stop() (a cancelled asyncio.to_thread) ends
+    # at once, and starts no keeper.
+    with pytest.raises(HAClusterError, match="the cluster was stopped"):
+        asynchronous.wait_stable()
 
 
 # -- what a sweep may kill and remove ------------------------------------------------------
