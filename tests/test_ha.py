@@ -6,19 +6,28 @@ target_session_attrs=read-write.
 - The served process follows the primary through two failovers (its
   postmaster killed, then its whole node): the API answers 503 while no node
   takes writes, never 500; payments are acknowledged again on the new primary;
-  every acknowledged payment is there afterwards and settles.
+  every acknowledged payment is there afterwards and settles. Its /metrics
+  says its commits wait for a synchronous standby before and after each
+  failover, and names another server (start time) after each.
 - The harness can see a loss: on an asynchronous cluster, commits made while
   replication is frozen are acknowledged and lost when the primary's machine
   dies; the same procedure on the synchronous cluster loses none.
+- A sweep of a dead run's registry record signals no process whose pid was
+  reused and removes no directory a cluster did not make.
 
-PostgreSQL only, and `alone`: four PostgreSQL servers and a served process.
+The clusters are PostgreSQL only, and `alone`: four PostgreSQL servers and a served process.
 pg_autoctl missing is an error (installed as root by scripts/ensure-test-tools
 or here), never a skip.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
+import os
+import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -29,8 +38,15 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from intentledger_tools.ha_cluster import HACluster, Node
+from intentledger_tools.ha_cluster import (
+    REGISTRY,
+    HACluster,
+    HAClusterError,
+    Node,
+    sweep_stale_clusters,
+)
 from tests.conftest import BACKENDS
 from tests.served import serve
 from tests.test_cli import run
@@ -156,6 +172,34 @@ def _in_recovery(node: Node) -> bool:
     return bool(row and row[0])
 
 
+def _database_gauges(base: str) -> dict[str, float]:
+    """The served process's intentledger_database_* gauges, as its /metrics
+    answers them; retried while it cannot (no scrape reached a node yet)."""
+    deadline = time.monotonic() + 20
+    seen = ""
+    while True:
+        with contextlib.suppress(httpx.TransportError):
+            answer = httpx.get(f"{base}/metrics", timeout=10)
+            seen = f"{answer.status_code} {answer.text[:300]}"
+            if answer.status_code == 200:
+                gauges = {
+                    sample.name: sample.value
+                    for family in text_string_to_metric_families(answer.text)
+                    for sample in family.samples
+                    if sample.name.startswith("intentledger_database_")
+                }
+                if len(gauges) == 3:
+                    return gauges
+                seen = f"200, database gauges {gauges}"
+        assert time.monotonic() < deadline, f"no database gauges on /metrics: {seen}"
+        time.sleep(0.5)
+
+
+def _assert_commits_wait_for_a_standby(gauges: dict[str, float], when: str) -> None:
+    assert gauges["intentledger_database_commits_wait_for_standby"] == 1, (when, gauges)
+    assert gauges["intentledger_database_synchronous_standbys"] >= 1, (when, gauges)
+
+
 def _wait_for_acks(payers: list[Payer], since: float, count: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while sum(len(p.acked_since(since)) for p in payers) < count:
@@ -183,6 +227,11 @@ def test_the_service_follows_the_primary_through_failovers(
         for payer in payers:
             threads.start(lambda payer=payer: payer.run(threads.stop))  # type: ignore[misc]
         _wait_for_acks(payers, 0, 20, 30)
+        # What the service reports of its database, never seen on a real
+        # cluster otherwise: commits wait for a standby, before and after each
+        # failover, and the server's start time is another node's after it.
+        gauges = _database_gauges(base)
+        _assert_commits_wait_for_a_standby(gauges, "before the first kill")
 
         for mode in ("postmaster", "node"):
             # Commits wait for a standby before the kill, or the test proves nothing.
@@ -193,6 +242,12 @@ def test_the_service_follows_the_primary_through_failovers(
             stable_at = time.monotonic()
             assert new != old
             _wait_for_acks(payers, stable_at, ACKS_AFTER_FAILOVER, 60)
+            started_before = gauges["intentledger_database_server_start_time_seconds"]
+            gauges = _database_gauges(base)
+            _assert_commits_wait_for_a_standby(gauges, f"after the {mode} kill")
+            assert gauges["intentledger_database_server_start_time_seconds"] != started_before, (
+                f"the service reports the same server start time after the {mode} kill: {gauges}"
+            )
             # Still the primary: the acknowledgements counted above were its
             # commits; the old primary is back, and only as a standby.
             assert cluster.primary() == new, cluster.states()
@@ -341,3 +396,52 @@ def test_asynchronous_replication_loses_acknowledged_commits_and_the_harness_see
         assert not asynchronous.sync_standbys()
         acknowledged, lost = _rows_lost_when_the_machine_dies(asynchronous, "rows_async")
         assert lost > 0, f"{acknowledged} acknowledged, none lost: the harness cannot see a loss"
+    # A wait still running after stop() (a cancelled asyncio.to_thread) ends
+    # at once, and starts no keeper.
+    with pytest.raises(HAClusterError, match="the cluster was stopped"):
+        asynchronous.wait_stable()
+
+
+# -- what a sweep may kill and remove ------------------------------------------------------
+
+
+def test_a_stale_record_kills_and_removes_only_what_is_a_clusters() -> None:
+    """A registry record of a dead owner whose pids now belong to other
+    processes (a keeper's process group, a stale postmaster.pid), or whose
+    work directory is not one a cluster makes: the sweep kills and removes
+    none of them, and drops the record."""
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    ours = Path(tempfile.mkdtemp(prefix="intentledger-ha-test."))
+    pgdata = ours / "node1" / "pgdata"
+    pgdata.mkdir(parents=True)
+    foreign = Path(tempfile.mkdtemp(prefix="someone-else."))
+    # The pids a reused postmaster.pid and keeper pgid now name: another
+    # server's postgres (elsewhere), and a process group not pg_autoctl's.
+    bystanders = [
+        subprocess.Popen(["postgres", "60"], executable="sleep", cwd="/", start_new_session=True),
+        subprocess.Popen(["sleep", "60"], start_new_session=True),
+    ]
+    try:
+        (pgdata / "postmaster.pid").write_text(f"{bystanders[0].pid}\n{pgdata}\n")
+        records = {
+            "stale": {"workdir": str(ours), "process_groups": [bystanders[1].pid]},
+            "foreign": {"workdir": str(foreign), "process_groups": []},
+        }
+        sweep_stale_clusters()  # creates the registry
+        for name, record in records.items():
+            path = REGISTRY / f"{ended.pid}-test-{name}.json"
+            path.write_text(json.dumps({"owner": ended.pid, **record}))
+        swept = sweep_stale_clusters()
+        assert swept == [str(ours)], swept
+        assert not ours.exists() and foreign.is_dir()
+        assert [p.poll() for p in bystanders] == [None, None], "a sweep killed a bystander"
+        assert not list(REGISTRY.glob(f"{ended.pid}-test-*.json"))
+        assert REGISTRY.stat().st_mode & 0o777 == 0o700
+        assert REGISTRY.stat().st_uid == os.geteuid()
+    finally:
+        for process in bystanders:
+            process.kill()
+            process.wait()
+        shutil.rmtree(ours, ignore_errors=True)
+        shutil.rmtree(foreign, ignore_errors=True)

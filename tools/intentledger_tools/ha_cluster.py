@@ -39,6 +39,7 @@ import pwd
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,9 @@ KillMode = Literal["postmaster", "node"]
 MONITOR_DB = "pg_auto_failover"
 # Every stale cluster of a killed test run is found here and swept at the next start.
 REGISTRY = Path(tempfile.gettempdir()) / "intentledger-ha-clusters"
+# The names the callers give their work directories (tempfile.mkdtemp in the
+# temporary directory): a registry record naming anything else is not swept.
+WORKDIR_PREFIXES = ("intentledger-ha-", "intentledger-ha.", "intentledger-bench-ha-")
 SOCKET_DIR = Path("/var/run/postgresql")
 
 # The monitor's failure detection, from its defaults (checks every 5 s, a node
@@ -155,12 +159,12 @@ def _pg_bin() -> Path:
 
 def _children_of() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
+    for stat_file in glob.glob("/proc/[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
-            text = Path(stat).read_text()
+            text = Path(stat_file).read_text()
             # The command name may hold spaces and parentheses; the fields after it do not.
             fields = text[text.rindex(")") + 2 :].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+            children.setdefault(int(fields[1]), []).append(int(stat_file.split("/")[2]))
     return children
 
 
@@ -205,40 +209,117 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 def _kill_recorded(record: dict[str, Any]) -> None:
     """Kill what a cluster's registry record names: its keepers' process groups
-    and every postmaster still running from its work directory, with their
-    children."""
+    (those still running pg_autoctl) and every postmaster still running from
+    its work directory, with their children. A pid in a record or a stale
+    postmaster.pid may since have been given to another process: each is
+    checked before it is signalled."""
     for pgid in record.get("process_groups", []):
+        if not isinstance(pgid, int) or pgid <= 1 or not _runs_pg_autoctl(pgid):
+            continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGCONT)
             os.killpg(pgid, signal.SIGKILL)
     workdir = Path(record["workdir"])
     for pidfile in workdir.glob("*/pgdata/postmaster.pid"):
         pid = _postmaster_pid(pidfile.parent)
-        if pid and _alive(pid) and _is_postgres(pid):
+        if pid and _is_postmaster_of(pid, pidfile.parent):
             for each in _tree(pid):
                 _signal(each, signal.SIGCONT)
                 _signal(each, signal.SIGKILL)
 
 
-def _is_postgres(pid: int) -> bool:
+def _cmdline(pid: int) -> str:
     with contextlib.suppress(OSError):
-        return "postgres" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    return False
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    return ""
+
+
+def _runs_in(pid: int, pgdata: Path) -> bool:
+    """Whether `pid` is a PostgreSQL process of the server in `pgdata`: every
+    server process works in its data directory."""
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return False
+    return cwd == str(pgdata.resolve()) and "postgres" in _cmdline(pid)
+
+
+def _is_postmaster_of(pid: int, pgdata: Path) -> bool:
+    """Whether `pid`, read from a postmaster.pid that may be stale (the
+    postmaster SIGKILLed, the pid since reused), is that data directory's
+    postmaster."""
+    return pid > 1 and _runs_in(pid, pgdata)
+
+
+def _process_group(pgid: int) -> list[int]:
+    members = []
+    for stat_file in glob.glob("/proc/[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = Path(stat_file).read_text()
+            if int(text[text.rindex(")") + 2 :].split()[2]) == pgid:
+                members.append(int(stat_file.split("/")[2]))
+    return members
+
+
+def _runs_pg_autoctl(pgid: int) -> bool:
+    """Whether process group `pgid` is (still) a keeper's: one of its
+    processes runs pg_autoctl."""
+    return any("pg_autoctl" in _cmdline(pid) for pid in _process_group(pgid))
+
+
+def _private_registry() -> Path:
+    """REGISTRY, created mode 0700; refused unless it is a directory of ours
+    that no one else may write to (the records say what to kill and remove)."""
+    with contextlib.suppress(FileExistsError):
+        REGISTRY.mkdir(mode=0o700)
+    info = REGISTRY.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise HAClusterError(f"{REGISTRY} is not a directory of user {os.geteuid()}: remove it")
+    if info.st_mode & 0o022:
+        raise HAClusterError(f"{REGISTRY} is writable by others: remove it")
+    REGISTRY.chmod(0o700)
+    return REGISTRY
+
+
+def _sweepable(workdir: Path) -> bool:
+    """Whether a record's work directory is one a cluster of ours made: a
+    directory (not a link) directly in the temporary directory, named as the
+    callers name theirs, owned by us (or, as root, by postgres, to whom the
+    work directory is handed)."""
+    owners = {os.geteuid()}
+    if os.geteuid() == 0:
+        with contextlib.suppress(KeyError):
+            owners.add(pwd.getpwnam("postgres").pw_uid)
+    try:
+        info = workdir.lstat()
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(info.st_mode)
+        and info.st_uid in owners
+        and workdir.parent.resolve() == Path(tempfile.gettempdir()).resolve()
+        and workdir.name.startswith(WORKDIR_PREFIXES)
+    )
 
 
 def sweep_stale_clusters() -> list[str]:
     """Tear down clusters left by a process that died without stopping them
     (a SIGKILLed test run): its registry record names an owner that is gone."""
     swept = []
-    for path in REGISTRY.glob("*.json"):
-        with contextlib.suppress(OSError, ValueError):
+    for path in _private_registry().glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            info = path.lstat()
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                continue
             record = json.loads(path.read_text())
             if _alive(int(record["owner"])):
                 continue
-            _kill_recorded(record)
-            shutil.rmtree(record["workdir"], ignore_errors=True)
+            workdir = Path(record["workdir"])
+            if _sweepable(workdir):
+                _kill_recorded(record)
+                shutil.rmtree(workdir, ignore_errors=True)
+                swept.append(str(workdir))
             path.unlink(missing_ok=True)
-            swept.append(str(record["workdir"]))
     return swept
 
 
@@ -265,6 +346,11 @@ class HACluster:
         self._registry = REGISTRY / f"{os.getpid()}-{id(self):x}.json"
         self._stopped = False
         self._started = False
+        # stop() may run while another thread is still in wait_stable() (a
+        # cancelled asyncio.to_thread): no keeper may start once stop() took
+        # its list of what to kill.
+        self._lock = threading.RLock()
+        self._thaw: threading.Timer | None = None
         self._pg_autoctl = ""
         self._pg_bin = Path()
         self._as_postgres = os.geteuid() == 0
@@ -304,21 +390,23 @@ class HACluster:
 
     def stop(self) -> None:
         """Kill everything this cluster started and remove its work directory."""
-        if self._stopped:
-            return
-        self._stopped = True
-        record = {"workdir": str(self.workdir), "process_groups": list(self._pgids())}
-        _kill_recorded(record)
-        for keeper in self._keepers.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                keeper.wait(timeout=10)
-        for log in self._logs.values():
-            log.close()
-        self._keep_logs()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        self._registry.unlink(missing_ok=True)
-        with contextlib.suppress(ValueError):
-            atexit.unregister(self.stop)
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._cancel_thaw()
+            record = {"workdir": str(self.workdir), "process_groups": list(self._pgids())}
+            _kill_recorded(record)
+            for keeper in self._keepers.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    keeper.wait(timeout=10)
+            for log in self._logs.values():
+                log.close()
+            self._keep_logs()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self._registry.unlink(missing_ok=True)
+            with contextlib.suppress(ValueError):
+                atexit.unregister(self.stop)
 
     def _keep_logs(self) -> None:
         """Copy the keepers' and servers' logs to $INTENTLEDGER_HA_LOGS, if set,
@@ -397,8 +485,10 @@ class HACluster:
         old = self.primary()
         keeper = self._keepers[old.name]
         postmaster = _postmaster_pid(old.pgdata)
-        if postmaster is None:
-            raise HAClusterError(f"{old.name} has no postmaster.pid")
+        if postmaster is None or not _is_postmaster_of(postmaster, old.pgdata):
+            raise HAClusterError(f"{old.name} has no running postmaster (postmaster.pid)")
+        if keeper.poll() is not None:
+            raise HAClusterError(f"pg_autoctl for {old.name} exited with {keeper.returncode}")
         if mode == "postmaster":
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(keeper.pid, signal.SIGSTOP)
@@ -414,6 +504,8 @@ class HACluster:
             keeper.wait(timeout=10)
         else:
             raise ValueError(f"kill mode {mode!r}: 'postmaster' or 'node'")
+        # The frozen walsenders died with the node; their pids may be reused.
+        self._cancel_thaw()
         self._killed_at = time.monotonic()
         self._kill_mode = mode
         self._down = old
@@ -475,12 +567,22 @@ class HACluster:
             _signal(pid, signal.SIGSTOP)
 
         def thaw() -> None:
+            # Only processes still this node's walsenders: by now the node may
+            # have been killed and a pid given to another process.
             for pid in pids:
-                _signal(pid, signal.SIGCONT)
+                if _runs_in(pid, primary.pgdata) and "walsender" in _cmdline(pid):
+                    _signal(pid, signal.SIGCONT)
 
-        timer = threading.Timer(seconds, thaw)
-        timer.daemon = True
-        timer.start()
+        with self._lock:
+            self._cancel_thaw()
+            self._thaw = threading.Timer(seconds, thaw)
+            self._thaw.daemon = True
+            self._thaw.start()
+
+    def _cancel_thaw(self) -> None:
+        if self._thaw is not None:
+            self._thaw.cancel()
+            self._thaw = None
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -508,7 +610,7 @@ class HACluster:
             os.chown(SOCKET_DIR, postgres.pw_uid, postgres.pw_gid)
             for path in [self.workdir, *self.workdir.rglob("*")]:
                 os.chown(path, postgres.pw_uid, postgres.pw_gid)
-        REGISTRY.mkdir(parents=True, exist_ok=True)
+        _private_registry()
 
     def _record(self) -> None:
         record = {
@@ -519,9 +621,11 @@ class HACluster:
         self._registry.write_text(json.dumps(record))
 
     def _pgids(self) -> Iterator[int]:
-        # Each keeper runs in its own session, so its process group id is its pid.
+        # Each keeper runs in its own session, so its process group id is its
+        # pid. A keeper already reaped is left out: its pid may be reused.
         for keeper in self._keepers.values():
-            yield keeper.pid
+            if keeper.poll() is None:
+                yield keeper.pid
 
     def _env(self) -> dict[str, str]:
         env = {
@@ -539,24 +643,30 @@ class HACluster:
         return env
 
     def _keeper(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        log = self._logs.get(name) or (self.workdir / "logs" / f"{name}.log").open("ab")
-        self._logs[name] = log
-        extra: dict[str, Any] = {}
-        if self._as_postgres:
-            extra = {"user": "postgres", "group": "postgres", "extra_groups": []}
-        proc = subprocess.Popen(
-            [self._pg_autoctl, *args],
-            env=self._env(),
-            cwd=self.workdir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            **extra,
-        )
-        self._keepers[name] = proc
-        self._record()
-        return proc
+        with self._lock:
+            self._refuse_if_stopped()
+            log = self._logs.get(name) or (self.workdir / "logs" / f"{name}.log").open("ab")
+            self._logs[name] = log
+            extra: dict[str, Any] = {}
+            if self._as_postgres:
+                extra = {"user": "postgres", "group": "postgres", "extra_groups": []}
+            proc = subprocess.Popen(
+                [self._pg_autoctl, *args],
+                env=self._env(),
+                cwd=self.workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                **extra,
+            )
+            self._keepers[name] = proc
+            self._record()
+            return proc
+
+    def _refuse_if_stopped(self) -> None:
+        if self._stopped:
+            raise HAClusterError("the cluster was stopped")
 
     def _pg_autoctl_run(self, name: str, *args: str) -> str:
         """A one-shot pg_autoctl command; its failure raises with its output."""
@@ -682,7 +792,7 @@ class HACluster:
         stop = threading.Event()
 
         def checkpoint() -> None:
-            while not stop.wait(0.5):
+            while not stop.wait(0.5) and not self._stopped:
                 with contextlib.suppress(psycopg.Error), self._node_connection(primary) as conn:
                     conn.execute("CHECKPOINT")
 
@@ -767,16 +877,18 @@ class HACluster:
                 record.states_seen.append(f"{now - self._killed_at:.1f}s {seen}")
 
     def _bring_back(self, node: Node) -> None:
-        keeper = self._keepers[node.name]
-        if node.name in self._frozen and keeper.poll() is None:
-            os.killpg(keeper.pid, signal.SIGCONT)
-            self._frozen.discard(node.name)
-            return
-        self._keeper(node.name, ["run", "--pgdata", str(node.pgdata)])
+        with self._lock:
+            self._refuse_if_stopped()
+            keeper = self._keepers[node.name]
+            if node.name in self._frozen and keeper.poll() is None:
+                os.killpg(keeper.pid, signal.SIGCONT)
+                self._frozen.discard(node.name)
+                return
+            self._keeper(node.name, ["run", "--pgdata", str(node.pgdata)])
 
     def _require_keepers(self) -> None:
         """Raise, with its log, if a keeper we did not kill has exited."""
-        for name, keeper in self._keepers.items():
+        for name, keeper in list(self._keepers.items()):
             if keeper.poll() is not None and (self._down is None or name != self._down.name):
                 raise HAClusterError(
                     f"pg_autoctl for {name} exited with {keeper.returncode}\n"
@@ -801,6 +913,7 @@ class HACluster:
         deadline = time.monotonic() + max(timeout, 0)
         last_error: BaseException | None = None
         while True:
+            self._refuse_if_stopped()
             self._require_keepers()
             if watch:
                 watch()
