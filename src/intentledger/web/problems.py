@@ -153,7 +153,7 @@ def install_problem_handlers(app: FastAPI) -> None:
             log.error(
                 "database error on %s: %s (answered 503)", request.url.path, what, exc_info=exc
             )
-        return _unavailable(request, exc)
+        return await _problem(request, unavailable_problem(exc))
 
     for database_error in (DBAPIError, PoolTimeout, ConnectionError):
         app.add_exception_handler(database_error, _database_error)
@@ -161,7 +161,7 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         if database_unavailable(exc):
-            return _unavailable(request, exc)
+            return await _problem(request, unavailable_problem(exc))
         return _internal(request)
 
 
@@ -176,18 +176,6 @@ def unavailable_problem(exc: BaseException) -> Problem:
         f"the database is not answering ({type(exc).__name__}); retry with the same "
         "Idempotency-Key",
         headers={"Retry-After": str(DATABASE_RETRY_AFTER)},
-    )
-
-
-def _unavailable(request: Request, exc: BaseException) -> JSONResponse:
-    problem = unavailable_problem(exc)
-    return problem_response(
-        problem.status,
-        problem.slug,
-        problem.title,
-        problem.detail,
-        instance=request.url.path,
-        headers=problem.headers,
     )
 
 
