@@ -154,7 +154,12 @@ async def test_a_batch_writes_what_one_by_one_delivery_writes(
     one_by_one = {m: await accept(engine, clock, m, key=f"single-{m}") for m in SCENARIOS}
     await make_worker(engine, sandbox, clock, timeout=0.5, worker="w").drain()
     batched = {m: await accept(engine, clock, m, key=f"batched-{m}") for m in SCENARIOS}
-    await deliver_in_one_batch(make_worker(engine, sandbox, clock, timeout=0.5, worker="w"), 6)
+    # Answers are grouped by arrival: a window longer than the slowest call
+    # (0.5 s) makes the group whatever the machine's pace.
+    together = make_worker(
+        engine, sandbox, clock, timeout=0.5, worker="w", record_window=timedelta(seconds=2)
+    )
+    await deliver_in_one_batch(together, 6)
 
     for method in SCENARIOS:
         reference = await story(engine, sandbox, one_by_one[method])
@@ -261,7 +266,10 @@ async def test_a_batch_of_a_success_and_a_decline_settles_as_one_shape_of_rows(
     clock = MovableClock()
     ok = await accept(engine, clock, "pm_ok", key="ok")
     declined = await accept(engine, clock, "pm_declined", key="declined")
-    await deliver_in_one_batch(make_worker(engine, sandbox, clock, worker="w"), 2)
+    window = timedelta(seconds=1)  # both answers in one group, however far apart they arrive
+    await deliver_in_one_batch(
+        make_worker(engine, sandbox, clock, worker="w", record_window=window), 2
+    )
     begin, settle = shapes
     assert len(begin) == 1 and len(settle) == 1, shapes
     async with engine.connect() as conn:

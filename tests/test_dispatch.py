@@ -18,6 +18,7 @@ from intentledger.engine import intake
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings
 from intentledger.engine.intake import Intent
 from intentledger.engine.reconciler import Reconciler
+from intentledger.engine.settlement_queue import DEFAULT_WINDOW
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.worker import Worker
 from intentledger.ports import free_port
@@ -52,6 +53,7 @@ def make_worker(
     backoff: timedelta = timedelta(seconds=30),
     retention: timedelta = timedelta(hours=24),
     rules: SafetyRules | None = None,
+    record_window: timedelta = DEFAULT_WINDOW,
 ) -> Worker:
     """A worker wired as `intentledger worker` wires it, with a test clock."""
     provider = SandboxProvider(provider_url, timedelta(seconds=timeout))
@@ -79,6 +81,7 @@ def make_worker(
             jitter=lambda: 0.0,
         ),
         Sweeper(engine, clock, timedelta(minutes=2), backoff, worker, jitter=lambda: 0.0),
+        record_window=record_window,
     )
 
 

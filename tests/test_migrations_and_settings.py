@@ -85,6 +85,16 @@ def test_the_sweeper_and_the_lease_must_outlast_every_provider_call() -> None:
     assert Settings(submit_timeout="3s").request_path_timeout == timedelta(seconds=3)
 
 
+def test_the_record_window_is_kept_short() -> None:
+    """An answer waits at most the window for company; a long one would hold
+    known outcomes in memory, where a crash makes them UNKNOWN."""
+    assert Settings().record_window == timedelta(milliseconds=2)
+    assert Settings(record_window="0s").record_window == timedelta(0)
+    assert Settings(record_window="1s").record_window == timedelta(seconds=1)
+    with pytest.raises(ValueError, match="record_window must be from 0 to 1s"):
+        Settings(record_window="2s")
+
+
 def test_migrations_0015_and_0019_make_the_group_function_on_postgresql_and_take_it_away(
     backend: str, databases: Databases
 ) -> None:

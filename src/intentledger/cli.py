@@ -94,6 +94,12 @@ Batch = Annotated[
 PollInterval = Annotated[
     str | None, typer.Option("--poll-interval", help="INTENTLEDGER_POLL_INTERVAL, e.g. 200ms")
 ]
+RecordWindow = Annotated[
+    str | None,
+    typer.Option(
+        "--record-window", help="INTENTLEDGER_RECORD_WINDOW, e.g. 2ms (0: no wait for company)"
+    ),
+]
 SweepInterval = Annotated[
     str | None, typer.Option("--sweep-interval", help="INTENTLEDGER_SWEEP_INTERVAL, e.g. 15s")
 ]
@@ -313,6 +319,7 @@ def serve(
     concurrency: Concurrency = None,
     batch: Batch = None,
     poll_interval: PollInterval = None,
+    record_window: RecordWindow = None,
     sweep_interval: SweepInterval = None,
     safety_rules: SafetyRules = None,
     stripe_api_base: StripeApiBase = None,
@@ -358,6 +365,7 @@ def serve(
         worker_concurrency=concurrency,
         worker_batch=batch,
         poll_interval=poll_interval,
+        record_window=record_window,
         sweep_interval=sweep_interval,
         safety_rules=safety_rules,
         stripe_api_base=stripe_api_base,
@@ -432,6 +440,7 @@ def worker(
     concurrency: Concurrency = None,
     batch: Batch = None,
     poll_interval: PollInterval = None,
+    record_window: RecordWindow = None,
     sweep_interval: SweepInterval = None,
     safety_rules: SafetyRules = None,
     stripe_api_base: StripeApiBase = None,
@@ -473,6 +482,7 @@ def worker(
         worker_concurrency=concurrency,
         worker_batch=batch,
         poll_interval=poll_interval,
+        record_window=record_window,
         sweep_interval=sweep_interval,
         safety_rules=safety_rules,
         stripe_api_base=stripe_api_base,

@@ -120,6 +120,7 @@ def build_worker(
         Sweeper(engine, clock, settings.stale_submitting, settings.recheck_backoff, identity),
         build_webhook_sender(settings, engine, clock, identity),
         Reaper(engine, clock, settings.record_retention),
+        settings.record_window,
     )
 
 

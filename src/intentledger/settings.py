@@ -16,6 +16,9 @@ from intentledger.domain.work_queue import DEFAULT_WAITING_THRESHOLD
 from intentledger.providers.http import call_deadline
 from intentledger.store.database import Pooler, dialect_of
 
+# Beyond this an answer would sit in memory for no gain: a group fills long before.
+MAX_RECORD_WINDOW = timedelta(seconds=1)
+
 
 def _duration(value: Any) -> Any:
     if isinstance(value, str):
@@ -52,10 +55,14 @@ class Settings(BaseSettings):
     sandbox_database: str = "intentledger-sandbox.db"
     # How many outbox deliveries one worker process runs at once.
     worker_concurrency: int = Field(default=16, ge=1, le=1024)
-    # How many due rows one delivery loop claims at a time: first attempts of a
-    # claim are pre-submitted in one transaction, sent concurrently and recorded
-    # in one transaction. The process runs ceil(concurrency / batch) loops.
+    # How many due rows the worker's claimer takes at a time (never more than
+    # it has free slots): first attempts of a claim are pre-submitted in one
+    # transaction, then each runs and is recorded on its own time.
     worker_batch: int = Field(default=8, ge=1, le=1024)
+    # How long a provider's answer waits for others to share its record
+    # transaction (engine/settlement_queue.py): a known outcome held in memory
+    # is one a crash loses, so this stays milliseconds.
+    record_window: Duration = timedelta(milliseconds=2)
     # Slow clients (http_server.py, api/edge.py): a request's head must arrive
     # within header_timeout and its body within body_timeout; one API process
     # holds at most max_connections connections and requests at once.
@@ -139,6 +146,9 @@ class Settings(BaseSettings):
             raise ValueError(f"stale_submitting must exceed the longest call ({longest_call})")
         if longest_call >= self.lease:
             raise ValueError(f"lease must exceed the longest call ({longest_call})")
+        if not timedelta(0) <= self.record_window <= MAX_RECORD_WINDOW:
+            longest = format_duration(MAX_RECORD_WINDOW)
+            raise ValueError(f"record_window must be from 0 to {longest}")
         if not timedelta(0) < self.webhook_retry_first <= self.webhook_retry_longest:
             raise ValueError("webhook_retry_first must be more than 0 and at most the longest")
         if self.replay_window < self.shortest_replay_window:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -35,6 +36,7 @@ from intentledger.engine import changes
 from intentledger.engine.clock import Clock
 from intentledger.engine.evidence import weigh
 from intentledger.engine.unknown import plan_unknown
+from intentledger.observability import ledger_events
 from intentledger.observability.logs import log_context
 from intentledger.providers.base import Provider, ProviderRequest
 from intentledger.store.ledger import Ledger, Loaded, Made
@@ -188,7 +190,7 @@ class Dispatcher:
                 return
             with log_context(attempt=submission.attempt_number):
                 answer = await self.provider.submit(submission.request)
-                await self.record(row, submission, answer)
+                await self.record(row, submission, answer, time.monotonic())
 
     # -- step 3: pre-submit -------------------------------------------------
 
@@ -431,8 +433,14 @@ class Dispatcher:
     # -- step 5: record -----------------------------------------------------
 
     async def record(
-        self, row: OutboxRecord, submission: Submission, answer: ProviderAnswer
+        self,
+        row: OutboxRecord,
+        submission: Submission,
+        answer: ProviderAnswer,
+        answered: float | None = None,
     ) -> None:
+        """Weigh a provider's answer and commit what it makes of the operation;
+        `answered` (`time.monotonic()` at its arrival) times the record delay."""
         async with self.engine.begin() as conn:
             ledger = Ledger(conn)
             planned = changes.Writes(self.clock())
@@ -462,3 +470,5 @@ class Dispatcher:
                 observation,
                 loaded,
             )
+        if answered is not None:
+            ledger_events.answers_recorded(operation.kind, "alone", [answered])

@@ -1,8 +1,15 @@
-"""A worker process's loop: claim a due outbox row, hand it to its handler.
+"""A worker process's loop: claim due outbox rows into free slots, deliver each
+in a task of its own.
+
+One claimer per process takes at most as many due rows as it has free slots
+(and at most `batch` at a time), pre-submits the first attempts among them in
+one transaction, and starts a task per row. A row's task holds its slot until
+its outcome is committed, so a hanging provider call takes one slot and
+nothing else: no other row waits for it to be claimed or recorded.
 
 Delivery is at least once: a row whose holder dies falls due again when its
 lease runs out, and every handler is idempotent against the operation's state.
-The sweeper and the merchant webhooks' sender run beside the delivery loops.
+The sweeper and the merchant webhooks' sender run beside the claimer.
 """
 
 from __future__ import annotations
@@ -10,16 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
+from collections.abc import Awaitable
 from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.engine.batch_dispatch import deliver_submits
+from intentledger.engine.batch_dispatch import start_submits
 from intentledger.engine.clock import Clock
 from intentledger.engine.dispatcher import Dispatcher
 from intentledger.engine.reaper import Reaper
 from intentledger.engine.reconciler import Reconciler
+from intentledger.engine.settlement_queue import DEFAULT_WINDOW, SettlementQueue
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.webhook_sender import WebhookSender
 from intentledger.observability import ledger_events
@@ -44,6 +52,7 @@ class Worker:
         sweeper: Sweeper,
         webhooks: WebhookSender | None = None,
         reaper: Reaper | None = None,
+        record_window: timedelta = DEFAULT_WINDOW,
     ) -> None:
         self.engine = engine
         self.clock = clock
@@ -56,6 +65,12 @@ class Worker:
         self.webhooks = webhooks
         # Record retention, on a schedule (engine/reaper.py).
         self.reaper = reaper
+        # First attempts' answers, committed as they arrive.
+        self.settlements = SettlementQueue(dispatcher, record_window)
+        # Deliveries started and not finished: each holds a slot.
+        self._running: set[asyncio.Task[None]] = set()
+        self._freed = asyncio.Event()
+        self._wake_at_in_flight = 0
 
     async def deliver_next(self) -> bool:
         """Claim and deliver one due outbox row; False when nothing was due."""
@@ -82,27 +97,78 @@ class Worker:
         else:
             log.error("outbox row %s has unknown kind %r; leaving it leased", row.id, row.kind)
 
-    async def deliver_batch(self, limit: int) -> int:
-        """Claim up to `limit` due rows and deliver them: submits through the
-        batched first-attempt path, the other kinds one by one, concurrently."""
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    async def start_due(self, limit: int) -> list[asyncio.Task[None]]:
+        """Claim up to `limit` due rows and start a delivery task for each:
+        submits through the batched first-attempt path (one pre-submit
+        transaction, each answer recorded as it arrives), the other kinds one
+        by one. Returns the tasks started."""
         async with self.engine.begin() as conn:
             rows = await BatchLedger(conn).claim_outbox_rows(
                 self.clock(), self.lease, self.worker_id, limit
             )
             ledger_events.claimed(conn, rows)
-        if not rows:
-            return 0
+        started = [self._start(self.deliver(row)) for row in rows if row.kind != "submit"]
         submits = [row for row in rows if row.kind == "submit"]
-        others = [row for row in rows if row.kind != "submit"]
-        results = await asyncio.gather(
-            deliver_submits(self.dispatcher, submits),
-            *(self.deliver(row) for row in others),
-            return_exceptions=True,
-        )
-        for failure in results:
-            if isinstance(failure, Exception):
-                log.error("delivery failed; its lease will make it due again", exc_info=failure)
-        return len(rows)
+        if submits:
+            try:
+                deliveries = await start_submits(self.dispatcher, self.settlements, submits)
+            except Exception as exc:
+                # Nothing was sent: the rows stay leased and fall due again.
+                _log_failure(exc, "the pre-submit failed; the rows' leases make them due again")
+                deliveries = []
+            started.extend(self._start(delivery) for delivery in deliveries)
+        return started
+
+    async def deliver_batch(self, limit: int) -> int:
+        """Claim up to `limit` due rows, deliver them, and return once every one
+        is finished: how many were claimed."""
+        started = await self.start_due(limit)
+        await asyncio.gather(*started, return_exceptions=True)
+        return len(started)
+
+    def _start(self, delivery: Awaitable[None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(delivery)
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if len(self._running) <= self._wake_at_in_flight:
+            self._freed.set()
+        if task.cancelled():
+            return
+        failure = task.exception()
+        if failure is not None:
+            _log_failure(failure, "delivery failed; its lease will make it due again")
+
+    async def until_in_flight_at_most(
+        self, in_flight: int, stop: asyncio.Event, patience: timedelta
+    ) -> None:
+        """Wait until at most `in_flight` deliveries run, `stop` is set, or `patience`
+        has passed."""
+        if len(self._running) <= in_flight:
+            return
+        self._wake_at_in_flight = in_flight
+        self._freed.clear()
+        waits = {asyncio.ensure_future(self._freed.wait()), asyncio.ensure_future(stop.wait())}
+        try:
+            await asyncio.wait(
+                waits, timeout=patience.total_seconds(), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for wait in waits:
+                wait.cancel()
+            self._wake_at_in_flight = 0
+
+    async def wait_idle(self) -> None:
+        """Until every delivery started has finished (a graceful stop)."""
+        while self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
 
     async def drain(self) -> int:
         """Deliver until nothing is due (tests and the demo use this)."""
@@ -115,6 +181,15 @@ class Worker:
         await self.dispatcher.provider.aclose()
         if self.webhooks is not None:
             await self.webhooks.aclose()
+
+
+def _log_failure(failure: BaseException, what: str) -> None:
+    if lost_connection(failure):
+        # A restart or failover: expected, and met at every poll until a node
+        # takes writes again; one line, no traceback.
+        log.warning("%s: the database is not answering (%s)", what, type(failure).__name__)
+    else:
+        log.error("%s", what, exc_info=failure)
 
 
 async def _pause(stop: asyncio.Event, interval: timedelta) -> None:
@@ -131,28 +206,33 @@ async def run_worker(
     batch: int = 1,
     reap_interval: timedelta = timedelta(hours=1),
 ) -> None:
-    """Deliver up to `concurrency` rows at once, in loops that each claim up to
-    `batch` rows at a time, and run the sweeper, until `stop` is set."""
-    per_loop = max(1, min(batch, concurrency))
+    """Deliver up to `concurrency` rows at once, claiming up to `batch` due rows
+    at a time into free slots, and run the sweeper, until `stop` is set; then
+    let every delivery started finish."""
+    per_claim = max(1, min(batch, concurrency))
+    # A claim for a slot or two at a time would cost a transaction per row under
+    # load: with every slot taken, wait until half a claim's worth is free.
+    refill_at = concurrency - max(1, per_claim // 2)
 
     async def deliveries() -> None:
-        while not stop.is_set():
-            try:
-                delivered = await worker.deliver_batch(per_loop)
-            except Exception as exc:
-                if lost_connection(exc):
-                    # A restart or failover: expected, and every loop meets it
-                    # at each poll until a node takes writes again.
-                    log.warning(
-                        "delivery failed, the database is not answering (%s); "
-                        "the rows' leases will make them due again",
-                        type(exc).__name__,
-                    )
-                else:
-                    log.exception("delivery failed; the rows' leases will make them due again")
-                delivered = 0
-            if not delivered:
-                await _pause(stop, poll_interval)
+        try:
+            while not stop.is_set():
+                limit = min(per_claim, concurrency - worker.in_flight)
+                if limit <= 0:
+                    await worker.until_in_flight_at_most(refill_at, stop, poll_interval)
+                    continue
+                try:
+                    claimed = len(await worker.start_due(limit))
+                except Exception as exc:
+                    _log_failure(exc, "claiming due rows failed; trying again after the poll")
+                    claimed = 0
+                if claimed < limit:
+                    # Nothing more is due (or the claim failed): look again later.
+                    await _pause(stop, poll_interval)
+                elif worker.in_flight > refill_at:
+                    await worker.until_in_flight_at_most(refill_at, stop, poll_interval)
+        finally:
+            await worker.wait_idle()
 
     async def sweeps() -> None:
         while not stop.is_set():
@@ -177,8 +257,7 @@ async def run_worker(
                 log.exception("reaping failed; trying again next interval")
 
     async with asyncio.TaskGroup() as group:
-        for _ in range(math.ceil(concurrency / per_loop)):
-            group.create_task(deliveries())
+        group.create_task(deliveries())
         group.create_task(sweeps())
         if worker.webhooks is not None:
             group.create_task(worker.webhooks.run(stop, poll_interval))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from intentledger.observability.metrics import (
     DECISIONS,
     GROUP_COMMIT_SIZE,
     LEASE_EXPIRIES,
+    RECORD_DELAY_SECONDS,
     SWEEPER_ACTIONS,
     TRANSITIONS,
     after_commit,
@@ -171,3 +173,13 @@ def swept(conn: AsyncConnection, operation_id: str, attempt: int) -> None:
             extra={"operation_id": operation_id, "attempt": attempt, "event": "sweep"},
         ),
     )
+
+
+def answers_recorded(kind: str, recorded_by: str, answered: Sequence[float]) -> None:
+    """Provider answers (each `time.monotonic()` at its arrival) whose outcome's
+    transaction has just returned from its commit: called after the commit, not
+    at it, so the delay counts the commit's own round trip and flush."""
+    now = time.monotonic()
+    observe = RECORD_DELAY_SECONDS.labels(kind, recorded_by).observe
+    for at in answered:
+        observe(now - at)

@@ -1,0 +1,243 @@
+"""Recording first attempts' answers as they arrive, grouped by arrival time.
+
+A provider's answer is known the moment it arrives; until it is committed it
+lives only in this process, where a crash turns a known outcome into UNKNOWN
+(and a reconciliation, perhaps a person). So an answer never waits for a
+sibling's provider call: each call's task hands its answer to this queue and
+the queue commits what has arrived — after a short window (a few
+milliseconds, like group commit) or as soon as a group is full. While a
+group's transaction runs, the answers that arrive queue up and form the next
+one, so a busy worker commits many answers per round trip and an idle one
+each answer within the window. Groups form by arrival only, never by claim:
+one may mix answers of many claims, and `BatchLedger.lock` takes its rows in
+key order, as every pre-submit does, so two transactions cannot deadlock.
+
+The queue decides nothing itself; it chooses when the group record runs and
+with whom. The group record loads, asks the domain and writes once: it
+settles in one transaction every answer the funnel settles plainly — a
+success or a decline, the operation still exactly as its pre-submit left it.
+Every other answer (unknown, not executed, one that arrives after the state
+moved on), and every answer of a group whose transaction failed, goes back to
+its own task, which records it through `Dispatcher.record`, the reference
+path, at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from intentledger.domain.dispatch_plan import FIRST_ATTEMPT
+from intentledger.domain.evidence import AttemptFacts, Facts, Limits, Move, SubmitAnswer, judge
+from intentledger.domain.retry_after import parse_retry_after
+from intentledger.domain.states import State
+from intentledger.domain.transport import ProviderAnswer, classify
+from intentledger.engine import changes
+from intentledger.engine.dispatcher import Dispatcher, Submission, as_evidence, submit_result
+from intentledger.engine.evidence import settlement
+from intentledger.observability import ledger_events
+from intentledger.store.batches import BatchLedger
+from intentledger.store.ledger import Ledger
+from intentledger.store.records import OperationRecord, OutboxRecord
+
+log = logging.getLogger(__name__)
+
+# Answers one transaction settles at most: the group statement stays small
+# enough for SQLite's bound parameters and a short lock hold.
+MAX_GROUP = 64
+# How long the first answer of a group waits for company. The provider's
+# answers of a busy worker arrive a fraction of a millisecond apart; 2 ms
+# gathers tens of them into one commit and is nothing beside a provider call.
+DEFAULT_WINDOW = timedelta(milliseconds=2)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A first attempt the pre-submit transaction committed, and the operation's
+    version it left behind: if the version is still that when the answer is
+    recorded, nothing else has touched the operation in between."""
+
+    row: OutboxRecord
+    submission: Submission
+    version: int
+
+
+@dataclass(frozen=True)
+class Sent:
+    prepared: Prepared
+    answer: ProviderAnswer
+    # time.monotonic() when the answer arrived: the record delay starts here.
+    answered: float
+
+    @property
+    def row(self) -> OutboxRecord:
+        return self.prepared.row
+
+    @property
+    def submission(self) -> Submission:
+        return self.prepared.submission
+
+
+@dataclass
+class _Waiting:
+    sent: Sent
+    # True: settled by its group; False: its task records it on its own.
+    settled: asyncio.Future[bool] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class SettlementQueue:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        window: timedelta = DEFAULT_WINDOW,
+        max_group: int = MAX_GROUP,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.window = window.total_seconds()
+        self.max_group = max_group
+        self._waiting: deque[_Waiting] = deque()
+        self._committer: asyncio.Task[None] | None = None
+        self._company = asyncio.Event()
+
+    async def record(self, sent: Sent) -> None:
+        """Commit this answer's outcome: with the answers that arrive beside it
+        when it settles plainly, else on its own through the reference path.
+        Returns once it is committed; raises if it could not be (the row's
+        lease then makes it due again, and the resumed delivery finds it
+        SUBMITTING)."""
+        waiting = _Waiting(sent)
+        self._waiting.append(waiting)
+        if len(self._waiting) >= self.max_group:
+            self._company.set()
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_while_waiting())
+        # Shielded: a cancelled caller (a stopping worker) must not take the
+        # answer out of a group that is already writing it.
+        if await asyncio.shield(waiting.settled):
+            return
+        await self.dispatcher.record(sent.row, sent.submission, sent.answer, sent.answered)
+
+    async def _commit_while_waiting(self) -> None:
+        while self._waiting:
+            if self.window > 0 and len(self._waiting) < self.max_group:
+                self._company.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._company.wait(), self.window)
+            group = self._next_group()
+            try:
+                settled = await record_together(self.dispatcher, [w.sent for w in group])
+            except Exception:
+                # One bad row must not keep every answer of the group from the
+                # ledger (their leases would expire into resumed deliveries and
+                # UNKNOWN): each is recorded on its own.
+                log.exception("a group record failed; recording its %d answers alone", len(group))
+                settled = set()
+            for waiting in group:
+                if not waiting.settled.done():
+                    waiting.settled.set_result(id(waiting.sent) in settled)
+
+    def _next_group(self) -> list[_Waiting]:
+        """Up to `max_group` waiting answers, one per operation: a second answer
+        for an operation already in the group goes to its own task, where the
+        reference path judges it against what the first one wrote."""
+        group: list[_Waiting] = []
+        operations: set[str] = set()
+        while self._waiting and len(group) < self.max_group:
+            waiting = self._waiting.popleft()
+            if waiting.sent.row.operation_id in operations:
+                waiting.settled.set_result(False)
+            else:
+                operations.add(waiting.sent.row.operation_id)
+                group.append(waiting)
+        return group
+
+
+def _plain_settlement(
+    operation: OperationRecord,
+    item: Sent,
+    evidence: SubmitAnswer,
+    now: datetime,
+    limits: Limits,
+    source: str,
+) -> changes.OperationChange | None:
+    """The change the funnel makes of this answer, if it settles the operation
+    with nothing but the outcome; only for an operation still as our pre-submit
+    left it (one attempt, no other evidence: what the ledger knows is what this
+    answer's task holds)."""
+    if State(operation.state) is not State.SUBMITTING:
+        return None
+    if operation.version != item.prepared.version:
+        return None
+    facts = Facts(
+        state=State.SUBMITTING,
+        attempts=(AttemptFacts(FIRST_ATTEMPT, item.submission.key),),
+        unresolved_since=operation.first_attempt_at,
+    )
+    effect = judge(facts, evidence, now, limits)
+    plain = (
+        effect.move is Move.SETTLE
+        and not (effect.duplicate or effect.contradiction or effect.verify)
+        and effect.adopt_reference == evidence.reference
+    )
+    return settlement(operation, facts, effect, now=now, source=source) if plain else None
+
+
+async def record_together(dispatcher: Dispatcher, sent: Sequence[Sent]) -> set[int]:
+    """Settle, in one transaction, every answer the funnel settles plainly;
+    return the `id()`s of those it settled (the others are for the reference
+    path)."""
+    settled_ids: set[int] = set()
+    async with dispatcher.engine.begin() as conn:
+        ledger = BatchLedger(conn)
+        now = dispatcher.clock()
+        limits = Limits(dispatcher.settings.recheck_backoff)
+        locked = await ledger.lock(item.row.operation_id for item in sent)
+        observed: list[dict[str, Any]] = []
+        settled: list[changes.OperationChange] = []
+        delivered: list[int] = []
+        answered: list[float] = []
+        for item in sent:
+            operation = locked.operations[item.row.operation_id]
+            answer = item.answer
+            classification = classify(answer)
+            retry_after = parse_retry_after(answer.retry_after, now)
+            evidence = as_evidence(
+                item.submission.attempt_number, answer, classification, retry_after
+            )
+            change = _plain_settlement(operation, item, evidence, now, limits, dispatcher.worker_id)
+            if change is None:
+                continue
+            observed.append(
+                submit_result(
+                    operation,
+                    now,
+                    dispatcher.worker_id,
+                    item.submission.attempt_number,
+                    answer,
+                    classification,
+                    retry_after,
+                )
+            )
+            settled.append(change)
+            delivered.append(item.row.id)
+            answered.append(item.answered)
+            settled_ids.add(id(item))
+        if settled:
+            await ledger.settle(observed, changes.alike(settled), delivered, now)
+            await changes.follow(Ledger(conn), settled, stage="settle")
+    ledger_events.answers_recorded("payment", "grouped", answered)
+    return settled_ids
+
+
+def answered_now() -> float:
+    """The instant an answer arrived, on the clock the record delay is measured by."""
+    return time.monotonic()

@@ -1,0 +1,163 @@
+"""Each provider answer is recorded when it arrives, grouped only by arrival.
+
+In-process, on both databases, against the sandbox provider's own process:
+a quick answer is committed while a sibling of its claim still hangs; answers
+of different claims share a transaction; a failed group still records every
+answer on its own; an answer that arrives after its operation moved on is
+judged by the reference path; a stopping worker records every answer it is
+waiting for; and the record delay is observed only once the commit returned.
+(`tests/test_record_delay.py` shows the same through real `serve` and
+`worker` processes, and that the batching it replaced failed it.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.engine.batch_dispatch import pre_submit
+from intentledger.engine.settlement_queue import Sent, answered_now
+from intentledger.engine.worker import run_worker
+from intentledger.store.batches import BatchLedger
+from intentledger.store.tables import observations
+from tests.test_dispatch import MovableClock, accept, make_worker, operation, rows, sandbox_submits
+
+
+def recorded(by: str, kind: str = "payment") -> float:
+    """How many answers the record-delay histogram has seen recorded this way."""
+    value = REGISTRY.get_sample_value(
+        "intentledger_record_delay_seconds_count", {"kind": kind, "recorded_by": by}
+    )
+    return value or 0.0
+
+
+async def states(engine: AsyncEngine, operation_ids: list[str]) -> list[str]:
+    return [(await operation(engine, op_id)).state for op_id in operation_ids]
+
+
+async def until_states(
+    engine: AsyncEngine, operation_ids: list[str], state: str, within: float
+) -> None:
+    deadline = time.monotonic() + within
+    while (seen := await states(engine, operation_ids)) != [state] * len(operation_ids):
+        assert time.monotonic() < deadline, f"not all {state} after {within} s: {seen}"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_quick_answer_is_committed_while_a_sibling_of_its_claim_hangs(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    clock = MovableClock()
+    hanging = await accept(engine, clock, "pm_blackhole", key="hanging")
+    quick = [await accept(engine, clock, "pm_ok", key=f"quick-{i}") for i in range(3)]
+    worker = make_worker(engine, sandbox, clock, timeout=3.0)
+    started_at = time.monotonic()
+    started = await worker.start_due(10)
+    assert len(started) == 4  # one claim, one pre-submit
+
+    await until_states(engine, quick, "OUTCOME_KNOWN", within=2.0)
+    # Committed while the hanging call of the same claim is still out.
+    assert (await operation(engine, hanging)).state == "SUBMITTING"
+    assert worker.in_flight == 1
+    await asyncio.gather(*started)
+    assert (await operation(engine, hanging)).state == "UNKNOWN"
+    assert time.monotonic() - started_at >= 3.0
+
+
+async def test_answers_of_different_claims_settle_in_one_transaction(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    clock = MovableClock()
+    first = await accept(engine, clock, "pm_ok", key="first")
+    second = await accept(engine, clock, "pm_declined", key="second")
+    worker = make_worker(engine, sandbox, clock, record_window=timedelta(seconds=1))
+    before = recorded("grouped")
+    # Two claims, two pre-submit transactions: the window gathers their answers.
+    started = await worker.start_due(1) + await worker.start_due(1)
+    await asyncio.gather(*started)
+
+    settled = [(await rows(engine, observations, op))[0].at for op in (first, second)]
+    assert settled[0] == settled[1]  # one record transaction's instant
+    assert [(await operation(engine, op)).outcome for op in (first, second)] == [
+        "succeeded",
+        "failed",
+    ]
+    assert recorded("grouped") - before == 2
+
+
+async def test_a_failed_group_records_each_answer_on_its_own(
+    engine: AsyncEngine, sandbox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settle = BatchLedger.settle
+    failures: list[int] = []
+
+    async def fails_once(self: BatchLedger, *args: Any, **kwargs: Any) -> None:
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("the group's transaction fails")
+        await settle(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchLedger, "settle", fails_once)
+    clock = MovableClock()
+    made = [await accept(engine, clock, "pm_ok", key=f"k{i}") for i in range(3)]
+    worker = make_worker(engine, sandbox, clock, record_window=timedelta(seconds=1))
+    grouped, alone = recorded("grouped"), recorded("alone")
+    assert await worker.deliver_batch(10) == 3
+
+    assert failures == [1]
+    assert [(await operation(engine, op)).outcome for op in made] == ["succeeded"] * 3
+    assert [len(await rows(engine, observations, op)) for op in made] == [1, 1, 1]
+    # The failed group observed nothing; each answer was timed on its own path.
+    assert recorded("grouped") == grouped
+    assert recorded("alone") - alone == 3
+
+
+async def test_an_answer_after_its_operation_moved_on_is_judged_by_the_reference_path(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    clock = MovableClock()
+    op_id = await accept(engine, clock, "pm_ok", key="late")
+    worker = make_worker(engine, sandbox, clock)
+    async with engine.begin() as conn:
+        claimed = await BatchLedger(conn).claim_outbox_rows(
+            clock(), timedelta(minutes=5), worker.worker_id, 10
+        )
+    prepared, others = await pre_submit(worker.dispatcher, claimed)
+    assert [p.row.operation_id for p in prepared] == [op_id] and others == []
+    # The call outlives `stale_submitting`: the sweeper makes it UNKNOWN first.
+    clock.advance(timedelta(minutes=3))
+    assert await worker.sweeper.sweep() == 1
+    answer = await worker.dispatcher.provider.submit(prepared[0].submission.request)
+    grouped = recorded("grouped")
+    await worker.settlements.record(Sent(prepared[0], answer, answered_now()))
+
+    op = await operation(engine, op_id)
+    assert (op.state, op.outcome) == ("OUTCOME_KNOWN", "succeeded")
+    kinds = [o.kind for o in await rows(engine, observations, op_id)]
+    assert kinds == ["sweeper", "submit_result"], kinds
+    assert recorded("grouped") == grouped  # not the plain group settlement
+    assert len(sandbox_submits(sandbox, op_id)) == 1
+
+
+async def test_a_stopping_worker_records_every_answer_it_waits_for(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    clock = MovableClock()
+    # pm_slow answers after the sandbox's 1 s: the stop comes while every call is out.
+    slow = [await accept(engine, clock, "pm_slow", key=f"slow-{i}") for i in range(4)]
+    worker = make_worker(engine, sandbox, clock, timeout=3.0)
+    stop = asyncio.Event()
+    running = asyncio.create_task(
+        run_worker(worker, stop, 8, timedelta(milliseconds=20), timedelta(minutes=1), batch=8)
+    )
+    await until_states(engine, slow, "SUBMITTING", within=2.0)
+    stop.set()
+    await asyncio.wait_for(running, 10)
+    assert await states(engine, slow) == ["OUTCOME_KNOWN"] * 4
+    assert worker.in_flight == 0
