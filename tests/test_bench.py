@@ -67,6 +67,16 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     assert len(figures["intake_round_ratios"]) == figures["intake_rounds"] == 2
     assert len(figures["pooler_round_ratios"]) == figures["pooler_rounds"] == 2
     assert all(len(r) == 2 for r in figures["growth_intake_round_per_s"].values())
+    # Dispatch and the latency-bound phase in rounds against the provider stand-in,
+    # the full sandbox beside it (issue 39).
+    assert len(figures["dispatch_round_ratios"]) == figures["dispatch_rounds"] == 2
+    assert figures["dispatch_ratio_spread"] == [
+        min(figures["dispatch_round_ratios"]),
+        max(figures["dispatch_round_ratios"]),
+    ]
+    assert figures["dispatch_sandbox_per_s"] > 0 and figures["latency_bound_sandbox_per_s"] > 0
+    assert len(figures["latency_bound_round_per_s"]["ours"]) == figures["latency_bound_rounds"]
+    assert figures["stand_in_cpu_ms_per_call"] > 0
     assert len(figures["scaling_1_2_4"]) == 3 and all(r > 0 for r in figures["scaling_1_2_4"])
     assert figures["growth_intake_ratio"] > 0 and figures["growth_scan_ratio"] > 0
     assert len(figures["growth_scan_s"]) == len(figures["growth_intake_per_s"]) == 3

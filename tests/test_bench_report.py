@@ -79,6 +79,13 @@ def test_issue_18_goals() -> None:
     assert growth.met(0.75) is False
 
 
+def test_issue_39_goals() -> None:
+    bounds = {g.key: (g.at_least, g.bound) for g in GOALS}
+    assert bounds["stand_in_cpu_ms_per_call"] == (False, 0.1)
+    judged = with_goals({**figures(), "stand_in_cpu_ms_per_call": 0.12})
+    assert judged["goals"]["stand_in_cpu_ms_per_call"]["met"] is False
+
+
 def test_an_unmeasured_pooler_is_not_judged() -> None:
     judged = with_goals({**figures(), "pooler_ratio": None})
     assert judged["goals_judged"] is True

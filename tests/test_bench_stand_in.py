@@ -1,0 +1,92 @@
+"""The bench's provider stand-in (issue 39) speaks what the worker's sandbox adapter
+needs: a real stand-in process, called through the real adapter."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from intentledger.domain.transport import Verdict
+from intentledger.ports import free_port
+from intentledger.providers.base import ProviderLookup, ProviderRequest
+from intentledger.providers.sandbox_client import SandboxProvider
+from intentledger.service import SANDBOX_MOUNT
+from intentledger_tools.bench.runner import turns
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    log = (tmp_path / "stand-in.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "intentledger_tools.bench.stand_in", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}{SANDBOX_MOUNT}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "stand-in did not start"
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+def charge(key: str, reference: str = "op_1") -> ProviderRequest:
+    body = {"amount": 1250, "currency": "EUR", "payment_method": "pm_ok"}
+    return ProviderRequest("payment", reference, key, body)
+
+
+def test_a_charge_succeeds_once_per_key_and_is_found_by_its_reference(stand_in: str) -> None:
+    async def calls() -> None:
+        provider = SandboxProvider(stand_in, timedelta(seconds=5))
+        try:
+            first = await provider.submit(charge("key-1"))
+            again = await provider.submit(charge("key-1"))
+            other = await provider.submit(charge("key-2", "op_2"))
+            assert first.mapped is not None and first.mapped.verdict is Verdict.SUCCEEDED
+            assert first.provider_reference is not None
+            # A resent submit gets the same charge back, never a second one.
+            assert again.provider_reference == first.provider_reference
+            assert other.provider_reference not in (None, first.provider_reference)
+            seen = await provider.lookup(ProviderLookup("payment", "op_1"))
+            assert [(c.provider_reference, c.status) for c in seen.charges] == [
+                (first.provider_reference, "succeeded")
+            ]
+            nothing = await provider.lookup(ProviderLookup("payment", "op_never"))
+            assert nothing.readable and nothing.charges == ()
+        finally:
+            await provider.aclose()
+
+    asyncio.run(calls())
+    assert httpx.get(f"{stand_in}/stand-in/calls").json() == {"calls": 3}
+
+
+def test_a_charge_without_a_key_is_refused_as_the_sandbox_refuses_it(stand_in: str) -> None:
+    answer = httpx.post(f"{stand_in}/v1/charges", json={"reference": "op_1"})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "parameter_missing"
+    assert httpx.get(f"{stand_in}/v1/nothing").status_code == 404
+
+
+def test_rounds_take_their_steps_in_turn_the_order_reversed_every_other_round() -> None:
+    assert list(turns(3, 3)) == [
+        (0, 0), (0, 1), (0, 2), (1, 2), (1, 1), (1, 0), (2, 0), (2, 1), (2, 2)
+    ]  # fmt: skip
