@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -111,6 +111,20 @@ REAPED = Counter(
     "observation details deleted (SQLite), done outbox rows deleted, partitions "
     "of observation details dropped and details moved out of them first (PostgreSQL).",
     ["what"],
+)
+
+# -- a worker's own load ---------------------------------------------------------
+
+WORKER_CONCURRENCY_LIMIT = Gauge(
+    "intentledger_worker_concurrency_limit",
+    "Provider calls this worker process may have in flight now: its adaptive limit, "
+    "at most the configured concurrency (domain/concurrency_limit.py).",
+)
+EVENT_LOOP_LAG = Histogram(
+    "intentledger_event_loop_lag_seconds",
+    "How late this process's event loop ran a timer, sampled every 50 ms: the wait "
+    "of every ready callback, a provider call's answer among them.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 
 # The label names every metric of ours may carry: a test holds the set to this.
