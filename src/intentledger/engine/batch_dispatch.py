@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from intentledger.domain.dispatch_plan import (
@@ -32,6 +32,7 @@ from intentledger.domain.dispatch_plan import (
     provider_key,
 )
 from intentledger.domain.states import State
+from intentledger.domain.transport import ProviderAnswer
 from intentledger.engine import changes
 from intentledger.engine.dispatcher import Dispatcher, Submission, begin_attempt, request_for
 from intentledger.engine.settlement_queue import Prepared, Sent, SettlementQueue, answered_now
@@ -60,26 +61,41 @@ async def deliver_submits(
             log.error("delivery failed; its lease will make it due again", exc_info=failure)
 
 
+# Told of every first attempt's call as its answer arrives: seconds from send
+# to answer, and the answer (the worker's adaptive limit learns from it).
+CallObserver = Callable[[float, ProviderAnswer], None]
+
+
 async def start_submits(
-    dispatcher: Dispatcher, settlements: SettlementQueue, rows: Sequence[OutboxRecord]
+    dispatcher: Dispatcher,
+    settlements: SettlementQueue,
+    rows: Sequence[OutboxRecord],
+    observe: CallObserver | None = None,
 ) -> list[Awaitable[None]]:
     """Pre-submit the plain first attempts among `rows` in one transaction and
     return one delivery per row, not yet awaited: a first attempt's call and
     the recording of its answer, or the reference path for any other row."""
     prepared, others = await pre_submit(dispatcher, rows)
     deliveries: list[Awaitable[None]] = [
-        send_and_record(dispatcher, settlements, item) for item in prepared
+        send_and_record(dispatcher, settlements, item, observe) for item in prepared
     ]
     deliveries.extend(dispatcher.deliver_submit(row) for row in others)
     return deliveries
 
 
 async def send_and_record(
-    dispatcher: Dispatcher, settlements: SettlementQueue, item: Prepared
+    dispatcher: Dispatcher,
+    settlements: SettlementQueue,
+    item: Prepared,
+    observe: CallObserver | None = None,
 ) -> None:
     with log_context(operation_id=item.row.operation_id, attempt=FIRST_ATTEMPT):
+        sent_at = answered_now()
         answer = await dispatcher.provider.submit(item.submission.request)
-        await settlements.record(Sent(item, answer, answered_now()))
+        answered = answered_now()
+        if observe is not None:
+            observe(answered - sent_at, answer)
+        await settlements.record(Sent(item, answer, answered))
 
 
 async def pre_submit(

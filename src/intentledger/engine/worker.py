@@ -22,9 +22,13 @@ from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.domain.concurrency_limit import ConcurrencyLimit, LimitSettings
+from intentledger.domain.transport import ProviderAnswer, Transport
+from intentledger.engine.adaptive_slots import AdaptiveSlots
 from intentledger.engine.batch_dispatch import start_submits
 from intentledger.engine.clock import Clock
 from intentledger.engine.dispatcher import Dispatcher
+from intentledger.engine.loop_lag import LoopLag
 from intentledger.engine.reaper import Reaper
 from intentledger.engine.reconciler import Reconciler
 from intentledger.engine.settlement_queue import DEFAULT_WINDOW, SettlementQueue
@@ -69,6 +73,9 @@ class Worker:
         self.settlements = SettlementQueue(dispatcher, record_window)
         # Deliveries started and not finished: each holds a slot.
         self._running: set[asyncio.Task[None]] = set()
+        # The adaptive limit on them, while run_worker runs (None: the
+        # configured concurrency alone, as tests driving deliver_batch use).
+        self.slots: AdaptiveSlots | None = None
         self._freed = asyncio.Event()
         self._wake_at_in_flight = 0
 
@@ -115,7 +122,9 @@ class Worker:
         submits = [row for row in rows if row.kind == "submit"]
         if submits:
             try:
-                deliveries = await start_submits(self.dispatcher, self.settlements, submits)
+                deliveries = await start_submits(
+                    self.dispatcher, self.settlements, submits, self._observe_call
+                )
             except Exception as exc:
                 # Nothing was sent: the rows stay leased and fall due again.
                 _log_failure(exc, "the pre-submit failed; the rows' leases make them due again")
@@ -129,6 +138,23 @@ class Worker:
         started = await self.start_due(limit)
         await asyncio.gather(*started, return_exceptions=True)
         return len(started)
+
+    def _observe_call(self, seconds: float, answer: ProviderAnswer) -> None:
+        slots = self.slots
+        if slots is None:
+            return
+        timed_out = answer.transport is Transport.NO_RESPONSE
+        report = slots.record(seconds, timed_out, self.in_flight)
+        if timed_out:
+            # Beside the observation the task records next: whose timeout it was.
+            log.warning(
+                "no response from the provider after %.3f s; the event loop lagged "
+                "%.3f s in the second before (%s); concurrency limit now %d",
+                seconds,
+                report.loop_lag_s,
+                "ours: the process was starved" if report.ours else "the provider's",
+                report.slots,
+            )
 
     def _start(self, delivery: Awaitable[None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(delivery)
@@ -206,20 +232,23 @@ async def run_worker(
     batch: int = 1,
     reap_interval: timedelta = timedelta(hours=1),
 ) -> None:
-    """Deliver up to `concurrency` rows at once, claiming up to `batch` due rows
-    at a time into free slots, and run the sweeper, until `stop` is set; then
-    let every delivery started finish."""
+    """Deliver up to `concurrency` rows at once (fewer while the adaptive limit
+    says the process or the provider cannot carry them), claiming up to `batch`
+    due rows at a time into free slots, and run the sweeper, until `stop` is
+    set; then let every delivery started finish."""
     per_claim = max(1, min(batch, concurrency))
-    # A claim for a slot or two at a time would cost a transaction per row under
-    # load: with every slot taken, wait until half a claim's worth is free.
-    refill_at = concurrency - max(1, per_claim // 2)
 
-    async def deliveries() -> None:
+    def refill_at(slots: AdaptiveSlots) -> int:
+        # A claim for a slot or two at a time would cost a transaction per row
+        # under load: with every slot taken, wait until half a claim's worth is free.
+        return max(0, slots.slots - max(1, per_claim // 2))
+
+    async def deliveries(slots: AdaptiveSlots) -> None:
         try:
             while not stop.is_set():
-                limit = min(per_claim, concurrency - worker.in_flight)
+                limit = min(per_claim, slots.free(worker.in_flight))
                 if limit <= 0:
-                    await worker.until_in_flight_at_most(refill_at, stop, poll_interval)
+                    await worker.until_in_flight_at_most(refill_at(slots), stop, poll_interval)
                     continue
                 try:
                     claimed = len(await worker.start_due(limit))
@@ -229,8 +258,8 @@ async def run_worker(
                 if claimed < limit:
                     # Nothing more is due (or the claim failed): look again later.
                     await _pause(stop, poll_interval)
-                elif worker.in_flight > refill_at:
-                    await worker.until_in_flight_at_most(refill_at, stop, poll_interval)
+                elif worker.in_flight > refill_at(slots):
+                    await worker.until_in_flight_at_most(refill_at(slots), stop, poll_interval)
         finally:
             await worker.wait_idle()
 
@@ -256,8 +285,12 @@ async def run_worker(
             except Exception:
                 log.exception("reaping failed; trying again next interval")
 
-    async with asyncio.TaskGroup() as group:
-        group.create_task(deliveries())
+    async with LoopLag() as loop_lag, asyncio.TaskGroup() as group:
+        # At most `concurrency` rows in flight, fewer while the calls show the
+        # process (or the provider) cannot carry them (engine/adaptive_slots.py).
+        slots = AdaptiveSlots(ConcurrencyLimit(LimitSettings(max_limit=concurrency)), loop_lag)
+        worker.slots = slots
+        group.create_task(deliveries(slots))
         group.create_task(sweeps())
         if worker.webhooks is not None:
             group.create_task(worker.webhooks.run(stop, poll_interval))
