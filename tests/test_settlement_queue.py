@@ -161,3 +161,50 @@ async def test_a_stopping_worker_records_every_answer_it_waits_for(
     await asyncio.wait_for(running, 10)
     assert await states(engine, slow) == ["OUTCOME_KNOWN"] * 4
     assert worker.in_flight == 0
+
+
+async def test_free_slots_are_claimed_at_once_beside_calls_that_hang(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    """Three of four slots held by hanging calls: the fourth takes the quick
+    payments one after the other without waiting for a poll (1 s here) each."""
+    clock = MovableClock()
+    hanging = [await accept(engine, clock, "pm_blackhole", key=f"h{i}") for i in range(3)]
+    quick = [await accept(engine, clock, "pm_ok", key=f"q{i}") for i in range(4)]
+    worker = make_worker(engine, sandbox, clock, timeout=3.0)
+    stop = asyncio.Event()
+    started = time.monotonic()
+    running = asyncio.create_task(
+        run_worker(worker, stop, 4, timedelta(seconds=1), timedelta(minutes=1), batch=4)
+    )
+    try:
+        # A poll per free slot would take 3 s or more.
+        await until_states(engine, quick, "OUTCOME_KNOWN", within=2.0)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 15)
+    assert time.monotonic() - started >= 3.0  # the hanging calls ran their course
+    assert await states(engine, hanging) == ["UNKNOWN"] * 3
+
+
+async def test_a_worker_cancelled_while_it_drains_still_records_every_answer(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    """A cancellation landing on the graceful drain (a sibling task failing
+    after the stop, the parent cancelled) must not abandon calls in flight."""
+    clock = MovableClock()
+    slow = [await accept(engine, clock, "pm_slow", key=f"slow-{i}") for i in range(4)]
+    worker = make_worker(engine, sandbox, clock, timeout=3.0)
+    stop = asyncio.Event()
+    running = asyncio.create_task(
+        run_worker(worker, stop, 8, timedelta(milliseconds=20), timedelta(minutes=1), batch=8)
+    )
+    await until_states(engine, slow, "SUBMITTING", within=2.0)
+    stop.set()
+    await asyncio.sleep(0.05)  # the claimer is in its drain now
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    # The cancellation waited for the drain: every answer is recorded already.
+    assert await states(engine, slow) == ["OUTCOME_KNOWN"] * 4
+    assert worker.in_flight == 0

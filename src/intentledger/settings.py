@@ -141,7 +141,11 @@ class Settings(BaseSettings):
     def _sweeper_behind_every_call(self) -> Settings:
         # A call still running when the sweeper or a resumed delivery calls it
         # UNKNOWN could race a replay: every call must end first.
-        longest_call = call_deadline(max(self.submit_timeout, self.request_path_timeout))
+        # An answer may wait the record window before its commit: the call is
+        # not over for the sweeper until then.
+        longest_call = (
+            call_deadline(max(self.submit_timeout, self.request_path_timeout)) + self.record_window
+        )
         if longest_call >= self.stale_submitting:
             raise ValueError(f"stale_submitting must exceed the longest call ({longest_call})")
         if longest_call >= self.lease:

@@ -127,23 +127,38 @@ class SettlementQueue:
         await self.dispatcher.record(sent.row, sent.submission, sent.answer, sent.answered)
 
     async def _commit_while_waiting(self) -> None:
-        while self._waiting:
-            if self.window > 0 and len(self._waiting) < self.max_group:
-                self._company.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._company.wait(), self.window)
-            group = self._next_group()
-            try:
-                settled = await record_together(self.dispatcher, [w.sent for w in group])
-            except Exception:
-                # One bad row must not keep every answer of the group from the
-                # ledger (their leases would expire into resumed deliveries and
-                # UNKNOWN): each is recorded on its own.
-                log.exception("a group record failed; recording its %d answers alone", len(group))
-                settled = set()
-            for waiting in group:
+        group: list[_Waiting] = []
+        try:
+            while self._waiting:
+                # The oldest answer waits at most the window from its arrival
+                # (one that came during the last commit has waited already).
+                waited = answered_now() - self._waiting[0].sent.answered
+                if waited < self.window and len(self._waiting) < self.max_group:
+                    self._company.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._company.wait(), self.window - waited)
+                group = self._next_group()
+                try:
+                    settled = await record_together(self.dispatcher, [w.sent for w in group])
+                except Exception:
+                    # One bad row must not keep every answer of the group from the
+                    # ledger (their leases would expire into resumed deliveries and
+                    # UNKNOWN): each is recorded on its own.
+                    log.exception(
+                        "a group record failed; recording its %d answers alone", len(group)
+                    )
+                    settled = set()
+                for waiting in group:
+                    if not waiting.settled.done():
+                        waiting.settled.set_result(id(waiting.sent) in settled)
+        finally:
+            # Cancelled (the process is going down): every answer still here
+            # goes back to its own task, which records it on its own rather
+            # than wait for a committer that is gone.
+            for waiting in [*group, *self._waiting]:
                 if not waiting.settled.done():
-                    waiting.settled.set_result(id(waiting.sent) in settled)
+                    waiting.settled.set_result(False)
+            self._waiting.clear()
 
     def _next_group(self) -> list[_Waiting]:
         """Up to `max_group` waiting answers, one per operation: a second answer

@@ -209,6 +209,25 @@ class Worker:
             await self.webhooks.aclose()
 
 
+# How long the claimer waits, once a slot has freed, for more to free with it.
+CLAIM_COMPANY = timedelta(milliseconds=5)
+
+
+async def _finish_started(worker: Worker) -> None:
+    """Let every delivery started finish, even if this task is cancelled while
+    it waits: a call in flight may have moved money, and its answer is only
+    safe once recorded. (Each ends by its call's deadline and one commit.)"""
+    draining = asyncio.ensure_future(worker.wait_idle())
+    cancelled = False
+    while not draining.done():
+        try:
+            await asyncio.shield(draining)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+
+
 def _log_failure(failure: BaseException, what: str) -> None:
     if lost_connection(failure):
         # A restart or failover: expected, and met at every poll until a node
@@ -240,7 +259,7 @@ async def run_worker(
 
     def refill_at(slots: AdaptiveSlots) -> int:
         # A claim for a slot or two at a time would cost a transaction per row
-        # under load: with every slot taken, wait until half a claim's worth is free.
+        # under load: with half a claim's worth free, claim at once.
         return max(0, slots.slots - max(1, per_claim // 2))
 
     async def deliveries(slots: AdaptiveSlots) -> None:
@@ -248,7 +267,9 @@ async def run_worker(
             while not stop.is_set():
                 limit = min(per_claim, slots.free(worker.in_flight))
                 if limit <= 0:
-                    await worker.until_in_flight_at_most(refill_at(slots), stop, poll_interval)
+                    # Every slot taken (or the limit fell below what runs):
+                    # until one frees under the limit.
+                    await worker.until_in_flight_at_most(slots.slots - 1, stop, poll_interval)
                     continue
                 try:
                     claimed = len(await worker.start_due(limit))
@@ -259,9 +280,15 @@ async def run_worker(
                     # Nothing more is due (or the claim failed): look again later.
                     await _pause(stop, poll_interval)
                 elif worker.in_flight > refill_at(slots):
-                    await worker.until_in_flight_at_most(refill_at(slots), stop, poll_interval)
+                    # Wait for a slot to free, then a moment for company: under
+                    # load slots free by the dozen a millisecond and are claimed
+                    # together; beside calls that hang, a free slot is taken
+                    # after that moment, never after a poll.
+                    await worker.until_in_flight_at_most(worker.in_flight - 1, stop, poll_interval)
+                    if worker.in_flight > refill_at(slots):
+                        await _pause(stop, CLAIM_COMPANY)
         finally:
-            await worker.wait_idle()
+            await _finish_started(worker)
 
     async def sweeps() -> None:
         while not stop.is_set():

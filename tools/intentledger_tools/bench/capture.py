@@ -21,7 +21,7 @@ from intentledger.domain.canonical import request_hash
 from intentledger.engine.clock import system_clock
 from intentledger.engine.intake import Intent, accept
 from intentledger.service import build_worker
-from intentledger.settings import Settings
+from intentledger.settings import MAX_RECORD_WINDOW, Settings
 from intentledger.store.database import create_ledger_engine
 from intentledger.store.tables import idempotency_records, operations, outbox, transitions
 
@@ -187,7 +187,11 @@ async def _rows_written(engine: AsyncEngine, operation_id: str) -> list[tuple[st
 
 async def capture_dispatch(database_url: str, sandbox_url: str, batch: int) -> DispatchCapture:
     """Deliver the `batch` due submit rows as a worker loop does, through the sandbox."""
-    settings = Settings(database_url=database_url, provider_url=sandbox_url)
+    # Answers are recorded as they arrive, grouped by a window: the longest one
+    # makes a claim's answers one record transaction, the statement captured.
+    settings = Settings(
+        database_url=database_url, provider_url=sandbox_url, record_window=MAX_RECORD_WINDOW
+    )
     engine = create_ledger_engine(database_url)
     worker = build_worker(settings, engine, system_clock, None)
     try:
@@ -200,7 +204,7 @@ async def capture_dispatch(database_url: str, sandbox_url: str, batch: int) -> D
                 )
             ).all()
         with recording(engine) as rec:
-            # One row: the one-at-a-time path; more: one worker loop's batch.
+            # One row: the one-at-a-time path; more: one claim's batch.
             if batch == 1:
                 delivered = int(await worker.deliver_next())
             else:
