@@ -21,7 +21,7 @@ from intentledger.domain.canonical import request_hash
 from intentledger.engine.clock import system_clock
 from intentledger.engine.intake import Intent, accept
 from intentledger.service import build_worker
-from intentledger.settings import Settings
+from intentledger.settings import MAX_RECORD_WINDOW, Settings
 from intentledger.store.database import create_ledger_engine
 from intentledger.store.tables import idempotency_records, operations, outbox, transitions
 
@@ -187,7 +187,12 @@ async def _rows_written(engine: AsyncEngine, operation_id: str) -> list[tuple[st
 
 async def capture_dispatch(database_url: str, sandbox_url: str, batch: int) -> DispatchCapture:
     """Deliver the `batch` due submit rows as a worker loop does, through the sandbox."""
-    settings = Settings(database_url=database_url, provider_url=sandbox_url)
+    # A worker records answers in groups by arrival (engine/settlement_queue.py):
+    # the longest window lets the batch's answers, which the sandbox sends at
+    # once, form one record transaction, the one the baseline replays.
+    settings = Settings(
+        database_url=database_url, provider_url=sandbox_url, record_window=MAX_RECORD_WINDOW
+    )
     engine = create_ledger_engine(database_url)
     worker = build_worker(settings, engine, system_clock, None)
     try:
