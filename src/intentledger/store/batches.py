@@ -77,6 +77,26 @@ class BatchLedger:
     async def lock(self, operation_ids: Iterable[str]) -> Locked:
         """Lock the operations' mandates, then the operations (Ledger.lock_operation's order)."""
         ids = sorted(set(operation_ids))
+        # Most batches hold no operation under a mandate: then one statement
+        # locks the operations, if none of them has a mandate (an operation's
+        # mandate is set at intake and never changes, so what this reads stays
+        # true under the locks). It returns no row when one has: the two steps
+        # below then lock the mandates first.
+        others = operations.alias("under_mandate")
+        alone = await self.conn.execute(
+            select(operations)
+            .where(
+                operations.c.operation_id.in_(ids),
+                ~select(others.c.operation_id)
+                .where(others.c.operation_id.in_(ids), others.c.mandate_id.is_not(None))
+                .exists(),
+            )
+            .order_by(operations.c.operation_id)
+            .with_for_update(of=operations)
+        )
+        locked = {row.operation_id: OperationRecord.of(row) for row in alone}
+        if locked:
+            return Locked(locked, {})
         mandate_ids = (
             await self.conn.execute(
                 select(operations.c.mandate_id)
