@@ -11,13 +11,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.domain.canonical import request_hash
 from intentledger.domain.dispatch_plan import AttemptPlan
 from intentledger.domain.states import NextAction, State
-from intentledger.engine import changes
+from intentledger.engine import changes, intake, mandates
 from intentledger.engine.dispatcher import begin_attempt
+from intentledger.engine.intake import Intent
 from intentledger.store.batches import BatchLedger
 from intentledger.store.tables import (
     attempts,
@@ -28,7 +30,7 @@ from intentledger.store.tables import (
     outbox,
     transitions,
 )
-from tests.test_dispatch import MovableClock, accept
+from tests.test_dispatch import ROUTE, MovableClock, accept
 
 SOURCE = "worker:test"
 # What differs between two operations accepted one after the other.
@@ -199,3 +201,45 @@ async def test_one_statement_writes_what_the_stepwise_statements_write(
         assert expected["observations_with_detail"][0]["detail"] == detail
         assert expected["outbox"][0]["done_at"] == NOW
         assert await written(engine, candidate) == expected
+
+
+async def test_a_batch_without_a_mandate_is_locked_in_one_statement(engine: AsyncEngine) -> None:
+    """`BatchLedger.lock` locks operations none of which has a mandate in one
+    statement; a batch with one under a mandate locks the mandate too, first."""
+    clock = MovableClock()
+    plain = [await accept(engine, clock, "pm_ok") for _ in range(2)]
+    keyed = mandates.Keyed("alice", mandates.CREATE_ROUTE, "md-lock", "h-lock")
+    mandate, _ = await mandates.create_mandate(
+        engine, clock, keyed, {"currency": "EUR", "max_amount": 1000, "total_limit": 10_000}
+    )
+    body = {
+        "amount": 10,
+        "currency": "EUR",
+        "payment_method": "pm_ok",
+        "metadata": {},
+        "mandate_id": mandate.mandate_id,
+    }
+    intent = Intent("alice", ROUTE, "lock-p", request_hash("alice", ROUTE, body), body, "sandbox")
+    under_mandate = str((await intake.accept(engine, clock, intent)).operation["operation_id"])
+
+    sent: list[str] = []
+
+    def count(*args: Any) -> None:
+        # Not SQLite's BEGIN, which the engine sends itself (store/database.py).
+        if not args[2].startswith("BEGIN"):
+            sent.append(args[2])
+
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    try:
+        async with engine.begin() as conn:
+            alone = await BatchLedger(conn).lock(plain)
+        statements_alone = len(sent)
+        async with engine.begin() as conn:
+            mixed = await BatchLedger(conn).lock([*plain, under_mandate])
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", count)
+    assert sorted(alone.operations) == sorted(plain) and alone.mandates == {}
+    assert statements_alone == 1
+    assert sorted(mixed.operations) == sorted([*plain, under_mandate])
+    assert list(mixed.mandates) == [mandate.mandate_id]
+    assert "mandates" in sent[-2] and sent[-1].lstrip().startswith("SELECT operations.")

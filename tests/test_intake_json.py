@@ -1,10 +1,11 @@
-"""Intake writes its rows and its answer with orjson; they must say exactly what
-the stdlib's JSON said (store/batches.py, api/app.py)."""
+"""Intake writes its rows and its answer with orjson, and the batch its own rows;
+they must say exactly what the stdlib's JSON said (store/batches.py,
+store/intake.py, api/app.py)."""
 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,8 +14,9 @@ from starlette.responses import JSONResponse
 from intentledger.api.app import AcceptedIntent
 from intentledger.documents import operation_document
 from intentledger.domain.canonical import request_hash
+from intentledger.domain.states import NextAction, State
 from intentledger.engine.intake import Intent, operation_values
-from intentledger.store.batches import _json_rows
+from intentledger.store.batches import _json_answer_rows, _json_rows
 from intentledger.store.intake import json_intake_rows
 
 ROUTE = "POST /v1/payments"
@@ -42,6 +44,45 @@ def test_intake_rows_and_answer_say_what_the_stdlib_said(
     intent = Intent("ana", ROUTE, "k-é", request_hash("ana", ROUTE, body), body, "sandbox")
     now = datetime(2026, 12, 1, 20, 0, tzinfo=UTC) + timedelta(microseconds=micros)
     rows = [{**operation_values(intent, now), "transition_source": "intake"}]
-    assert json.loads(json_intake_rows(rows)) == json.loads(_json_rows(rows))
+    assert json.loads(json_intake_rows(rows)) == json.loads(_json_answer_rows(rows))
     document = operation_document(rows[0])
     assert AcceptedIntent(document).body == JSONResponse(document).body
+
+
+@given(
+    operation_id=TEXT,
+    source=TEXT,
+    references=st.lists(TEXT, max_size=3),
+    version=st.integers(0, 2**31 - 1),
+    micros=st.integers(0, 999_999),
+    state=st.sampled_from(State),
+    next_action=st.sampled_from(NextAction),
+)
+def test_the_batch_rows_say_what_the_stdlib_said(
+    operation_id: str,
+    source: str,
+    references: list[str],
+    version: int,
+    micros: int,
+    state: State,
+    next_action: NextAction,
+) -> None:
+    """The kinds of value the batch's own rows hold (engine/dispatcher.py's
+    attempt, changes.plan's values and transition): text, integers, instants
+    with and without microseconds, states, null, lists of references."""
+    now = datetime(2026, 12, 4, 18, 0, tzinfo=UTC) + timedelta(microseconds=micros)
+    rows = [
+        {
+            "operation_id": operation_id,
+            "version": version,
+            "updated_at": now,
+            # Another zone: the row says the instant in UTC, as json_instant writes it.
+            "first_attempt_at": datetime(2026, 12, 4, 19, 0, tzinfo=timezone(timedelta(hours=2))),
+            "state": state,
+            "next_action": next_action,
+            "retry_after_at": None,
+            "executed_references": references,
+            "source": source,
+        }
+    ]
+    assert json.loads(_json_rows(rows)) == json.loads(_json_answer_rows(rows))

@@ -4,6 +4,7 @@ dropped before the server would drop them, nothing sent once closed."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import uvicorn
@@ -121,3 +122,40 @@ async def test_a_closed_client_refuses_calls() -> None:
     await client.aclose()
     with pytest.raises(RuntimeError, match="closed"):
         await client.request("GET", "/")
+
+
+async def test_a_json_body_reaches_the_provider_as_the_json_sent() -> None:
+    """orjson writes the body (http.request_body); the server parses what the
+    standard library would have sent, an integer beyond 64 bits and text
+    outside ASCII included, under the JSON content type."""
+    bodies = [
+        {"amount": 1250, "currency": "EUR", "metadata": {"note": 'café ✓ "quoted"'}},
+        {"reference": "op_1", "big": 2**70, "nested": [1, None, True, "x"]},
+    ]
+    received: list[tuple[bytes, bytes]] = []
+
+    async def record_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                fields = dict(
+                    line.split(b": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line
+                )
+                length = int(fields[b"Content-Length"])
+                received.append((fields[b"Content-Type"], await reader.readexactly(length)))
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    port = free_port()
+    server = await asyncio.start_server(record_body, "127.0.0.1", port)
+    client = ProviderClient(2, base_url=f"http://127.0.0.1:{port}")
+    try:
+        for body in bodies:
+            assert (await client.request("POST", "/v1/charges", json=body)).status_code == 200
+    finally:
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+    assert [json.loads(raw) for _, raw in received] == bodies
+    assert [kind for kind, _ in received] == [b"application/json"] * 2

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import certifi
+import orjson
 from multidict import CIMultiDictProxy
 
 from intentledger.domain.transport import Classification, ProviderAnswer, Transport
@@ -197,6 +198,19 @@ IDLE_CONNECTION_SECONDS = 4.0
 _HEADERS = {"Accept": "application/json", "User-Agent": "intentledger"}
 
 
+def request_body(value: Any) -> bytes:
+    """A request's JSON body. orjson: the standard library's encoder was
+    nearly a tenth of a worker's CPU. A value orjson refuses (an integer
+    beyond 64 bits) goes through the standard library as before. Only the
+    bytes' spacing and escaping differ, never the JSON a provider parses (a
+    body is a validated request's, where the API refused NaN and infinities:
+    api/edge.py)."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return jsonlib.dumps(value).encode()
+
+
 def _tls_context() -> ssl.SSLContext:
     # The Mozilla CA bundle, as httpx used before: trust does not change with the
     # machine's CA store. Built once: loading the store costs tens of milliseconds.
@@ -269,6 +283,7 @@ class ProviderClient:
                 headers=_HEADERS,
                 timeout=self._timeout,
                 cookie_jar=aiohttp.DummyCookieJar(),
+                json_serialize_bytes=request_body,
                 trust_env=False,
             )
         return self._session
