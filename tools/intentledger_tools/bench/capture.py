@@ -21,7 +21,7 @@ from intentledger.domain.canonical import request_hash
 from intentledger.engine.clock import system_clock
 from intentledger.engine.intake import Intent, accept
 from intentledger.service import build_worker
-from intentledger.settings import Settings
+from intentledger.settings import MAX_RECORD_WINDOW, Settings
 from intentledger.store.database import create_ledger_engine
 from intentledger.store.tables import idempotency_records, operations, outbox, transitions
 
@@ -186,8 +186,16 @@ async def _rows_written(engine: AsyncEngine, operation_id: str) -> list[tuple[st
 
 
 async def capture_dispatch(database_url: str, sandbox_url: str, batch: int) -> DispatchCapture:
-    """Deliver the `batch` due submit rows as a worker loop does, through the sandbox."""
-    settings = Settings(database_url=database_url, provider_url=sandbox_url)
+    """Deliver the `batch` due submit rows as a worker loop does, through the sandbox.
+
+    A worker records answers grouped by arrival (engine/settlement_queue.py), so a
+    batch's 32 answers, arriving over some milliseconds, would be recorded by as
+    many transactions as windows they spread over: a different script on every
+    run. The record window is held at its longest here, so the batch's answers
+    are recorded by one transaction, the group a busy worker commits."""
+    settings = Settings(
+        database_url=database_url, provider_url=sandbox_url, record_window=MAX_RECORD_WINDOW
+    )
     engine = create_ledger_engine(database_url)
     worker = build_worker(settings, engine, system_clock, None)
     try:
