@@ -77,6 +77,22 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     assert figures["dispatch_sandbox_per_s"] > 0 and figures["latency_bound_sandbox_per_s"] > 0
     assert len(figures["latency_bound_round_per_s"]["ours"]) == figures["latency_bound_rounds"]
     assert figures["stand_in_cpu_ms_per_call"] > 0
+    # Time to record (issue 39 item 6): the mixed stand-in's hanging calls all went
+    # UNKNOWN and no fast one did; the figures come from the workers' histogram and
+    # the ledger's timeline.
+    assert figures["record_delay_payments"] == figures["record_delay_accepted"] == 300
+    assert figures["record_delay_hung"] > 0
+    assert figures["record_delay_hung_unknown"] == figures["record_delay_hung"]
+    assert figures["record_delay_fast_unknown"] == 0
+    assert figures["record_delay_fast"] + figures["record_delay_hung"] == 300
+    assert figures["record_delay_fast_succeeded"] == figures["record_delay_fast"]
+    assert figures["record_delay_grouped_count"] == figures["record_delay_fast"]
+    assert 0 < figures["record_delay_p50_ms"] <= figures["record_delay_p99_ms"]
+    assert 0 < figures["time_to_outcome_p50_ms"] <= figures["time_to_outcome_p99_ms"]
+    # CPU per payment over PostgreSQL's, the server being on this machine (issue 39 item 3).
+    assert len(figures["dispatch_worker_to_postgres_cpu_rounds"]) == figures["dispatch_rounds"]
+    assert figures["dispatch_worker_to_postgres_cpu"] > 0
+    assert figures["intake_api_to_postgres_cpu"] > 0
     assert len(figures["scaling_1_2_4"]) == 3 and all(r > 0 for r in figures["scaling_1_2_4"])
     assert figures["growth_intake_ratio"] > 0 and figures["growth_scan_ratio"] > 0
     assert len(figures["growth_scan_s"]) == len(figures["growth_intake_per_s"]) == 3

@@ -8,26 +8,28 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 
-from intentledger.domain.transport import Verdict
+from intentledger.domain.transport import Transport, Verdict
 from intentledger.ports import free_port
 from intentledger.providers.base import ProviderLookup, ProviderRequest
 from intentledger.providers.sandbox_client import SandboxProvider
 from intentledger.service import SANDBOX_MOUNT
 from intentledger_tools.bench.runner import turns
+from intentledger_tools.bench.stand_in import hangs
 
 
-@pytest.fixture
-def stand_in(tmp_path: Path) -> Iterator[str]:
+@contextmanager
+def running_stand_in(tmp_path: Path, *options: str) -> Iterator[str]:
     port = free_port()
     log = (tmp_path / "stand-in.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "intentledger_tools.bench.stand_in", "--port", str(port)],
+        [sys.executable, "-m", "intentledger_tools.bench.stand_in", "--port", str(port), *options],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -47,6 +49,12 @@ def stand_in(tmp_path: Path) -> Iterator[str]:
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path) -> Iterator[str]:
+    with running_stand_in(tmp_path) as url:
+        yield url
 
 
 def charge(key: str, reference: str = "op_1") -> ProviderRequest:
@@ -76,7 +84,45 @@ def test_a_charge_succeeds_once_per_key_and_is_found_by_its_reference(stand_in: 
             await provider.aclose()
 
     asyncio.run(calls())
-    assert httpx.get(f"{stand_in}/stand-in/calls").json() == {"calls": 3}
+    assert httpx.get(f"{stand_in}/stand-in/calls").json() == {"calls": 3, "hung": 0}
+
+
+def test_the_mixed_stand_in_leaves_its_share_of_keys_hanging_until_the_client_gives_up(
+    tmp_path: Path,
+) -> None:
+    # The record-delay phase's provider: fast answers, and a share never answered.
+    keys = [f"key-{n}" for n in range(40)]
+    hanging = [key for key in keys if hangs(key, 0.25)]
+    fast = [key for key in keys if not hangs(key, 0.25)]
+    assert 0 < len(hanging) < len(keys)  # the choice is by key, about a quarter
+    assert hangs(hanging[0], 0.25) and not hangs(hanging[0], 0.0) and hangs(fast[0], 1.0)
+
+    async def calls(url: str) -> None:
+        provider = SandboxProvider(url, timedelta(seconds=1))
+        try:
+            started = time.monotonic()
+            answered = await provider.submit(charge(fast[0], "op_fast"))
+            fast_took = time.monotonic() - started
+            started = time.monotonic()
+            unanswered = await provider.submit(charge(hanging[0], "op_hung"))
+            hung_took = time.monotonic() - started
+            # The same key hangs again when resent.
+            again = await provider.submit(charge(hanging[0], "op_hung"))
+            assert answered.mapped is not None and answered.mapped.verdict is Verdict.SUCCEEDED
+            assert 0.05 <= fast_took < 0.9
+            assert unanswered.transport is Transport.NO_RESPONSE
+            assert again.transport is Transport.NO_RESPONSE
+            assert hung_took >= 0.9  # held until the client's timeout
+            # No charge was made: a lookup by its reference finds nothing.
+            seen = await provider.lookup(ProviderLookup("payment", "op_hung"))
+            assert seen.readable and seen.charges == ()
+        finally:
+            await provider.aclose()
+
+    with running_stand_in(tmp_path, "--delay-seconds", "0.05", "--hang-share", "0.25") as url:
+        asyncio.run(calls(url))
+        assert httpx.get(f"{url}/stand-in/calls").json() == {"calls": 1, "hung": 2}
+        assert httpx.get(f"{url}/stand-in/hung").json() == {"references": ["op_hung"] * 2}
 
 
 def test_a_charge_without_a_key_is_refused_as_the_sandbox_refuses_it(stand_in: str) -> None:

@@ -41,7 +41,8 @@ def bench_command(
         typer.Option(
             "--only",
             help="Run only these phases, comma-separated: "
-            "intake, pooler, standby, dispatch, latency_bound, scaling, peer, peer_dbos, scan, "
+            "intake, pooler, standby, dispatch, latency_bound, record_delay, scaling, peer, "
+            "peer_dbos, scan, "
             "growth.",
         ),
     ] = None,

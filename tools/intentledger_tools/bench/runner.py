@@ -7,6 +7,10 @@
               and the same drain through the full sandbox
     latency   the stand-in answering after 200 ms, one worker process, in rounds taking
               in turn a sandbox answering after as long
+    record_delay  payments sent through intake at a steady pace to workers whose
+              stand-in answers most calls after 20 ms and leaves 5 % hanging until
+              the submit timeout: answer -> committed outcome, and acceptance ->
+              outcome of the fast calls
     scaling   dispatch again with 1, 2 and 4 worker processes
     peer      the same flow on Procrastinate, same database, same kind of sandbox
     peer_dbos the same flow on DBOS Transact, same database, same kind of sandbox
@@ -78,6 +82,13 @@ from intentledger_tools.bench.processes import (
     process_tree_cpu_seconds,
     runqueue_wait_seconds,
 )
+from intentledger_tools.bench.record_delay import (
+    RECORD_DELAY_METRIC,
+    histogram_quantile,
+    paced_payments,
+    percentile,
+    summed_buckets,
+)
 from intentledger_tools.bench.report import fast_server_settings
 from intentledger_tools.bench.sqlscript import Expr
 from intentledger_tools.bench.tools import (
@@ -147,6 +158,17 @@ class BenchConfig:
     # A dispatch baseline run past this is stopped as stalled (normal runs
     # take 3-30 s here).
     baseline_timeout: float = 240.0
+    # The record-delay phase (issue 39 item 6): payments sent through intake at
+    # `record_delay_per_s` to as many workers as dispatch runs, against the stand-in
+    # answering after `record_delay_provider_seconds` but for a hanging share that
+    # only the submit timeout ends. The timeout is short so that the phase is:
+    # a hanging call costs its slot this long, and the phase waits this long for
+    # the last one.
+    record_delay_payments: int = 3_000
+    record_delay_per_s: float = 200.0
+    record_delay_provider_seconds: float = 0.02
+    record_delay_hang_share: float = 0.05
+    record_delay_submit_timeout: float = 2.0
     profile_dir: Path | None = None
     keep_logs: bool = False
     # None: every phase; otherwise only these (for working on one of them).
@@ -199,6 +221,7 @@ class BenchConfig:
             peer_payments=500 if quick else 20_000,
             growth_rows=(0, 5_000, 30_000) if quick else (0, 1_000_000, 10_000_000),
             rounds_in_turn=2 if quick else 4,
+            record_delay_payments=300 if quick else 3_000,
             profile_dir=profile_dir,
             keep_logs=keep_logs,
             phases=phases,
@@ -220,6 +243,7 @@ PHASES = (
     "standby",
     "dispatch",
     "latency_bound",
+    "record_delay",
     "scaling",
     "peer",
     "peer_dbos",
@@ -269,6 +293,23 @@ class Provider:
         answer = httpx.get(f"{self.url}/stand-in/calls", timeout=10.0)
         answer.raise_for_status()
         return int(answer.json()["calls"])
+
+
+class OutcomeTimeline(NamedTuple):
+    """One operation of the record-delay phase, from the ledger: its state and
+    outcome at the end, and the instants (epoch seconds) of its transitions."""
+
+    operation_id: str
+    state: str
+    outcome: str | None
+    accepted_at: float
+    submitting_at: float | None
+    outcome_at: float | None
+    went_unknown: bool
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.1f} ms"
 
 
 class IntakeRun(NamedTuple):
@@ -334,7 +375,9 @@ class CpuWatch:
 
     def stop(self) -> dict[str, float]:
         end = self._sample()
-        used = {role: round(end[role] - self._start[role], 1) for role in end}
+        # To the hundredth: /proc counts clock ticks of 10 ms, and a quick round's
+        # CPU ratio (workers over PostgreSQL) is a few tenths over a few tenths.
+        used = {role: round(end[role] - self._start[role], 2) for role in end}
         busy = machine_busy_seconds() - self._machine
         spent = sum(end[r] - self._start[r] for r in end if not r.endswith("_runqueue_wait"))
         used["other"] = round(max(0.0, busy - spent), 1)
@@ -376,6 +419,20 @@ def per_item_ms(cpu: dict[str, float], items: int) -> dict[str, float]:
         for k, v in cpu.items()
         if k not in skip and not k.endswith("_runqueue_wait") and items
     }
+
+
+def cpu_over_postgres(cpu: dict[str, float], role: str) -> float | None:
+    """A role's CPU over the PostgreSQL server's in one measurement: per payment (or
+    per intent) both, since both count the same ones. None when the server's CPU
+    was not measured (a server on another machine) or is nil."""
+    server = cpu.get("postgres")
+    return cpu.get(role, 0.0) / server if server else None
+
+
+def median_ratio(ratios: list[float | None]) -> float | None:
+    """The median of some rounds' ratios, None unless every round has one."""
+    known = [r for r in ratios if r is not None]
+    return statistics.median(known) if known and len(known) == len(ratios) else None
 
 
 def turns(steps: int, rounds: int) -> Iterator[tuple[int, int]]:
@@ -477,13 +534,23 @@ class Bench:
         proc.wait_http(url + "/healthz")
         return proc, url
 
-    def start_stand_in(self, fleet: Fleet, name: str, delay_seconds: float) -> tuple[Proc, str]:
-        """The provider stand-in (bench/stand_in.py), answering after `delay_seconds`."""
+    def start_stand_in(
+        self, fleet: Fleet, name: str, delay_seconds: float, hang_share: float = 0.0
+    ) -> tuple[Proc, str]:
+        """The provider stand-in (bench/stand_in.py), answering after `delay_seconds`
+        but for a `hang_share` of the submits, never answered."""
         port = free_port()
         proc = fleet.start(
             name,
             "intentledger_tools.bench.stand_in",
-            ["--port", str(port), "--delay-seconds", str(delay_seconds)],
+            [
+                "--port",
+                str(port),
+                "--delay-seconds",
+                str(delay_seconds),
+                "--hang-share",
+                str(hang_share),
+            ],
         )
         url = f"http://127.0.0.1:{port}{SANDBOX_MOUNT}"
         proc.wait_http(url + "/healthz")
@@ -497,11 +564,13 @@ class Bench:
         concurrency: int,
         batch: int,
         sandbox_url: str,
+        options: Callable[[int], list[str]] = lambda n: [],
     ) -> list[Proc]:
+        """`count` worker processes; `options(n)`: more command-line options for the nth."""
         workers = [
             fleet.intentledger(
                 f"{prefix}{n}",
-                ["worker", "--concurrency", str(concurrency), "--batch", str(batch)],
+                ["worker", "--concurrency", str(concurrency), "--batch", str(batch), *options(n)],
                 INTENTLEDGER_PROVIDER_URL=sandbox_url,
             )
             for n in range(count)
@@ -661,6 +730,7 @@ class Bench:
                 "standby": self.standby,
                 "dispatch": self.dispatch,
                 "latency_bound": self.latency_bound,
+                "record_delay": self.record_delay,
                 "scaling": self.scaling,
                 "peer": self.peer,
                 "peer_dbos": self.peer_dbos,
@@ -876,6 +946,7 @@ class Bench:
                 else:
                     theirs.append(self.pgbench_intake(seconds))
         ok, _, elapsed, p50, p99, cpu, rss = summed(ours)
+        api_over_server = [cpu_over_postgres(run.cpu, "api") for run in ours]
         baseline_tps = sum(result.tps for result, _ in theirs) / len(theirs)
         baseline_transactions = sum(result.transactions for result, _ in theirs)
         baseline_cpu = summed_cpu([watched for _, watched in theirs])
@@ -886,6 +957,10 @@ class Bench:
             intake_p99_ms=round(p99, 1),
             intake_cpu=cpu,
             intake_cpu_ms_per_intent=per_item_ms(cpu, ok),
+            # API CPU per intent over PostgreSQL's, in each measured round; judged by
+            # their median (issue 39 item 3).
+            intake_api_to_postgres_cpu=median_ratio(api_over_server),
+            intake_api_to_postgres_cpu_rounds=api_over_server,
             intake_pgbench_cpu=baseline_cpu,
             intake_pgbench_cpu_ms_per_tx=per_item_ms(baseline_cpu, baseline_transactions),
             intake_pgbench_per_s=round(baseline_tps, 1),
@@ -1106,6 +1181,7 @@ class Bench:
         baseline_cpu = summed_cpu([watched for _, watched in baselines])
         baseline_transactions = sum(result.transactions for result, _ in baselines)
         per_call = stand_in_ms_per_call(ours)
+        workers_over_server = [cpu_over_postgres(d.cpu, "workers") for d in ours]
         self.say(
             f"dispatch: {rate:,.0f}/s against the stand-in, {sandbox_rate:,.0f}/s against the "
             f"sandbox, pgbench {statistics.mean(tps):,.0f}/s; ratio (median of "
@@ -1131,6 +1207,10 @@ class Bench:
             dispatch_ratio_spread=[round(r, 4) for r in spread(ratios)],
             dispatch_cpu=cpu,
             dispatch_cpu_ms_per_payment=per_item_ms(cpu, n * rounds),
+            # Worker CPU per payment over PostgreSQL's, in each stand-in round; judged
+            # by their median (issue 39 item 3).
+            dispatch_worker_to_postgres_cpu=median_ratio(workers_over_server),
+            dispatch_worker_to_postgres_cpu_rounds=workers_over_server,
             dispatch_stand_in_cpu_ms_per_call=per_call,
             dispatch_sandbox_per_s=round(sandbox_rate, 1),
             dispatch_sandbox_round_ratios=[round(r, 4) for r in sandbox_ratios],
@@ -1356,6 +1436,229 @@ class Bench:
         )
         self.record_stand_in_cost(per_call)
         self.truncate()
+
+    def record_delay(self) -> None:
+        """Time to record (issue 39 item 6): `record_delay_payments` payments sent
+        through intake (the API processes, fresh keys) at `record_delay_per_s`, to
+        as many workers as the dispatch phase runs, against the stand-in answering
+        after `record_delay_provider_seconds` but for a `record_delay_hang_share`
+        of the calls, never answered until the worker's submit timeout
+        (`record_delay_submit_timeout`) ends them as UNKNOWN. Measured until no
+        payment is ACCEPTED or SUBMITTING.
+
+        The record delay (a provider answer arriving to its outcome committed) is
+        the workers' own histogram, `intentledger_record_delay_seconds`, of the
+        grouped path for payments (the path of plain answers: the timeouts' UNKNOWN
+        are recorded alone), scraped from every worker's /metrics after the drain
+        and added up bucket by bucket; its quantiles are read as Prometheus's
+        histogram_quantile reads them (bench/record_delay.py). Acceptance to
+        outcome is the ledger's own timeline (the transitions' instants) of the
+        fast calls: every payment but those the stand-in left hanging. Reconciling
+        the UNKNOWN ones is left out of the phase (their first check is an hour
+        away), so that they end as the timeout left them."""
+        cfg = self.config
+        n = cfg.record_delay_payments
+        timeout_ms = round(cfg.record_delay_submit_timeout * 1000)
+        self.say(
+            f"record_delay: {n} payments through intake at {cfg.record_delay_per_s:.0f}/s, "
+            f"{cfg.workers} workers x {cfg.worker_concurrency}, the stand-in answering after "
+            f"{cfg.record_delay_provider_seconds * 1000:.0f} ms but leaving "
+            f"{cfg.record_delay_hang_share:.0%} hanging until the {timeout_ms} ms submit timeout"
+        )
+        self.truncate()
+        self.note_background("record_delay")
+        metrics_ports = [free_port() for _ in range(cfg.workers)]
+        with self.fleet() as fleet, self.api_fleet("api-record-delay-") as apis:
+            stand_in = Provider(
+                "stand_in",
+                *self.start_stand_in(
+                    fleet,
+                    "record-delay-stand-in",
+                    cfg.record_delay_provider_seconds,
+                    cfg.record_delay_hang_share,
+                ),
+            )
+            workers = self.start_workers(
+                fleet,
+                "record-delay-worker",
+                cfg.workers,
+                cfg.worker_concurrency,
+                cfg.worker_batch,
+                stand_in.url,
+                lambda k: [
+                    "--submit-timeout",
+                    f"{timeout_ms}ms",
+                    "--recheck-backoff",
+                    "1h",
+                    "--metrics-port",
+                    str(metrics_ports[k]),
+                ],
+            )
+            sending_s = n / cfg.record_delay_per_s
+            watch = self.watch(
+                {
+                    "api": [api.pid for api in apis.apis],
+                    "workers": [w.pid for w in workers],
+                    "stand_in": [stand_in.proc.pid],
+                }
+            )
+            finish_profile = self.profile("record-delay-worker0", workers[0].pid, sending_s)
+            started = time.monotonic()
+            body = {k: v for k, v in payment_body("pm_ok").items() if k != "metadata"}
+            accepted, failures = paced_payments(
+                [f"http://127.0.0.1:{port}" for port in apis.ports],
+                apis.token,
+                body,
+                n,
+                cfg.record_delay_per_s,
+                f"rd-{secrets.token_hex(3)}-",
+            )
+            if failures:
+                raise BenchError(
+                    f"record_delay: {len(failures)} of {n} payments were not accepted, "
+                    f"e.g. {failures[0]} (logs in {self.workdir})"
+                )
+            self.await_outcomes(
+                n,
+                "record_delay",
+                [*apis.apis, *workers, stand_in.proc],
+                sending_s + cfg.record_delay_submit_timeout + 120,
+            )
+            seconds = time.monotonic() - started
+            cpu = watch.stop()
+            finish_profile()
+            scrapes = [
+                httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10.0).text
+                for port in metrics_ports
+            ]
+            hung = httpx.get(f"{stand_in.url}/stand-in/hung", timeout=10.0).json()["references"]
+            answered = stand_in.calls()
+        grouped, grouped_sum = summed_buckets(
+            scrapes, RECORD_DELAY_METRIC, {"kind": "payment", "recorded_by": "grouped"}
+        )
+        alone, _ = summed_buckets(
+            scrapes, RECORD_DELAY_METRIC, {"kind": "payment", "recorded_by": "alone"}
+        )
+        if not grouped:
+            raise BenchError(
+                f"record_delay: no worker exposed {RECORD_DELAY_METRIC} for the grouped path"
+            )
+        timeline = self.outcome_timeline()
+        hanging = set(hung)
+        fast = [t for t in timeline if t.operation_id not in hanging]
+        slow = [t for t in timeline if t.operation_id in hanging]
+        to_outcome = [
+            (t.outcome_at - t.accepted_at) * 1000 for t in fast if t.outcome_at is not None
+        ]
+        submit_to_outcome = [
+            (t.outcome_at - t.submitting_at) * 1000
+            for t in fast
+            if t.outcome_at is not None and t.submitting_at is not None
+        ]
+
+        def ms(value: float | None) -> float | None:
+            return None if value is None else value * 1000
+
+        delay_p50, delay_p99 = (ms(histogram_quantile(q, grouped)) for q in (0.5, 0.99))
+        outcome_p50, outcome_p99 = (percentile(to_outcome, q) for q in (0.5, 0.99))
+        hung_unknown = sum(t.state == "UNKNOWN" and t.went_unknown for t in slow)
+        fast_unknown = sum(t.went_unknown for t in fast)
+        figures = {
+            "record_delay_p50_ms": delay_p50,
+            "record_delay_p99_ms": delay_p99,
+            "record_delay_mean_ms": round(grouped_sum / grouped[-1][1] * 1000, 3)
+            if grouped[-1][1]
+            else None,
+            "record_delay_grouped_count": int(grouped[-1][1]),
+            "record_delay_alone_count": int(alone[-1][1]) if alone else 0,
+            "record_delay_buckets": {format(le, "g"): int(count) for le, count in grouped},
+            "time_to_outcome_p50_ms": outcome_p50,
+            "time_to_outcome_p99_ms": outcome_p99,
+            "time_to_outcome_max_ms": max(to_outcome, default=None),
+            "submit_to_outcome_p50_ms": percentile(submit_to_outcome, 0.5),
+            "submit_to_outcome_p99_ms": percentile(submit_to_outcome, 0.99),
+            "record_delay_payments": n,
+            "record_delay_accepted": accepted,
+            "record_delay_offered_per_s": cfg.record_delay_per_s,
+            "record_delay_provider_ms": round(cfg.record_delay_provider_seconds * 1000),
+            "record_delay_hang_share": cfg.record_delay_hang_share,
+            "record_delay_submit_timeout_ms": timeout_ms,
+            "record_delay_seconds": round(seconds, 2),
+            "record_delay_stand_in_answered": answered,
+            # The hanging calls, and how they ended: each must have gone UNKNOWN.
+            "record_delay_hung": len(hanging),
+            "record_delay_hung_unknown": hung_unknown,
+            # The fast calls: each must have succeeded without going UNKNOWN.
+            "record_delay_fast": len(fast),
+            "record_delay_fast_unknown": fast_unknown,
+            "record_delay_fast_succeeded": sum(t.outcome == "succeeded" for t in fast),
+            "record_delay_cpu": cpu,
+            "record_delay_cpu_ms_per_payment": per_item_ms(cpu, n),
+        }
+        self.figures.update(figures)
+        self.say(
+            f"record_delay: answer -> committed outcome p50 {_ms(delay_p50)}, p99 "
+            f"{_ms(delay_p99)} ({int(grouped[-1][1])} grouped); acceptance -> outcome of the "
+            f"{len(fast)} fast calls p50 {_ms(outcome_p50)}, p99 {_ms(outcome_p99)}; "
+            f"{len(hanging)} hung, {hung_unknown} of them UNKNOWN; {fast_unknown} fast ones "
+            "went UNKNOWN"
+        )
+        if fast_unknown or hung_unknown != len(hanging):
+            self.say(
+                "[yellow]record_delay: the hanging calls are not exactly the ones that went "
+                f"UNKNOWN (logs in {self.workdir})[/yellow]"
+            )
+        self.truncate()
+
+    def await_outcomes(self, total: int, what: str, watched: list[Proc], timeout: float) -> None:
+        """Wait until all `total` operations exist and none is ACCEPTED or SUBMITTING;
+        fails if a process dies or time runs out."""
+        started = time.monotonic()
+        while True:
+            with self.admin() as conn:
+                row = conn.execute(
+                    b"SELECT count(*), count(*) FILTER (WHERE state IN ('ACCEPTED', 'SUBMITTING'))"
+                    b" FROM operations"
+                ).fetchone()
+            stored, open_ = (int(row[0]), int(row[1])) if row is not None else (0, 0)
+            if stored >= total and not open_:
+                return
+            for proc in watched:
+                proc.check_alive()
+            if time.monotonic() - started > timeout:
+                raise BenchError(
+                    f"{what}: {open_} of {stored} payments still without an outcome or UNKNOWN "
+                    f"after {timeout:.0f}s (logs in {self.workdir})"
+                )
+            time.sleep(DRAIN_POLL_SECONDS)
+
+    def outcome_timeline(self) -> list[OutcomeTimeline]:
+        """Every operation's state and outcome now, and from its transitions (the
+        ledger's own instants, epoch seconds): when it was accepted, first
+        SUBMITTING, first OUTCOME_KNOWN, and whether it ever went UNKNOWN."""
+        with self.admin() as conn:
+            rows = conn.execute(
+                b"SELECT o.operation_id, o.state, o.outcome,"
+                b" extract(epoch FROM min(t.at) FILTER (WHERE t.to_state = 'ACCEPTED')),"
+                b" extract(epoch FROM min(t.at) FILTER (WHERE t.to_state = 'SUBMITTING')),"
+                b" extract(epoch FROM min(t.at) FILTER (WHERE t.to_state = 'OUTCOME_KNOWN')),"
+                b" coalesce(bool_or(t.to_state = 'UNKNOWN'), false)"
+                b" FROM operations o JOIN transitions t"
+                b" ON t.operation_id = o.operation_id AND t.actor = o.actor"
+                b" GROUP BY o.operation_id, o.state, o.outcome"
+            ).fetchall()
+        return [
+            OutcomeTimeline(
+                str(op),
+                str(state),
+                None if outcome is None else str(outcome),
+                float(accepted),
+                None if submitting is None else float(submitting),
+                None if known is None else float(known),
+                bool(unknown),
+            )
+            for op, state, outcome, accepted, submitting, known, unknown in rows
+        ]
 
     def scaling(self) -> None:
         """Dispatch as the dispatch phase runs it, with 1, 2 and 4 worker processes: the

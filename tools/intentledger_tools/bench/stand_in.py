@@ -1,7 +1,7 @@
 """A provider stand-in for the dispatch and latency-bound phases: the sandbox's
 charge API and nothing else, as cheap per call as an answer can be (issue 39).
 
-python -m intentledger_tools.bench.stand_in --port P --delay-seconds 0.2
+python -m intentledger_tools.bench.stand_in --port P --delay-seconds 0.2 [--hang-share 0.05]
 
 The sandbox keeps every charge in SQLite and logs every request, which on two
 shared cores is CPU the bench then counts against us. This stand-in answers
@@ -16,9 +16,17 @@ reads, under the same `/_sandbox` prefix:
 - `GET /v1/charges?reference=R`: the charges made under that reference, for
   a payment that went UNKNOWN and is reconciled.
 - `GET /healthz`, and `GET /stand-in/calls`: the charge submits answered so
-  far, for the bench's CPU per call.
+  far (and those left hanging), for the bench's CPU per call.
+- `GET /stand-in/hung`: the references of the submits left hanging.
 
-Every charge succeeds: the phases pay with methods that do.
+Every charge succeeds: the phases pay with methods that do. With
+`--hang-share S` (the record-delay phase's mixed provider), a share S of the
+keys is never answered: the request is held, its connection open, until the
+client gives up and hangs up, and no charge is made (a lookup by its
+reference finds nothing). Which keys hang is a hash of the key (CRC-32), so a
+key hangs on every run and on every resend: the same payments hang however
+often the phase runs, and a resend cannot turn a hanging payment into a fast
+one.
 
 A hand-written HTTP/1.1 responder on an asyncio Protocol rather than aiohttp's
 low-level server: the worker's client sends small keep-alive requests with a
@@ -36,6 +44,7 @@ import argparse
 import asyncio
 import json
 import signal
+import zlib
 from collections.abc import Sequence
 from typing import cast
 from urllib.parse import parse_qs, urlsplit
@@ -46,6 +55,9 @@ from intentledger.service import SANDBOX_MOUNT
 CHARGES = f"{SANDBOX_MOUNT}/v1/charges"
 HEALTHZ = f"{SANDBOX_MOUNT}/healthz"
 CALLS = f"{SANDBOX_MOUNT}/stand-in/calls"
+HUNG = f"{SANDBOX_MOUNT}/stand-in/hung"
+# A hanging share is chosen to a hundredth of a percent.
+HANG_SCALE = 10_000
 # A request head bigger than this is not the adapter's: the connection is closed.
 MAX_HEAD_BYTES = 16_384
 
@@ -74,14 +86,34 @@ NO_KEY = error_body("parameter_missing", "The Idempotency-Key header is required
 BAD_BODY = error_body("parameter_invalid", "The body must be a JSON object.")
 
 
-class Charges:
-    """The charges answered so far, by idempotency key and by reference."""
+def hangs(key: str, share: float) -> bool:
+    """Whether a submit under `key` is never answered, for a hanging `share` of keys."""
+    return zlib.crc32(key.encode()) % HANG_SCALE < round(share * HANG_SCALE)
 
-    def __init__(self, delay_seconds: float) -> None:
+
+class Charges:
+    """The charges answered so far, by idempotency key and by reference, and the
+    references of the submits left hanging."""
+
+    def __init__(self, delay_seconds: float, hang_share: float = 0.0) -> None:
         self.delay_seconds = delay_seconds
+        self.hang_share = hang_share
         self.by_key: dict[str, bytes] = {}
         self.by_reference: dict[str, list[dict[str, object]]] = {}
         self.calls = 0
+        self.hung: list[str] = []
+
+    def hang(self, key: str, body: bytes) -> bool:
+        """True (and the submit noted) when this key's submit is left hanging."""
+        if not self.hang_share or not hangs(key, self.hang_share):
+            return False
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = None
+        reference = payload.get("reference", "") if isinstance(payload, dict) else ""
+        self.hung.append(str(reference))
+        return True
 
     def submit(self, key: str, body: bytes) -> tuple[int, bytes]:
         self.calls += 1
@@ -156,6 +188,9 @@ class Responder(asyncio.Protocol):
         path = target.split("?", 1)[0]
         delay = 0.0
         if method == "POST" and path == CHARGES:
+            if key and self.charges.hang(key, body):
+                # No answer, ever: the client's timeout ends the call by hanging up.
+                return
             if key:
                 status, payload = self.charges.submit(key, body)
                 delay = self.charges.delay_seconds
@@ -166,7 +201,10 @@ class Responder(asyncio.Protocol):
         elif method == "GET" and path == HEALTHZ:
             status, payload = 200, b'{"status":"ok"}'
         elif method == "GET" and path == CALLS:
-            status, payload = 200, json.dumps({"calls": self.charges.calls}).encode()
+            counts = {"calls": self.charges.calls, "hung": len(self.charges.hung)}
+            status, payload = 200, json.dumps(counts).encode()
+        elif method == "GET" and path == HUNG:
+            status, payload = 200, json.dumps({"references": self.charges.hung}).encode()
         else:
             status, payload = 404, NOT_FOUND
         reply = response(status, payload, keep_alive)
@@ -184,8 +222,8 @@ class Responder(asyncio.Protocol):
             self.transport.close()
 
 
-async def serve(port: int, delay_seconds: float) -> None:
-    charges = Charges(delay_seconds)
+async def serve(port: int, delay_seconds: float, hang_share: float = 0.0) -> None:
+    charges = Charges(delay_seconds, hang_share)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
         lambda: Responder(charges), "127.0.0.1", port, backlog=1024, reuse_address=True
@@ -193,7 +231,11 @@ async def serve(port: int, delay_seconds: float) -> None:
     stopped = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopped.set)
-    print(f"stand-in answering on 127.0.0.1:{port} after {delay_seconds}s", flush=True)
+    print(
+        f"stand-in answering on 127.0.0.1:{port} after {delay_seconds}s, "
+        f"leaving a share of {hang_share} unanswered",
+        flush=True,
+    )
     async with server:
         await stopped.wait()
 
@@ -202,8 +244,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--delay-seconds", type=float, default=0.0)
+    parser.add_argument(
+        "--hang-share",
+        type=float,
+        default=0.0,
+        help="the share of charge submits (0 to 1, chosen by their key) never answered",
+    )
     args = parser.parse_args(argv)
-    eventloop.run(serve(args.port, args.delay_seconds))
+    if not 0.0 <= args.hang_share <= 1.0:
+        parser.error("--hang-share must be from 0 to 1")
+    eventloop.run(serve(args.port, args.delay_seconds, args.hang_share))
 
 
 if __name__ == "__main__":
