@@ -208,3 +208,48 @@ async def test_a_worker_cancelled_while_it_drains_still_records_every_answer(
     # The cancellation waited for the drain: every answer is recorded already.
     assert await states(engine, slow) == ["OUTCOME_KNOWN"] * 4
     assert worker.in_flight == 0
+
+
+async def test_an_answer_is_not_held_for_a_group_already_committing(
+    engine: AsyncEngine, sandbox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two groups commit at once on PostgreSQL: an answer arriving while a slow
+    group commits is committed by a group of its own meanwhile. SQLite has one
+    writer: there the second group waits for the first, as any two writes do."""
+    settle = BatchLedger.settle
+    calls: list[float] = []
+
+    async def first_one_slow(self: BatchLedger, *args: Any, **kwargs: Any) -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            await asyncio.sleep(1.0)  # a commit held up (a slow disk, a lock)
+        await settle(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchLedger, "settle", first_one_slow)
+    clock = MovableClock()
+    slow = await accept(engine, clock, "pm_ok", key="slow")
+    quick = await accept(engine, clock, "pm_ok", key="quick")
+    worker = make_worker(engine, sandbox, clock, record_window=timedelta(0))
+    async with engine.begin() as conn:
+        claimed = await BatchLedger(conn).claim_outbox_rows(
+            clock(), timedelta(minutes=5), worker.worker_id, 10
+        )
+    prepared, _ = await pre_submit(worker.dispatcher, claimed)
+    by_operation = {p.row.operation_id: p for p in prepared}
+    answers = {
+        op: await worker.dispatcher.provider.submit(by_operation[op].submission.request)
+        for op in (slow, quick)
+    }
+    queue = worker.settlements
+    first = asyncio.create_task(
+        queue.record(Sent(by_operation[slow], answers[slow], answered_now()))
+    )
+    await asyncio.sleep(0.2)  # the first group is in its slow commit
+    await queue.record(Sent(by_operation[quick], answers[quick], answered_now()))
+    quick_done_while_slow_committed = not first.done()
+    await first
+    assert [(await operation(engine, op)).outcome for op in (slow, quick)] == ["succeeded"] * 2
+    if engine.dialect.name == "postgresql":
+        assert quick_done_while_slow_committed
+    else:
+        assert not quick_done_while_slow_committed

@@ -5,10 +5,10 @@ lives only in this process, where a crash turns a known outcome into UNKNOWN
 (and a reconciliation, perhaps a person). So an answer never waits for a
 sibling's provider call: each call's task hands its answer to this queue and
 the queue commits what has arrived — after a short window (a few
-milliseconds, like group commit) or as soon as a group is full. While a
-group's transaction runs, the answers that arrive queue up and form the next
-one, so a busy worker commits many answers per round trip and an idle one
-each answer within the window. Groups form by arrival only, never by claim:
+milliseconds, like group commit) or as soon as a group is full. Up to two
+groups commit at once; while they run, the answers that arrive queue up and
+form the next one, so a busy worker commits many answers per round trip and
+an idle one each answer within the window. Groups form by arrival only, never by claim:
 one may mix answers of many claims, and `BatchLedger.lock` takes its rows in
 key order, as every pre-submit does, so two transactions cannot deadlock.
 
@@ -56,6 +56,11 @@ MAX_GROUP = 64
 # answers of a busy worker arrive a fraction of a millisecond apart; 2 ms
 # gathers tens of them into one commit and is nothing beside a provider call.
 DEFAULT_WINDOW = timedelta(milliseconds=2)
+# Group commits under way at once: an answer arriving just after a group began
+# its commit is not held for that commit to end, only for its own. Their
+# operations are distinct (one answer per operation in flight) and each locks
+# in key order, so two groups wait on each other at most, never deadlock.
+GROUPS_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,8 @@ class SettlementQueue:
         self._waiting: deque[_Waiting] = deque()
         self._committer: asyncio.Task[None] | None = None
         self._company = asyncio.Event()
+        # Group commits under way.
+        self._groups: set[asyncio.Task[None]] = set()
 
     async def record(self, sent: Sent) -> None:
         """Commit this answer's outcome: with the answers that arrive beside it
@@ -127,7 +134,6 @@ class SettlementQueue:
         await self.dispatcher.record(sent.row, sent.submission, sent.answer, sent.answered)
 
     async def _commit_while_waiting(self) -> None:
-        group: list[_Waiting] = []
         try:
             while self._waiting:
                 # The oldest answer waits at most the window from its arrival
@@ -137,28 +143,39 @@ class SettlementQueue:
                     self._company.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._company.wait(), self.window - waited)
+                if len(self._groups) >= GROUPS_IN_FLIGHT:
+                    # Both commits under way: the next group forms meanwhile.
+                    await asyncio.wait(self._groups, return_when=asyncio.FIRST_COMPLETED)
+                    continue
                 group = self._next_group()
-                try:
-                    settled = await record_together(self.dispatcher, [w.sent for w in group])
-                except Exception:
-                    # One bad row must not keep every answer of the group from the
-                    # ledger (their leases would expire into resumed deliveries and
-                    # UNKNOWN): each is recorded on its own.
-                    log.exception(
-                        "a group record failed; recording its %d answers alone", len(group)
-                    )
-                    settled = set()
-                for waiting in group:
-                    if not waiting.settled.done():
-                        waiting.settled.set_result(id(waiting.sent) in settled)
+                if group:
+                    committing = asyncio.create_task(self._commit(group))
+                    self._groups.add(committing)
+                    committing.add_done_callback(self._groups.discard)
         finally:
             # Cancelled (the process is going down): every answer still here
             # goes back to its own task, which records it on its own rather
             # than wait for a committer that is gone.
-            for waiting in [*group, *self._waiting]:
+            for waiting in self._waiting:
                 if not waiting.settled.done():
                     waiting.settled.set_result(False)
             self._waiting.clear()
+
+    async def _commit(self, group: list[_Waiting]) -> None:
+        settled: set[int] = set()
+        try:
+            settled = await record_together(self.dispatcher, [w.sent for w in group])
+        except Exception:
+            # One bad row must not keep every answer of the group from the
+            # ledger (their leases would expire into resumed deliveries and
+            # UNKNOWN): each is recorded on its own.
+            log.exception("a group record failed; recording its %d answers alone", len(group))
+        finally:
+            # Settled by this group, or back to its own task (also when this
+            # commit is cancelled: the task then records it on its own).
+            for waiting in group:
+                if not waiting.settled.done():
+                    waiting.settled.set_result(id(waiting.sent) in settled)
 
     def _next_group(self) -> list[_Waiting]:
         """Up to `max_group` waiting answers, one per operation: a second answer
