@@ -41,6 +41,9 @@ REQUIRED_KEYS = (
     "record_delay_fast_unknown",
     "dispatch_worker_to_postgres_cpu",
     "intake_api_to_postgres_cpu",
+    "pooler_ratio_over_pgbench",
+    "scaling_most_of_best",
+    "scaling_went_unknown",
 )
 
 
@@ -69,8 +72,8 @@ GOALS = (
     # rounds' ratios (issue 39).
     Goal("intake_ratio", True, 1.0),
     Goal("dispatch_ratio", True, 1.0),
-    # One worker process, the provider answering after 200 ms.
-    Goal("latency_bound_per_s", True, 1000),
+    # One worker process, the provider answering after 200 ms (1,000 until issue 39).
+    Goal("latency_bound_per_s", True, 1500, "1,500"),
     Goal("scan_ratio", False, 1.5),
     # Our dispatch over the faster of Procrastinate and DBOS.
     Goal("peer_ratio", True, 3),
@@ -79,8 +82,14 @@ GOALS = (
     # 1/1.3 of the empty ledger's, the due-scan time at most 1.3 times its.
     Goal("growth_intake_ratio", True, 1 / 1.3, "1/1.3 (0.77)"),
     Goal("growth_scan_ratio", False, 1.3),
-    # Intake through PgBouncer (transaction mode) over intake straight to the server.
-    Goal("pooler_ratio", True, 0.9),
+    # Intake through PgBouncer (transaction mode) over intake straight to the server,
+    # less pgbench's own transaction's ratio through the same pooler: no worse than
+    # 0.02 below what the pooler gives its own benchmark (issue 39; 0.9 flat before).
+    Goal("pooler_ratio_over_pgbench", True, -0.02, "pgbench's ratio - 0.02"),
+    # Four worker processes on two cores against the best of one and two, and the
+    # payments all three runs made UNKNOWN (issue 39 item 4).
+    Goal("scaling_most_of_best", True, 0.9),
+    Goal("scaling_went_unknown", False, 0),
     # The provider stand-in of dispatch and the latency-bound phase measures us, not
     # itself (issue 39): its CPU per charge, in the costlier of the two phases.
     Goal("stand_in_cpu_ms_per_call", False, 0.1, "0.1 ms"),
@@ -304,9 +313,9 @@ def table(figures: dict[str, Any]) -> Table:
         f"scaling: dispatch with {'/'.join(map(str, f.get('scaling_workers') or []))} "
         f"worker processes x {f.get('scaling_concurrency')}",
         " / ".join(_num(rate, "/s") for rate in scaling) if scaling else "—",
-        "",
-        "",
-        "",
+        f"UNKNOWN {_num(f.get('scaling_went_unknown'))}: {_met(f, 'scaling_went_unknown')}",
+        _num(f.get("scaling_most_of_best")),
+        _met(f, "scaling_most_of_best"),
     )
     for name, label, rate in (
         ("procrastinate", f.get("peer"), "peer_per_s"),
@@ -345,7 +354,7 @@ def table(figures: dict[str, Any]) -> Table:
         if f.get("pooler_ratio") is not None
         else "",
         _num(f.get("pooler_ratio")),
-        _met(f, "pooler_ratio"),
+        "— (judged against pgbench's, below)",
     )
     if f.get("standby_ratio") is not None:
         out.add_row(
@@ -361,7 +370,8 @@ def table(figures: dict[str, Any]) -> Table:
             _num(f.get("pooler_pgbench_per_s"), " tx/s"),
             f"direct {_num(f.get('pooler_pgbench_direct_per_s'), ' tx/s')}",
             _num(f.get("pooler_pgbench_ratio")),
-            "—",
+            _met(f, "pooler_ratio_over_pgbench")
+            + f" (ours {_num(f.get('pooler_ratio_over_pgbench'))} from it)",
         )
     out.add_row(
         "peak RSS of one API process",

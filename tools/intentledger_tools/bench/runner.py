@@ -1062,6 +1062,11 @@ class Bench:
             pooler_pgbench_per_s=round(pgbench_through.tps, 1),
             pooler_pgbench_ratio=pgbench_through.tps / pgbench_direct.tps,
         )
+        # What the pooler costs us beyond what it costs pgbench's own transaction
+        # (issue 39: the pooler's price is the pooler's, not ours).
+        self.figures["pooler_ratio_over_pgbench"] = (
+            self.figures["pooler_ratio"] - self.figures["pooler_pgbench_ratio"]
+        )
 
     def standby(self) -> None:
         """Intake on the bench's server, alone, against intake on the primary of a
@@ -1699,6 +1704,16 @@ class Bench:
             rates.append(round(n / elapsed, 1))
             cpu_per_payment[str(count)] = per_item_ms(cpu, n)
             self.truncate()
+        # The most workers against the best of fewer (issue 39: past the
+        # machine's capacity throughput degrades gracefully, and our own
+        # starvation makes no UNKNOWN).
+        self.figures.update(
+            scaling_most_of_best=rates[-1] / max(rates[:-1]) if len(rates) > 1 else None,
+            scaling_went_unknown=sum(
+                self.figures.get(f"scaling_{count}_went_unknown") or 0
+                for count in cfg.scaling_workers
+            ),
+        )
         self.figures.update(
             scaling_1_2_4=rates,
             scaling_workers=list(cfg.scaling_workers),
