@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -183,3 +184,48 @@ def test_what_is_not_http_is_a_problem_too(server: tuple[Process, int], head: by
     assert status_line.startswith(b"HTTP/1.1 400 "), answer[:200]
     assert b"content-type: application/problem+json" in rest.lower()
     assert json.loads(rest.partition(b"\r\n\r\n")[2])["type"].endswith("/malformed-request")
+
+
+@pytest.fixture(scope="module")
+def timed_server(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    database_url = databases.create("sqlite")
+    port = free_port()
+    proc = Process(
+        [
+            "serve",
+            "--no-workers",
+            "--port",
+            str(port),
+            "--database-url",
+            database_url,
+            "--header-timeout",
+            "2s",
+        ],
+        {},
+        tmp_path_factory.mktemp("head-time") / "serve.log",
+    )
+    proc.wait_healthy(f"http://127.0.0.1:{port}/healthz")
+    try:
+        yield port
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("idle", [1.0, 2.5])
+def test_each_head_on_a_kept_alive_connection_has_its_own_time(
+    timed_server: int, idle: float
+) -> None:
+    # One request answered, then, `idle` seconds later, a head that never
+    # ends: the connection is closed the header timeout (2 s) after that
+    # head's first byte, neither by the first head's clock nor never. The
+    # head's timer outlives a head that ended in time (http_server.py): 1 s
+    # is before it fires, 2.5 s after.
+    with socket.create_connection(("127.0.0.1", timed_server), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+        time.sleep(idle)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        started = time.monotonic()
+        assert sock.recv(65536) == b""
+        closed_after = time.monotonic() - started
+    assert 1.8 <= closed_after <= 4.0, closed_after

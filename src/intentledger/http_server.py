@@ -124,6 +124,12 @@ class CoalescingTransport:
 
 def guarded_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
     class HeadGuard(HttpToolsProtocol):
+        # When the head being received must have ended (None: no head is).
+        # The timer is not cancelled when a head ends in time: it checks this
+        # when it fires and follows the next head's deadline, so a connection
+        # busy with requests costs one timer per `header_timeout`, not one
+        # made and cancelled per request.
+        _head_deadline: float | None = None
         _head_timer: asyncio.TimerHandle | None = None
         # Between a message's end (or the connection's start) and its head's end.
         _in_head = True
@@ -178,7 +184,7 @@ def guarded_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
                 super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
-            self._disarm()
+            self._head_deadline = None
             self._in_head = False
             self._head_ended_in_chunk = True
             if not self._refused:
@@ -216,16 +222,27 @@ def guarded_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
             self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
         def _arm(self) -> None:
+            """A head starts: the connection opened or a request's first byte came."""
+            if self._head_deadline is None:
+                self._head_deadline = self.loop.time() + header_timeout
             if self._head_timer is None:
-                self._head_timer = self.loop.call_later(header_timeout, self._too_slow)
+                self._head_timer = self.loop.call_at(self._head_deadline, self._check_head)
 
         def _disarm(self) -> None:
+            self._head_deadline = None
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
 
-        def _too_slow(self) -> None:
+        def _check_head(self) -> None:
             self._head_timer = None
+            deadline = self._head_deadline
+            if deadline is None:
+                return  # no head is being received; the next one arms a timer
+            if self.loop.time() < deadline:
+                self._head_timer = self.loop.call_at(deadline, self._check_head)
+                return
+            self._head_deadline = None
             self.transport.close()
 
     return HeadGuard
