@@ -46,7 +46,10 @@ def test_intake_rows_and_answer_say_what_the_stdlib_said(
     rows = [{**operation_values(intent, now), "transition_source": "intake"}]
     assert json.loads(json_intake_rows(rows)) == json.loads(_json_answer_rows(rows))
     document = operation_document(rows[0])
-    assert AcceptedIntent(document).body == JSONResponse(document).body
+    answer, stdlib = AcceptedIntent(document), JSONResponse(document, status_code=202)
+    assert answer.body == stdlib.body
+    assert (answer.status_code, answer.raw_headers) == (stdlib.status_code, stdlib.raw_headers)
+    assert answer.background is None
 
 
 @given(
