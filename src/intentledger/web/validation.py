@@ -7,6 +7,7 @@ import re
 from intentledger.web.problems import Problem
 
 SF_STRING = re.compile(r'"[\x21\x23-\x5b\x5d-\x7e]+"')
+VISIBLE_ASCII_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 def valid_idempotency_key(value: str | None) -> str:
@@ -25,7 +26,7 @@ def valid_idempotency_key(value: str | None) -> str:
     if SF_STRING.fullmatch(value):
         value = value[1:-1]
     # Starlette decodes header bytes as Latin-1, so non-ASCII shows up here as > 0x7E.
-    if not 1 <= len(value) <= 255 or not all(0x21 <= ord(c) <= 0x7E for c in value):
+    if not VISIBLE_ASCII_KEY.fullmatch(value):
         raise Problem(
             400,
             "idempotency-key-invalid",
