@@ -47,7 +47,14 @@ OPERATION_FIELDS = (
 )
 
 
+# Values JSON carries as they are, told by their exact type: most of a
+# document's fields, and cheaper to tell than by the checks below.
+_AS_THEY_ARE = frozenset({str, int, bool, type(None)})
+
+
 def json_value(value: Any) -> Any:
+    if type(value) in _AS_THEY_ARE:
+        return value
     if isinstance(value, datetime):
         return value.isoformat().replace("+00:00", "Z")
     if isinstance(value, timedelta):
