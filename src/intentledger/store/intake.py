@@ -119,8 +119,17 @@ def json_intake_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     Only for these: a validated request's values (integer amounts within 64
     bits, strings, no floats). Elsewhere rows carry provider answers, where
     orjson would refuse an integer beyond 64 bits and write NaN as null.
-    Instants go through `json_instant`, as every JSON row parameter's do."""
-    return orjson.dumps(rows, default=json_instant, option=orjson.OPT_PASSTHROUGH_DATETIME).decode()
+    Instants go through `json_instant`, as every JSON row parameter's do, once
+    per instant: a group's rows share theirs (the group's clock)."""
+    written: dict[object, str] = {}
+
+    def instant(value: object) -> str:
+        text = written.get(value)
+        if text is None:
+            text = written[value] = json_instant(value)
+        return text
+
+    return orjson.dumps(rows, default=instant, option=orjson.OPT_PASSTHROUGH_DATETIME).decode()
 
 
 def accept_group_parameters(
