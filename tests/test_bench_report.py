@@ -83,6 +83,7 @@ def test_issue_18_goals() -> None:
     assert bounds["pooler_ratio_over_pgbench"] == (True, -0.02)
     assert bounds["scaling_most_of_best"] == (True, 0.9)
     assert bounds["scaling_went_unknown"] == (False, 0)
+    assert bounds["dispatch_batch_ratio"] == (True, 0.5)
     # Within 1.3x of the empty ledger: a rate at least 1/1.3 of its.
     growth = next(g for g in GOALS if g.key == "growth_intake_ratio")
     assert growth.met(0.8) is True
