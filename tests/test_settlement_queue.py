@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.engine.batch_dispatch import pre_submit
 from intentledger.engine.settlement_queue import Sent, answered_now
-from intentledger.engine.worker import run_worker
+from intentledger.engine.worker import Worker, run_worker
 from intentledger.store.batches import BatchLedger
 from intentledger.store.tables import observations
 from tests.test_dispatch import MovableClock, accept, make_worker, operation, rows, sandbox_submits
@@ -145,11 +145,12 @@ async def test_an_answer_after_its_operation_moved_on_is_judged_by_the_reference
     assert len(sandbox_submits(sandbox, op_id)) == 1
 
 
-async def test_a_stopping_worker_records_every_answer_it_waits_for(
+async def slow_calls_in_flight(
     engine: AsyncEngine, sandbox: str
-) -> None:
+) -> tuple[list[str], Worker, asyncio.Event, asyncio.Task[None]]:
+    """A running worker with four calls out: pm_slow answers after the
+    sandbox's 1 s, so a stop now comes while every call is in flight."""
     clock = MovableClock()
-    # pm_slow answers after the sandbox's 1 s: the stop comes while every call is out.
     slow = [await accept(engine, clock, "pm_slow", key=f"slow-{i}") for i in range(4)]
     worker = make_worker(engine, sandbox, clock, timeout=3.0)
     stop = asyncio.Event()
@@ -157,6 +158,13 @@ async def test_a_stopping_worker_records_every_answer_it_waits_for(
         run_worker(worker, stop, 8, timedelta(milliseconds=20), timedelta(minutes=1), batch=8)
     )
     await until_states(engine, slow, "SUBMITTING", within=2.0)
+    return slow, worker, stop, running
+
+
+async def test_a_stopping_worker_records_every_answer_it_waits_for(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    slow, worker, stop, running = await slow_calls_in_flight(engine, sandbox)
     stop.set()
     await asyncio.wait_for(running, 10)
     assert await states(engine, slow) == ["OUTCOME_KNOWN"] * 4
@@ -192,14 +200,7 @@ async def test_a_worker_cancelled_while_it_drains_still_records_every_answer(
 ) -> None:
     """A cancellation landing on the graceful drain (a sibling task failing
     after the stop, the parent cancelled) must not abandon calls in flight."""
-    clock = MovableClock()
-    slow = [await accept(engine, clock, "pm_slow", key=f"slow-{i}") for i in range(4)]
-    worker = make_worker(engine, sandbox, clock, timeout=3.0)
-    stop = asyncio.Event()
-    running = asyncio.create_task(
-        run_worker(worker, stop, 8, timedelta(milliseconds=20), timedelta(minutes=1), batch=8)
-    )
-    await until_states(engine, slow, "SUBMITTING", within=2.0)
+    slow, worker, stop, running = await slow_calls_in_flight(engine, sandbox)
     stop.set()
     await asyncio.sleep(0.05)  # the claimer is in its drain now
     running.cancel()
