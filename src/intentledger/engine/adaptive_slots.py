@@ -15,11 +15,15 @@ that shrinks therefore lets the calls in flight finish and claims nothing more
 until they are under it.
 
 A timeout is an overload — a halving — only when our own loop lagged in the
-second before it (`recent_max`): then it may be our starvation, not the
+last second's samples (`recent_max`): then it may be our starvation, not the
 provider's answer, that ran out the clock. A timeout on a loop that kept up
-is the provider's: it enters the limit as a very slow answer, which the
-gradient weighs; halving on it would let a provider's few hanging calls
-throttle the many it answers.
+is the provider's, and teaches the limit nothing: its call held a slot while
+it hung, and counting it as a slow answer would let a provider's few hanging
+calls throttle the many it answers. Likewise an answer off the provider's
+usual path (a refusal, a connection never made, any non-2xx) teaches nothing
+unless our loop lagged: its quick time would teach the limit a provider
+faster than it is, and the gradient would then read every usual answer as a
+slowdown.
 """
 
 from __future__ import annotations
@@ -82,14 +86,22 @@ class AdaptiveSlots:
         """How many more rows may be claimed now, with `in_flight` running."""
         return max(0, self._limit.slots - in_flight)
 
-    def record(self, rtt_s: float, timed_out: bool, in_flight: int) -> CallReport:
-        """Learn from a provider call that finished (`rtt_s` from send to answer;
-        `timed_out`: no response), with `in_flight` rows running beside it."""
+    def record(self, rtt_s: float, in_flight: int, *, timed_out: bool, typical: bool) -> CallReport:
+        """Learn from a provider call that finished (`rtt_s` from send to answer),
+        with `in_flight` rows running beside it. `timed_out`: no response;
+        `typical`: an answer that took the provider's usual path (a 2xx), whose
+        time says how fast the provider is."""
         threshold = self._limit.settings.loop_lag_threshold_s
         lag = max(self._loop_lag.current(), self._loop_lag.recent_max())
         ours = lag > threshold
+        untypical = timed_out or not typical
+        if untypical and not ours:
+            # A provider's hang or a quick refusal says nothing of our capacity:
+            # the hang held its slot while it lasted, and a refusal's time
+            # would teach the limit a provider faster than it is.
+            return CallReport(lag, ours, self._limit.slots)
         limit = self._limit.on_sample(
-            rtt_s, in_flight, timed_out and ours, self._loop_lag.current(), self._now()
+            rtt_s, in_flight, untypical, self._loop_lag.current(), self._now()
         )
         WORKER_CONCURRENCY_LIMIT.set(limit)
         return CallReport(lag, ours, self._limit.slots)

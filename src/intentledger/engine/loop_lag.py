@@ -24,7 +24,7 @@ __all__ = ["LoopLag"]
 # Short enough to see a lag within a provider call's time, long enough that the
 # wake-ups are no load: twenty a second.
 _INTERVAL_S = 0.05
-# recent_max's memory, for a log line or a look at the metric: a second.
+# recent_max's memory: a second of samples while the loop keeps up.
 _RECENT_SAMPLES = 20
 
 
@@ -72,7 +72,9 @@ class LoopLag:
         return max(self._latest_s, self._loop.time() - due_at)
 
     def recent_max(self) -> float:
-        """The longest lag of the last second's sleeps (0 before the first)."""
+        """The longest lag of the last 20 sleeps (0 before the first): a second
+        while the loop keeps up, longer while it lags. The adaptive limit reads
+        it to tell whether a timeout may have been our own starvation."""
         return max(self._recent, default=0.0)
 
     async def _measure(self) -> None:

@@ -56,8 +56,9 @@ MAX_GROUP = 64
 # answers of a busy worker arrive a fraction of a millisecond apart; 2 ms
 # gathers tens of them into one commit and is nothing beside a provider call.
 DEFAULT_WINDOW = timedelta(milliseconds=2)
-# Group commits under way at once: an answer arriving just after a group began
-# its commit is not held for that commit to end, only for its own. Their
+# Group commits under way at once (on PostgreSQL; SQLite has one writer): an
+# answer arriving just after a group began its commit is not held for that
+# commit to end, only for its own. Their
 # operations are distinct (one answer per operation in flight) and each locks
 # in key order, so two groups wait on each other at most, never deadlock.
 GROUPS_IN_FLIGHT = 2
@@ -112,8 +113,12 @@ class SettlementQueue:
         self._waiting: deque[_Waiting] = deque()
         self._committer: asyncio.Task[None] | None = None
         self._company = asyncio.Event()
-        # Group commits under way.
+        # Group commits under way, and how many may be: SQLite takes one writer
+        # at a time, and a second group would only sleep in its busy handler,
+        # starting later than it would after the first.
         self._groups: set[asyncio.Task[None]] = set()
+        one_writer = dispatcher.engine.dialect.name == "sqlite"
+        self._groups_in_flight = 1 if one_writer else GROUPS_IN_FLIGHT
 
     async def record(self, sent: Sent) -> None:
         """Commit this answer's outcome: with the answers that arrive beside it
@@ -143,7 +148,7 @@ class SettlementQueue:
                     self._company.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._company.wait(), self.window - waited)
-                if len(self._groups) >= GROUPS_IN_FLIGHT:
+                if len(self._groups) >= self._groups_in_flight:
                     # Both commits under way: the next group forms meanwhile.
                     await asyncio.wait(self._groups, return_when=asyncio.FIRST_COMPLETED)
                     continue

@@ -19,6 +19,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -121,15 +122,21 @@ class Worker:
         started = [self._start(self.deliver(row)) for row in rows if row.kind != "submit"]
         submits = [row for row in rows if row.kind == "submit"]
         if submits:
+            # Once the pre-submit commits, its rows are SUBMITTING and their
+            # calls must start: a cancellation meanwhile waits for that.
+            starting = asyncio.ensure_future(
+                start_submits(self.dispatcher, self.settlements, submits, self._observe_call)
+            )
+            cancelled = await _despite_cancellation(starting)
             try:
-                deliveries = await start_submits(
-                    self.dispatcher, self.settlements, submits, self._observe_call
-                )
+                deliveries = starting.result()
             except Exception as exc:
                 # Nothing was sent: the rows stay leased and fall due again.
                 _log_failure(exc, "the pre-submit failed; the rows' leases make them due again")
                 deliveries = []
             started.extend(self._start(delivery) for delivery in deliveries)
+            if cancelled:
+                raise asyncio.CancelledError
         return started
 
     async def deliver_batch(self, limit: int) -> int:
@@ -144,12 +151,16 @@ class Worker:
         if slots is None:
             return
         timed_out = answer.transport is Transport.NO_RESPONSE
-        report = slots.record(seconds, timed_out, self.in_flight)
+        typical = answer.transport is Transport.RESPONSE and 200 <= (answer.status or 0) < 300
+        report = slots.record(seconds, self.in_flight, timed_out=timed_out, typical=typical)
+        if self.in_flight < report.slots:
+            # The limit may have grown past what the claimer waits for.
+            self._freed.set()
         if timed_out:
             # Beside the observation the task records next: whose timeout it was.
             log.warning(
                 "no response from the provider after %.3f s; the event loop lagged "
-                "%.3f s in the second before (%s); concurrency limit now %d",
+                "%.3f s at most in its last second of samples (%s); concurrency limit now %d",
                 seconds,
                 report.loop_lag_s,
                 "ours: the process was starved" if report.ours else "the provider's",
@@ -213,18 +224,25 @@ class Worker:
 CLAIM_COMPANY = timedelta(milliseconds=5)
 
 
+async def _despite_cancellation(work: asyncio.Future[Any]) -> bool:
+    """Wait for `work` to finish even if this task is cancelled meanwhile;
+    whether it was (the caller raises CancelledError once it is safe to)."""
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            cancelled = True
+        except Exception:
+            break  # the work's own failure: its caller reads it
+    return cancelled
+
+
 async def _finish_started(worker: Worker) -> None:
     """Let every delivery started finish, even if this task is cancelled while
     it waits: a call in flight may have moved money, and its answer is only
     safe once recorded. (Each ends by its call's deadline and one commit.)"""
-    draining = asyncio.ensure_future(worker.wait_idle())
-    cancelled = False
-    while not draining.done():
-        try:
-            await asyncio.shield(draining)
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
+    if await _despite_cancellation(asyncio.ensure_future(worker.wait_idle())):
         raise asyncio.CancelledError
 
 
