@@ -100,6 +100,9 @@ class AdaptiveSlots:
             # the hang held its slot while it lasted, and a refusal's time
             # would teach the limit a provider faster than it is.
             return CallReport(lag, ours, self._limit.slots)
+        # A usual answer is the domain's to weigh with the lag of this instant;
+        # a timeout or a refusal reaches here only when our loop lagged in its
+        # last samples, and then counts as overload.
         limit = self._limit.on_sample(
             rtt_s, in_flight, untypical, self._loop_lag.current(), self._now()
         )
