@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from intentledger.domain.evidence import recorded_executions
-from intentledger.domain.refunds import payment_refund_totals
+from intentledger.domain.refunds import captured_by, payment_refund_totals
 from intentledger.store.records import (
     AttemptRecord,
     CardRecord,
@@ -79,7 +79,12 @@ def operation_document(
     values = _mapping(operation)
     document = {"id": values["operation_id"]}
     document.update({name: json_value(values.get(name)) for name in OPERATION_FIELDS})
-    if values["kind"] == "payment":
+    if values["kind"] == "payment" and not refunds:
+        # What the totals below come to with no refunds, without building them:
+        # every accepted intent's answer is such a payment (docs/benchmarks.md step 38).
+        document["amount_refunded"] = 0
+        document["amount_refundable"] = max(captured_by(values), 0)
+    elif values["kind"] == "payment":
         totals = payment_refund_totals(values, refunds)
         document["amount_refunded"] = totals.refunded
         document["amount_refundable"] = totals.refundable
