@@ -72,9 +72,19 @@ def _operation_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     # A loop, not json_value per field: most fields are plain values, and
     # telling them here saves a call each on every intake answer.
     fields = {}
+    # A new intent's created_at and updated_at are one object: written once.
+    # By identity, not equality: equal instants in other zones write differently.
+    last_instant: object = None
+    last_written: Any = None
     for name in OPERATION_FIELDS:
         value = values.get(name)
-        fields[name] = value if type(value) in _AS_THEY_ARE else json_value(value)
+        if type(value) in _AS_THEY_ARE:
+            fields[name] = value
+        elif value is last_instant:
+            fields[name] = last_written
+        else:
+            last_instant, last_written = value, json_value(value)
+            fields[name] = last_written
     return fields
 
 
