@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from intentledger.domain.evidence import recorded_executions
-from intentledger.domain.refunds import payment_refund_totals
+from intentledger.domain.refunds import captured_by, payment_refund_totals
 from intentledger.store.records import (
     AttemptRecord,
     CardRecord,
@@ -68,6 +68,26 @@ def _mapping(row: OperationRecord | Mapping[str, Any]) -> Mapping[str, Any]:
     return row
 
 
+def _operation_fields(values: Mapping[str, Any]) -> dict[str, Any]:
+    # A loop, not json_value per field: most fields are plain values, and
+    # telling them here saves a call each on every intake answer.
+    fields = {}
+    # A new intent's created_at and updated_at are one object: written once.
+    # By identity, not equality: equal instants in other zones write differently.
+    last_instant: object = None
+    last_written: Any = None
+    for name in OPERATION_FIELDS:
+        value = values.get(name)
+        if type(value) in _AS_THEY_ARE:
+            fields[name] = value
+        elif value is last_instant:
+            fields[name] = last_written
+        else:
+            last_instant, last_written = value, json_value(value)
+            fields[name] = last_written
+    return fields
+
+
 def operation_document(
     operation: OperationRecord | Mapping[str, Any],
     attempts: Sequence[AttemptRecord] = (),
@@ -78,8 +98,13 @@ def operation_document(
     refundable amounts (none given: none made yet)."""
     values = _mapping(operation)
     document = {"id": values["operation_id"]}
-    document.update({name: json_value(values.get(name)) for name in OPERATION_FIELDS})
-    if values["kind"] == "payment":
+    document.update(_operation_fields(values))
+    if values["kind"] == "payment" and not refunds:
+        # What the totals below come to with no refunds, without building them:
+        # every accepted intent's answer is such a payment (docs/benchmarks.md step 38).
+        document["amount_refunded"] = 0
+        document["amount_refundable"] = max(captured_by(values), 0)
+    elif values["kind"] == "payment":
         totals = payment_refund_totals(values, refunds)
         document["amount_refunded"] = totals.refunded
         document["amount_refundable"] = totals.refundable

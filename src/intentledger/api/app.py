@@ -27,7 +27,7 @@ from intentledger.api.openapi import install_openapi
 from intentledger.api.operator_routes import router as operator_router
 from intentledger.api.refund_routes import router as refund_router
 from intentledger.api.resource_routes import router as resource_router
-from intentledger.api.schemas import PaymentRequest
+from intentledger.api.schemas import PaymentRequest, payment_body
 from intentledger.api.webhook_endpoint_routes import router as webhook_endpoint_router
 from intentledger.api.webhook_routes import router as webhook_router
 from intentledger.documents import event_documents, operation_document
@@ -100,7 +100,7 @@ async def create_payment(request: Request) -> JSONResponse:
         payment = PaymentRequest.model_validate(raw)
     except ValidationError as exc:
         return invalid_body_response(request.url.path, exc.errors())
-    body = payment.model_dump(mode="json", exclude_none=True)
+    body = payment_body(payment)
     intent = Intent(
         actor=principal.actor,
         route=PAYMENTS_ROUTE,

@@ -90,13 +90,20 @@ def _orjson_writes_it_canonically(value: object, depth: int = 0) -> bool:
         return -(2**63) <= value < 2**63  # type: ignore[operator]
     if depth >= _ORJSON_DEPTH:
         return False
+    # Loops, not all() over a generator, and strings told without a call:
+    # these cost intake's hash a third of its instructions (docs/benchmarks.md step 38).
     if kind is dict:
-        return all(
-            type(key) is str and key.isascii() and _orjson_writes_it_canonically(item, depth + 1)
-            for key, item in value.items()  # type: ignore[attr-defined]
-        )
+        for key, item in value.items():  # type: ignore[attr-defined]
+            if not (type(key) is str and key.isascii()):
+                return False
+            if type(item) is not str and not _orjson_writes_it_canonically(item, depth + 1):
+                return False
+        return True
     if kind is list:
-        return all(_orjson_writes_it_canonically(item, depth + 1) for item in value)  # type: ignore[attr-defined]
+        for item in value:  # type: ignore[attr-defined]
+            if type(item) is not str and not _orjson_writes_it_canonically(item, depth + 1):
+                return False
+        return True
     return False
 
 
