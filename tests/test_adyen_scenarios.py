@@ -217,6 +217,9 @@ def test_refused_settles_failed(ledger: AdyenLedger) -> None:
     op_id = ledger.pay()
     op = ledger.settle(op_id, SETTLED)
     assert op["outcome"] == "failed"
+    # The REFUSED notification may settle the operation before the answer's
+    # own record commits (both are evidence): wait for the answer too.
+    ledger.seen(op_id, "submit_result")
     (answer,) = ledger.observations(op_id, "submit_result")
     assert answer["verdict"] == "failed"
     ledger.seen(op_id, "provider_event")
