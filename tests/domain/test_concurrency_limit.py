@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from intentledger.domain.concurrency_limit import ConcurrencyLimit, LimitSettings
+from intentledger.domain.concurrency_limit import ConcurrencyLimit, LimitSettings, overload_of_call
 
 THRESHOLD = LimitSettings(max_limit=1).loop_lag_threshold_s
 INTERVAL = LimitSettings(max_limit=1).decrease_interval_s
@@ -224,3 +224,20 @@ def test_samples_out_of_range_are_refused(sample: tuple, message: str) -> None:
         limit.on_sample(*sample)
     assert message in str(refused.value)
     assert limit.limit == 4
+
+
+@pytest.mark.parametrize(
+    ("timed_out", "usual", "loop_lagged", "told"),
+    [
+        (False, True, False, False),  # a usual answer: a sample
+        (False, True, True, False),  # weighed with its instant's lag by on_sample
+        (True, False, False, None),  # the provider's hang: nothing
+        (False, False, False, None),  # a quick refusal: nothing
+        (True, False, True, True),  # a timeout while our loop lagged: overload
+        (False, False, True, True),
+    ],
+)
+def test_what_a_call_tells_the_limit(
+    timed_out: bool, usual: bool, loop_lagged: bool, told: bool | None
+) -> None:
+    assert overload_of_call(timed_out=timed_out, usual=usual, loop_lagged=loop_lagged) is told

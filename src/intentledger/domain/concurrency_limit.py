@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["ConcurrencyLimit", "LimitSettings"]
+__all__ = ["ConcurrencyLimit", "LimitSettings", "overload_of_call"]
 
 # The gradient's floor: one sample never cuts the smoothed step below half the
 # limit (Gradient2's own bound); harder cuts are overload's to make.
@@ -221,3 +221,16 @@ def _check_sample(rtt_s: float, in_flight: int, loop_lag_s: float, now_s: float)
         raise ValueError(f"loop_lag_s must be a finite time of at least 0, not {loop_lag_s}")
     if not math.isfinite(now_s):
         raise ValueError(f"now_s must be finite, not {now_s}")
+
+
+def overload_of_call(*, timed_out: bool, usual: bool, loop_lagged: bool) -> bool | None:
+    """What one finished call tells the limit: None, nothing; else whether it is
+    overload. A timeout or an answer off the provider's usual path (a refusal,
+    a connection never made) teaches nothing unless our own loop lagged: the
+    hang held its slot while it lasted, and a refusal's quick time would teach
+    a provider faster than it is. When our loop lagged, either is overload; a
+    usual answer is a sample the rule above weighs with its instant's lag."""
+    off_path = timed_out or not usual
+    if off_path and not loop_lagged:
+        return None
+    return off_path

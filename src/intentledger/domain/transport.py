@@ -74,6 +74,12 @@ class ProviderAnswer:
     mapped: Classification | None = None
 
 
+def usual_answer(answer: ProviderAnswer) -> bool:
+    """A response on the provider's usual path (a 2xx): its time says how fast
+    the provider is."""
+    return answer.transport is Transport.RESPONSE and 200 <= (answer.status or 0) < 300
+
+
 def classify(answer: ProviderAnswer) -> Classification:
     """What an answer proves: the transport decides when there was no response,
     the adapter's mapping when there was one. A response the adapter does not

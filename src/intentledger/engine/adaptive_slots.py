@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from intentledger.domain.concurrency_limit import ConcurrencyLimit
+from intentledger.domain.concurrency_limit import ConcurrencyLimit, overload_of_call
 from intentledger.engine.loop_lag import LoopLag
 from intentledger.observability.metrics import WORKER_CONCURRENCY_LIMIT
 
@@ -94,17 +94,11 @@ class AdaptiveSlots:
         threshold = self._limit.settings.loop_lag_threshold_s
         lag = max(self._loop_lag.current(), self._loop_lag.recent_max())
         ours = lag > threshold
-        untypical = timed_out or not typical
-        if untypical and not ours:
-            # A provider's hang or a quick refusal says nothing of our capacity:
-            # the hang held its slot while it lasted, and a refusal's time
-            # would teach the limit a provider faster than it is.
+        overload = overload_of_call(timed_out=timed_out, usual=typical, loop_lagged=ours)
+        if overload is None:
             return CallReport(lag, ours, self._limit.slots)
-        # A usual answer is the domain's to weigh with the lag of this instant;
-        # a timeout or a refusal reaches here only when our loop lagged in its
-        # last samples, and then counts as overload.
         limit = self._limit.on_sample(
-            rtt_s, in_flight, untypical, self._loop_lag.current(), self._now()
+            rtt_s, in_flight, overload, self._loop_lag.current(), self._now()
         )
         WORKER_CONCURRENCY_LIMIT.set(limit)
         return CallReport(lag, ours, self._limit.slots)

@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.concurrency_limit import ConcurrencyLimit, LimitSettings
-from intentledger.domain.transport import ProviderAnswer, Transport
+from intentledger.domain.transport import ProviderAnswer, Transport, usual_answer
 from intentledger.engine.adaptive_slots import AdaptiveSlots
 from intentledger.engine.batch_dispatch import start_submits
 from intentledger.engine.clock import Clock
@@ -151,7 +151,7 @@ class Worker:
         if slots is None:
             return
         timed_out = answer.transport is Transport.NO_RESPONSE
-        typical = answer.transport is Transport.RESPONSE and 200 <= (answer.status or 0) < 300
+        typical = usual_answer(answer)
         report = slots.record(seconds, self.in_flight, timed_out=timed_out, typical=typical)
         if self.in_flight < report.slots:
             # The limit may have grown past what the claimer waits for.
