@@ -205,14 +205,18 @@ class BenchConfig:
             workers=cores,
             worker_concurrency=128,
             worker_batch=32,
-            latency_payments=600 if quick else 5_000,
-            # One worker, 600 calls in flight in 6 loops of 100 (200/50: 425/s,
-            # 400/50: 474/s on this machine at issue 6; the issue asks for at
-            # least 100 in flight). On 2 December, one-phase runs with the
-            # sizes interleaved: 600/50 870-983/s in 11 runs (and one stall),
-            # 600/100 908-1,056/s in 7, 600/150 974-1,075/s in 5 — half the
-            # transactions per payment (docs/benchmarks.md, step 27).
-            latency_concurrency=600,
+            # Rounds of 5,000 (four of each provider): the size issue 39's 850/s
+            # was measured on. Rounds of 1,250 spent a quarter of each round
+            # filling and draining 600 slots: 1,159/s against 1,460/s for the
+            # same code in rounds of 5,000 (docs/benchmarks.md, 5 December).
+            latency_payments=600 if quick else 20_000,
+            # One worker, 1,000 calls in flight, claimed 100 at a time (the
+            # setting's maximum is 1,024). Before issue 39 a worker ran loops of
+            # a batch each, and 600/100 was the best of 200-600 in flight. Since
+            # one claimer fills free slots (issue 39), on a quiet machine, four
+            # rounds of 5,000 each: 600/100 1,460/s, 800/200 1,472/s, 1,000/100
+            # 1,551 and 1,531/s (docs/benchmarks.md, 5 December).
+            latency_concurrency=1_000,
             latency_batch=100,
             slow_seconds=0.2,
             scan_small=10_000,
