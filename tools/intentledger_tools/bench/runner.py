@@ -208,14 +208,14 @@ class BenchConfig:
             # Rounds of 5,000 (four of each provider): the size issue 39's 850/s
             # was measured on. Rounds of 1,250 spent a quarter of each round
             # filling and draining 600 slots: 1,159/s against 1,460/s for the
-            # same code in rounds of 5,000 (docs/benchmarks.md, 5 December).
+            # same code in rounds of 5,000 (docs/benchmarks.md, 4 December, night).
             latency_payments=600 if quick else 20_000,
             # One worker, 1,000 calls in flight, claimed 100 at a time (the
             # setting's maximum is 1,024). Before issue 39 a worker ran loops of
             # a batch each, and 600/100 was the best of 200-600 in flight. Since
             # one claimer fills free slots (issue 39), on a quiet machine, four
             # rounds of 5,000 each: 600/100 1,460/s, 800/200 1,472/s, 1,000/100
-            # 1,551 and 1,531/s (docs/benchmarks.md, 5 December).
+            # 1,551 and 1,531/s (docs/benchmarks.md, 4 December, night).
             latency_concurrency=1_000,
             latency_batch=100,
             slow_seconds=0.2,
