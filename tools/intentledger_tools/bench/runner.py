@@ -4,7 +4,9 @@
     intake    wrk -> N API processes; then pgbench running the intake transaction
     dispatch  N ACCEPTED -> OUTCOME_KNOWN through workers and the provider stand-in, in
               rounds taking in turn pgbench running one delivery's three transactions
-              and the same drain through the full sandbox
+              and the same drain through the full sandbox; then the libraries' floor:
+              the batch script replayed through psycopg and through SQLAlchemy, and
+              the charge calls made with plain aiohttp (see library_floor.py)
     latency   the stand-in answering after 200 ms, one worker process, in rounds taking
               in turn a sandbox answering after as long
     record_delay  payments sent through intake at a steady pace to workers whose
@@ -35,6 +37,7 @@ import os
 import platform
 import secrets
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -60,7 +63,7 @@ from intentledger.store.database import create_ledger_engine, libpq_url
 from intentledger.store.ledger import Ledger
 from intentledger.store.migrate import upgrade
 from intentledger.store.tables import metadata
-from intentledger_tools.bench import profiling, workloads
+from intentledger_tools.bench import library_floor, profiling, workloads
 from intentledger_tools.bench.capture import (
     BENCH_ACTOR,
     DispatchCapture,
@@ -314,6 +317,11 @@ class OutcomeTimeline(NamedTuple):
 
 def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:,.1f} ms"
+
+
+def _cpu_ms(value: float | None) -> str:
+    """CPU milliseconds per payment or call: a few tenths, to the thousandth."""
+    return "—" if value is None else f"{value:.3f} ms"
 
 
 class IntakeRun(NamedTuple):
@@ -1246,7 +1254,108 @@ class Bench:
             dispatch_batch_pgbench_stalled=batch_stalled,
         )
         self.record_stand_in_cost(per_call)
+        self.library_floors(batched.clients, cpu.get("workers", 0.0) * 1000 / (n * rounds))
         self.truncate()
+
+    def library_floors(self, clients: int, workers_ms_per_payment: float) -> None:
+        """What the libraries we must use cost in CPU per payment doing only a
+        payment's work (bench/library_floor.py): the batch script replayed by
+        one process through psycopg alone and through SQLAlchemy Core, with
+        `clients` connections (the batch baseline's faster count), over about
+        as many payments as the phase; and the charge calls made with plain
+        aiohttp at the workers' concurrency against a stand-in answering at
+        once. Not judged: beside `dispatch_worker_to_postgres_cpu`, how much of
+        the workers' CPU per payment is the libraries' and how much ours."""
+        cfg = self.config
+        assert self.batch_capture is not None
+        batch = self.batch_capture.batch
+        payments = max(1, cfg.dispatch_payments // batch) * batch
+        calls = max(1_000, cfg.dispatch_payments // 2)
+        script = str(self.workdir / "dispatch-batch.pgbench")
+        figures: dict[str, Any] = {}
+        watched: dict[str, dict[str, float]] = {}
+        for driver in ("psycopg", "sqlalchemy"):
+            self.say(
+                f"dispatch: the libraries' floor, {driver}: the batch script replayed by one "
+                f"process, {clients} connections, {payments} payments"
+            )
+            self.truncate()
+            self.seed_accepted(payments, "lf", "pm_ok")
+            with self.fleet() as fleet:
+                result, cpu = self.run_library_floor(
+                    fleet,
+                    f"floor-{driver}",
+                    ["sql", "--script", script, "--driver", driver, "--clients", str(clients)],
+                )
+            left = self.scalar("SELECT count(*) FROM outbox WHERE done_at IS NULL")
+            if result["payments"] != payments or left:
+                raise BenchError(
+                    f"the {driver} floor delivered {result['payments']} of {payments} payments "
+                    f"and left {left} undelivered"
+                )
+            watched[driver] = cpu
+            figures[f"floor_{driver}_cpu_ms_per_payment"] = cpu["floor"] * 1000 / payments
+            figures[f"floor_{driver}_postgres_cpu_ms_per_payment"] = (
+                cpu["postgres"] * 1000 / payments if "postgres" in cpu else None
+            )
+            figures[f"floor_{driver}_per_s"] = round(payments / result["wall_seconds"], 1)
+        self.truncate()
+        self.say(
+            f"dispatch: the libraries' floor, aiohttp: {calls} charge calls, "
+            f"{cfg.worker_concurrency} at a time, to the stand-in answering at once"
+        )
+        with self.fleet() as fleet:
+            _, stand_in_url = self.start_stand_in(fleet, "floor-stand-in", 0.0)
+            result, cpu = self.run_library_floor(
+                fleet,
+                "floor-http",
+                [
+                    "http",
+                    "--url",
+                    stand_in_url,
+                    "--calls",
+                    str(calls),
+                    "--concurrency",
+                    str(cfg.worker_concurrency),
+                ],
+            )
+        watched["http"] = cpu
+        figures["floor_http_cpu_ms_per_call"] = cpu["floor"] * 1000 / calls
+        figures["floor_http_per_s"] = round(calls / result["wall_seconds"], 1)
+        sql, http = figures["floor_sqlalchemy_cpu_ms_per_payment"], cpu["floor"] * 1000 / calls
+        floor, server = sql + http, figures["floor_sqlalchemy_postgres_cpu_ms_per_payment"]
+        self.figures.update(
+            figures,
+            floor_clients=clients,
+            floor_payments=payments,
+            floor_http_calls=calls,
+            floor_http_concurrency=cfg.worker_concurrency,
+            floor_cpu=watched,
+            dispatch_library_floor_cpu_ms_per_payment=floor,
+            dispatch_worker_over_library_floor=workers_ms_per_payment / floor if floor else None,
+            dispatch_library_floor_to_postgres_cpu=floor / server if server else None,
+        )
+        self.say(
+            "dispatch: the libraries' floor per payment: psycopg "
+            f"{_cpu_ms(figures['floor_psycopg_cpu_ms_per_payment'])} (server "
+            f"{_cpu_ms(figures['floor_psycopg_postgres_cpu_ms_per_payment'])}), SQLAlchemy "
+            f"{_cpu_ms(sql)} (server {_cpu_ms(server)}), "
+            f"aiohttp {_cpu_ms(http)} per call; the floor "
+            f"{_cpu_ms(floor)} against the workers' {_cpu_ms(workers_ms_per_payment)}"
+        )
+
+    def run_library_floor(
+        self, fleet: Fleet, name: str, args: list[str]
+    ) -> tuple[dict[str, Any], dict[str, float]]:
+        """One library_floor process: started and ready, its CPU (as `floor`) and the
+        server's watched from the signal that starts its work to its result."""
+        proc = fleet.start(name, "intentledger_tools.bench.library_floor", ["--signalled", *args])
+        proc.wait_log(library_floor.READY, timeout=120.0)
+        watch = self.watch({"floor": [proc.pid]})
+        os.kill(proc.pid, signal.SIGUSR1)
+        proc.wait_log(library_floor.RESULT_PREFIX + "{", timeout=self.config.baseline_timeout)
+        cpu = watch.stop()
+        return library_floor.result_of(proc.output_tail(1_000_000)), cpu
 
     def drain_round(
         self,
