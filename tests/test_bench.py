@@ -92,6 +92,21 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     # CPU per payment over PostgreSQL's, the server being on this machine (issue 39 item 3).
     assert len(figures["dispatch_worker_to_postgres_cpu_rounds"]) == figures["dispatch_rounds"]
     assert figures["dispatch_worker_to_postgres_cpu"] > 0
+    # Beside it, the libraries' floor: the batch script replayed through psycopg alone
+    # and through SQLAlchemy, and the charge calls made with plain aiohttp, each by a
+    # process of its own, over every seeded payment.
+    floors = [
+        "floor_psycopg_cpu_ms_per_payment",
+        "floor_psycopg_postgres_cpu_ms_per_payment",
+        "floor_sqlalchemy_cpu_ms_per_payment",
+        "floor_sqlalchemy_postgres_cpu_ms_per_payment",
+        "floor_http_cpu_ms_per_call",
+        "dispatch_library_floor_cpu_ms_per_payment",
+        "dispatch_worker_over_library_floor",
+        "dispatch_library_floor_to_postgres_cpu",
+    ]
+    assert all(figures[key] > 0 for key in floors), {key: figures[key] for key in floors}
+    assert figures["floor_payments"] == 992 and figures["floor_http_calls"] == 1_000
     assert figures["intake_api_to_postgres_cpu"] > 0
     assert len(figures["scaling_1_2_4"]) == 3 and all(r > 0 for r in figures["scaling_1_2_4"])
     assert figures["growth_intake_ratio"] > 0 and figures["growth_scan_ratio"] > 0

@@ -176,6 +176,37 @@ def test_the_replay_delivers_every_row_through_each_driver(
 
 
 @needs_postgres
+@pytest.mark.parametrize("driver", ["psycopg", "sqlalchemy"])
+def test_a_claim_short_of_rows_gives_them_back_and_they_are_claimed_whole(
+    databases: Databases, tmp_path: Path, driver: str
+) -> None:
+    url = floor_database(databases, 4)
+    script = tmp_path / "floor.pgbench"
+    script.write_text(SCRIPT)
+    with psycopg.connect(libpq_url(url)) as holder:
+        # One row locked elsewhere: the claims skip it, so the last one finds one row.
+        holder.execute("SELECT id FROM outbox WHERE id = 1 FOR UPDATE")
+        replaying = subprocess.Popen(
+            [
+                *(sys.executable, "-m", MODULE, "sql", "--script", str(script)),
+                *("--driver", driver, "--clients", "1", "--database-url", url),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(3)
+        assert replaying.poll() is None  # waiting for the row held
+    out, err = replaying.communicate(timeout=60)
+    assert replaying.returncode == 0, err
+    result = result_of(out)
+    assert result["payments"] == 4 and result["partial_claims"] >= 1
+    with psycopg.connect(libpq_url(url)) as conn:
+        notes = conn.execute("SELECT count(DISTINCT outbox_id) FROM notes").fetchone()
+    assert notes == (4,)  # row 4, claimed alone at first, was delivered once, whole
+
+
+@needs_postgres
 def test_a_replay_that_leaves_rows_undelivered_fails_loudly(
     databases: Databases, tmp_path: Path
 ) -> None:

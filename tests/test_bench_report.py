@@ -232,3 +232,27 @@ def test_a_cpu_ratio_is_over_the_servers_cpu_and_judged_by_the_median_of_rounds(
     assert cpu_over_postgres({"workers": 1.5}, "workers") is None
     assert median_ratio([0.9, 1.4, 1.1]) == 1.1
     assert median_ratio([0.9, None]) is None
+
+
+def test_the_libraries_floor_shows_beside_the_workers_cpu_when_measured() -> None:
+    def rendered(extra: dict[str, Any]) -> str:
+        console = Console(file=io.StringIO(), width=400)
+        console.print(table(with_goals({**figures(), **extra})))
+        return console.file.getvalue()  # type: ignore[attr-defined]
+
+    assert "libraries' floor" not in rendered({})
+    shown = rendered(
+        {
+            "dispatch_cpu_ms_per_payment": {"workers": 0.61, "postgres": 0.43},
+            "dispatch_library_floor_cpu_ms_per_payment": 0.305,
+            "dispatch_worker_over_library_floor": 2.0,
+            "floor_sqlalchemy_cpu_ms_per_payment": 0.2155,
+            "floor_psycopg_cpu_ms_per_payment": 0.1533,
+            "floor_http_cpu_ms_per_call": 0.0895,
+            "floor_sqlalchemy_postgres_cpu_ms_per_payment": 0.3,
+            "dispatch_library_floor_to_postgres_cpu": 1.0167,
+        }
+    )
+    assert "floor 0.305 ms" in shown
+    assert "0.2155 ms / 0.1533 ms / 0.0895 ms" in shown
+    assert "PostgreSQL 0.3 ms" in shown and "1.0167" in shown

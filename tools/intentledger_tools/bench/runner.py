@@ -1349,6 +1349,8 @@ class Bench:
     ) -> tuple[dict[str, Any], dict[str, float]]:
         """One library_floor process: started and ready, its CPU (as `floor`) and the
         server's watched from the signal that starts its work to its result."""
+        # A log of its own: a line an earlier process left would read as this one's.
+        (fleet.workdir / f"{name}.log").unlink(missing_ok=True)
         proc = fleet.start(name, "intentledger_tools.bench.library_floor", ["--signalled", *args])
         proc.wait_log(library_floor.READY, timeout=120.0)
         watch = self.watch({"floor": [proc.pid]})
