@@ -600,6 +600,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    import aiohttp
+    import psycopg
+    from sqlalchemy.exc import SQLAlchemyError
+
     from intentledger import eventloop
 
     args = parser().parse_args(argv)
@@ -614,6 +618,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         eventloop.run(sql_floor(args) if args.mode == "sql" else http_floor(args))
     except (ScriptError, ReplayError, OSError) as exc:
         print(f"library_floor: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except (psycopg.Error, SQLAlchemyError, aiohttp.ClientError) as exc:
+        # The server or the provider refused or failed: say which and how, no traceback.
+        print(f"library_floor: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
 
 
