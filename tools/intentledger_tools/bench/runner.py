@@ -1154,6 +1154,7 @@ class Bench:
         baselines: list[tuple[PgbenchResult, dict[str, float]]] = []
         baseline_runs: dict[str, list[float]] = {}
         single_stalled: list[int] = []
+        presubmits: list[tuple[float, float]] = []
         with self.fleet() as fleet:
             stand_in = Provider("stand_in", *self.start_stand_in(fleet, "dispatch-stand-in", 0.0))
             sandbox = Provider("sandbox", *self.start_sandbox(fleet, "dispatch-sandbox"))
@@ -1183,6 +1184,8 @@ class Bench:
                     profile_seconds=10 if cfg.quick else 20,
                 )
                 (ours if on_stand_in else sandboxed).append(drained)
+                if on_stand_in:
+                    presubmits.append(self.mean_presubmit_and_record_group())
         assert self.batch_capture is not None
         # A stricter baseline, once and not judged: our batch transactions themselves.
         batch = self.batch_capture.batch
@@ -1229,6 +1232,11 @@ class Bench:
             dispatch_worker_to_postgres_cpu=median_ratio(workers_over_server),
             dispatch_worker_to_postgres_cpu_rounds=workers_over_server,
             dispatch_stand_in_cpu_ms_per_call=per_call,
+            # Payments per pre-submit (a claim's first attempts) and per group
+            # record, the mean of each stand-in round: fewer, larger transactions
+            # cost less CPU per payment on both sides.
+            dispatch_presubmit_size_rounds=[round(p, 1) for p, _ in presubmits],
+            dispatch_record_group_size_rounds=[round(g, 1) for _, g in presubmits],
             dispatch_sandbox_per_s=round(sandbox_rate, 1),
             dispatch_sandbox_round_ratios=[round(r, 4) for r in sandbox_ratios],
             dispatch_sandbox_ratio=statistics.median(sandbox_ratios),
@@ -1417,6 +1425,19 @@ class Bench:
         self.figures["stand_in_cpu_ms_per_call"] = (
             per_call if known is None else max(known, per_call)
         )
+
+    def mean_presubmit_and_record_group(self) -> tuple[float, float]:
+        """Of the round just drained: payments per pre-submit (its attempts share
+        the transaction's instant) and per group record (its observations do)."""
+        with self.admin() as conn:
+            row = conn.execute(
+                b"SELECT (SELECT count(*)::float8 / nullif(count(DISTINCT submitted_at), 0)"
+                b" FROM attempts),"
+                b" (SELECT count(*)::float8 / nullif(count(DISTINCT at), 0)"
+                b" FROM observations WHERE kind = 'submit_result')"
+            ).fetchone()
+        assert row is not None
+        return float(row[0] or 0.0), float(row[1] or 0.0)
 
     def dispatch_baseline(
         self, script: str, batch: int, client_counts: list[int], payments: int
