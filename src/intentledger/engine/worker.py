@@ -152,9 +152,12 @@ class Worker:
             return
         timed_out = answer.transport is Transport.NO_RESPONSE
         typical = usual_answer(answer)
+        before = slots.slots
         report = slots.record(seconds, self.in_flight, timed_out=timed_out, typical=typical)
-        if self.in_flight < report.slots:
-            # The limit may have grown past what the claimer waits for.
+        if before < report.slots and self.in_flight < report.slots:
+            # The limit grew past what the claimer may be waiting for. Only then:
+            # woken by every answer, it would claim the slot or two free at that
+            # moment instead of waiting for company.
             self._freed.set()
         if timed_out:
             # Beside the observation the task records next: whose timeout it was.
@@ -223,9 +226,10 @@ class Worker:
 # How long the claimer waits, once a slot has freed, for half a claim's worth to
 # free with it. Each claim is two transactions (the claim and the pre-submit),
 # and a claim's answers tend to arrive together and settle in one group: at
-# 5 ms a busy worker claimed 5-6 rows at a time, at 20 ms 13-15, and its CPU
-# and the server's per payment fell by a third (docs/benchmarks.md, step 39).
-# Beside calls that hang, a free slot waits this long, never a poll.
+# 5 ms a busy worker claimed 6 rows at a time in most drains (5-11), at 20 ms
+# 13-15, and its CPU and the server's per payment fell by a third
+# (docs/benchmarks.md, step 39). A slot that frees beside calls that hang
+# waits this long, never a poll.
 CLAIM_COMPANY = timedelta(milliseconds=20)
 
 
