@@ -214,17 +214,7 @@ def test_a_replay_that_leaves_rows_undelivered_fails_loudly(
     script = tmp_path / "forgetful.pgbench"
     # The rows are claimed (and so no longer due) but never marked done.
     script.write_text(SCRIPT.replace("UPDATE outbox SET done_at = now()", "SELECT 1 FROM outbox"))
-    done = run_floor(
-        "sql",
-        "--script",
-        str(script),
-        "--driver",
-        "psycopg",
-        "--clients",
-        "2",
-        "--database-url",
-        url,
-    )
+    done = replay(script, url)
     assert done.returncode == 1
     assert "left 4 of 4 outbox rows undelivered" in done.stderr
     assert "Traceback" not in done.stderr
@@ -237,17 +227,7 @@ def test_a_count_of_rows_the_claims_cannot_take_whole_is_refused(
     url = floor_database(databases, 5)
     script = tmp_path / "floor.pgbench"
     script.write_text(SCRIPT)
-    done = run_floor(
-        "sql",
-        "--script",
-        str(script),
-        "--driver",
-        "psycopg",
-        "--clients",
-        "2",
-        "--database-url",
-        url,
-    )
+    done = replay(script, url)
     assert done.returncode == 1
     assert "5 undelivered outbox rows" in done.stderr and "Traceback" not in done.stderr
 

@@ -452,10 +452,7 @@ async def sql_floor(args: argparse.Namespace) -> dict[str, Any]:
         "wall_seconds": round(wall, 3),
         "cpu_seconds": round(cpu, 3),
     }
-    say(RESULT_PREFIX + json.dumps(result))
-    if args.signalled:
-        await asyncio.Event().wait()  # until SIGTERM ends the process
-    return result
+    return await reported(result, args.signalled)
 
 
 def _count(conn: Any, query: str) -> int:
@@ -546,9 +543,15 @@ async def http_floor(args: argparse.Namespace) -> dict[str, Any]:
         "wall_seconds": round(wall, 3),
         "cpu_seconds": round(cpu, 3),
     }
+    return await reported(result, args.signalled)
+
+
+async def reported(result: dict[str, Any], signalled: bool) -> dict[str, Any]:
+    """Print the result line; signalled, stay until SIGTERM ends the process, so
+    the bench reads its CPU after the work and before it exits."""
     say(RESULT_PREFIX + json.dumps(result))
-    if args.signalled:
-        await asyncio.Event().wait()  # until SIGTERM ends the process
+    if signalled:
+        await asyncio.Event().wait()
     return result
 
 
