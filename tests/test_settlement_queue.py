@@ -13,6 +13,7 @@ waiting for; and the record delay is observed only once the commit returned.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from datetime import timedelta
 from typing import Any
@@ -22,7 +23,7 @@ from prometheus_client import REGISTRY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.engine.batch_dispatch import pre_submit
-from intentledger.engine.settlement_queue import Sent, answered_now
+from intentledger.engine.settlement_queue import BUSY_WINDOW, ArrivalRate, Sent, answered_now
 from intentledger.engine.worker import Worker, run_worker
 from intentledger.store.batches import BatchLedger
 from intentledger.store.tables import observations
@@ -254,3 +255,53 @@ async def test_an_answer_is_not_held_for_a_group_already_committing(
         assert quick_done_while_slow_committed
     else:
         assert not quick_done_while_slow_committed
+
+
+def test_the_arrival_rate_reads_a_steady_stream_and_forgets_a_burst() -> None:
+    rate = ArrivalRate(horizon=1.0)
+    for n in range(1, 3_001):  # 500 a second for 6 s
+        rate.arrived(n / 500)
+    assert rate.per_second(6.0) == pytest.approx(500, rel=0.01)
+    # A second of silence fades it by e; ten, to nothing.
+    assert rate.per_second(7.0) == pytest.approx(500 / math.e, rel=0.01)
+    assert rate.per_second(16.0) < 0.03
+
+    burst = ArrivalRate(horizon=1.0)
+    for _ in range(20):  # a claim's answers arriving together
+        burst.arrived(100.0)
+    assert burst.per_second(100.0) == pytest.approx(20)
+
+
+async def test_the_window_stretches_only_while_answers_arrive_densely(
+    engine: AsyncEngine, sandbox: str
+) -> None:
+    """2 ms for a sparse stream and for a burst (a longer wait would add delay
+    and little company), 10 ms from about 250 answers a second; a window of 0
+    stays 0, and a window longer than 10 ms is kept."""
+    clock = MovableClock()
+    queue = make_worker(engine, sandbox, clock).settlements
+    assert queue.window == pytest.approx(0.002)
+    assert queue.window_at(0.0) == pytest.approx(0.002)
+
+    def stream(per_second: float, seconds: float, start: float) -> float:
+        at = start
+        for _ in range(round(per_second * seconds)):
+            at += 1 / per_second
+            queue._arrivals.arrived(at)
+        return at
+
+    at = stream(100, 5.0, start=0.0)  # the record-delay phase's rate per worker
+    assert queue.window_at(at) == pytest.approx(0.002)
+    for _ in range(20):
+        queue._arrivals.arrived(at)
+    assert queue.window_at(at) == pytest.approx(0.002)
+    at = stream(500, 5.0, start=at)  # a worker settling through the sandbox
+    assert queue.window_at(at) == pytest.approx(BUSY_WINDOW.total_seconds())
+    # Idle again: within a few seconds the short window is back.
+    assert queue.window_at(at + 5.0) == pytest.approx(0.002)
+
+    for window, busy in ((timedelta(0), 0.0), (timedelta(milliseconds=50), 0.05)):
+        other = make_worker(engine, sandbox, clock, record_window=window).settlements
+        for n in range(1, 2_001):
+            other._arrivals.arrived(n / 1_000)
+        assert other.window_at(2.0) == pytest.approx(busy)

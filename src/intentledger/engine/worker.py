@@ -233,6 +233,13 @@ class Worker:
 CLAIM_COMPANY = timedelta(milliseconds=20)
 
 
+# The share of the submit timeout a provider's answers may take before their
+# time lowers the limit (domain/concurrency_limit.py, the allowance): nine
+# tenths of the deadline to spare, and a provider that queues our calls well
+# inside it is not throttled into small claims.
+DEADLINE_ALLOWANCE = 0.1
+
+
 async def _despite_cancellation(work: asyncio.Future[Any]) -> bool:
     """Wait for `work` to finish even if this task is cancelled meanwhile;
     whether it was (the caller raises CancelledError once it is safe to)."""
@@ -277,11 +284,14 @@ async def run_worker(
     sweep_interval: timedelta,
     batch: int = 1,
     reap_interval: timedelta = timedelta(hours=1),
+    call_deadline: timedelta | None = None,
 ) -> None:
     """Deliver up to `concurrency` rows at once (fewer while the adaptive limit
     says the process or the provider cannot carry them), claiming up to `batch`
     due rows at a time into free slots, and run the sweeper, until `stop` is
-    set; then let every delivery started finish."""
+    set; then let every delivery started finish. `call_deadline`: the provider
+    calls' timeout, whose tenth the limit allows any answer (None: no
+    allowance, Gradient2's rule)."""
     per_claim = max(1, min(batch, concurrency))
 
     def refill_at(slots: AdaptiveSlots) -> int:
@@ -342,7 +352,11 @@ async def run_worker(
     async with LoopLag() as loop_lag, asyncio.TaskGroup() as group:
         # At most `concurrency` rows in flight, fewer while the calls show the
         # process (or the provider) cannot carry them (engine/adaptive_slots.py).
-        slots = AdaptiveSlots(ConcurrencyLimit(LimitSettings(max_limit=concurrency)), loop_lag)
+        allowance = call_deadline * DEADLINE_ALLOWANCE if call_deadline else timedelta(0)
+        limit = ConcurrencyLimit(
+            LimitSettings(max_limit=concurrency, rtt_allowance_s=allowance.total_seconds())
+        )
+        slots = AdaptiveSlots(limit, loop_lag)
         worker.slots = slots
         group.create_task(deliveries(slots))
         group.create_task(sweeps())

@@ -17,7 +17,20 @@ from functools import cache
 from typing import Any
 
 import orjson
-from sqlalchemy import Integer, Table, TextClause, Update, bindparam, insert, select, text, update
+from sqlalchemy import (
+    Integer,
+    Select,
+    Table,
+    TextClause,
+    Update,
+    any_,
+    bindparam,
+    insert,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import BindParameter
@@ -40,9 +53,9 @@ from intentledger.store.tables import (
     transitions,
 )
 
-# The batch's reads and locks, built once: building a statement and its cache
-# key on every call was most of SQLAlchemy's share of a worker's CPU. The ids
-# are one expanding parameter, so each is one statement whatever their number.
+# The batch's reads and locks are built once: building a statement and its
+# cache key on every call was most of SQLAlchemy's share of a worker's CPU.
+# Their ids are one parameter (`_among_ids`), whatever their number.
 _IDS = "ids"
 
 
@@ -75,44 +88,67 @@ def _claim_statement(is_postgres: bool) -> Update:
 
 
 _under_mandate = operations.alias("under_mandate")
-# Most batches hold no operation under a mandate: then this one statement
-# locks the operations, if none of them has a mandate (an operation's mandate
-# is set at intake and never changes, so what it reads stays true under the
-# locks). It returns no row when one has: `lock` then takes the mandates first.
-_LOCK_WITHOUT_MANDATES = (
-    select(operations)
-    .where(
-        operations.c.operation_id.in_(_ids()),
-        ~select(_under_mandate.c.operation_id)
-        .where(_under_mandate.c.operation_id.in_(_ids()), _under_mandate.c.mandate_id.is_not(None))
-        .exists(),
+
+
+def _among_ids(column: Any, is_postgres: bool) -> Any:
+    """`column` is one of the `ids` parameter's values. On PostgreSQL that is one
+    array parameter: the statement's text is then the same whatever the number
+    of ids, so psycopg prepares it once per connection. An expanding IN list is
+    a new statement for every count, parsed and planned again each time (a
+    group of 7 answers and one of 8 share nothing). SQLite has no arrays."""
+    if is_postgres:
+        return column == any_(bindparam(_IDS, type_=ARRAY(column.type)))
+    return column.in_(_ids())
+
+
+@dataclass(frozen=True)
+class _LockStatements:
+    # Locks the operations in one statement if none of them has a mandate (an
+    # operation's mandate is set at intake and never changes, so what it reads
+    # stays true under the locks); it returns no row when one has, and `lock`
+    # then takes the mandates first.
+    without_mandates: Select[Any]
+    mandates_of: Select[Any]
+    mandates: Select[Any]
+    operations: Select[Any]
+    outbox_rows: Select[Any]
+
+
+@cache
+def _lock_statements(is_postgres: bool) -> _LockStatements:
+    """The batch's reads and locks for the dialect, built once."""
+    return _LockStatements(
+        without_mandates=select(operations)
+        .where(
+            _among_ids(operations.c.operation_id, is_postgres),
+            ~select(_under_mandate.c.operation_id)
+            .where(
+                _among_ids(_under_mandate.c.operation_id, is_postgres),
+                _under_mandate.c.mandate_id.is_not(None),
+            )
+            .exists(),
+        )
+        .order_by(operations.c.operation_id)
+        .with_for_update(of=operations),
+        mandates_of=select(operations.c.mandate_id)
+        .where(
+            _among_ids(operations.c.operation_id, is_postgres),
+            operations.c.mandate_id.is_not(None),
+        )
+        .distinct(),
+        mandates=select(mandates)
+        .where(_among_ids(mandates.c.mandate_id, is_postgres))
+        .order_by(mandates.c.mandate_id)
+        .with_for_update(),
+        operations=select(operations)
+        .where(_among_ids(operations.c.operation_id, is_postgres))
+        .order_by(operations.c.operation_id)
+        .with_for_update(),
+        outbox_rows=select(outbox.c.id, outbox.c.lease_owner, outbox.c.due_at, outbox.c.done_at)
+        .where(_among_ids(outbox.c.id, is_postgres))
+        .order_by(outbox.c.id)
+        .with_for_update(),
     )
-    .order_by(operations.c.operation_id)
-    .with_for_update(of=operations)
-)
-_MANDATES_OF = (
-    select(operations.c.mandate_id)
-    .where(operations.c.operation_id.in_(_ids()), operations.c.mandate_id.is_not(None))
-    .distinct()
-)
-_LOCK_MANDATES = (
-    select(mandates)
-    .where(mandates.c.mandate_id.in_(_ids()))
-    .order_by(mandates.c.mandate_id)
-    .with_for_update()
-)
-_LOCK_OPERATIONS = (
-    select(operations)
-    .where(operations.c.operation_id.in_(_ids()))
-    .order_by(operations.c.operation_id)
-    .with_for_update()
-)
-_LOCK_OUTBOX_ROWS = (
-    select(outbox.c.id, outbox.c.lease_owner, outbox.c.due_at, outbox.c.done_at)
-    .where(outbox.c.id.in_(_ids()))
-    .order_by(outbox.c.id)
-    .with_for_update()
-)
 
 
 @dataclass(frozen=True)
@@ -142,27 +178,25 @@ class BatchLedger:
     async def lock(self, operation_ids: Iterable[str]) -> Locked:
         """Lock the operations' mandates, then the operations (Ledger.lock_operation's order)."""
         ids = sorted(set(operation_ids))
-        # Most batches hold no operation under a mandate: then one statement
-        # locks the operations, if none of them has a mandate (an operation's
-        # mandate is set at intake and never changes, so what this reads stays
-        # true under the locks). It returns no row when one has: the two steps
-        # below then lock the mandates first.
-        alone = await self.conn.execute(_LOCK_WITHOUT_MANDATES, {"ids": ids})
+        statements = _lock_statements(self._is_postgres)
+        alone = await self.conn.execute(statements.without_mandates, {"ids": ids})
         locked = {row.operation_id: OperationRecord.of(row) for row in alone}
         if locked:
             return Locked(locked, {})
-        mandate_ids = (await self.conn.execute(_MANDATES_OF, {"ids": ids})).scalars()
+        mandate_ids = (await self.conn.execute(statements.mandates_of, {"ids": ids})).scalars()
         locked_mandates: dict[str, MandateRecord] = {}
         wanted = sorted(mandate_ids)
         if wanted:
-            rows = await self.conn.execute(_LOCK_MANDATES, {"ids": wanted})
+            rows = await self.conn.execute(statements.mandates, {"ids": wanted})
             locked_mandates = {row.mandate_id: MandateRecord.of(row) for row in rows}
-        rows = await self.conn.execute(_LOCK_OPERATIONS, {"ids": ids})
+        rows = await self.conn.execute(statements.operations, {"ids": ids})
         return Locked({row.operation_id: OperationRecord.of(row) for row in rows}, locked_mandates)
 
     async def leases_held(self, row_ids: Iterable[int], owner: str, now: datetime) -> set[int]:
         """Lock the outbox rows; the ones `owner` still holds an unexpired lease on."""
-        rows = await self.conn.execute(_LOCK_OUTBOX_ROWS, {"ids": sorted(set(row_ids))})
+        rows = await self.conn.execute(
+            _lock_statements(self._is_postgres).outbox_rows, {"ids": sorted(set(row_ids))}
+        )
         return {
             row.id
             for row in rows

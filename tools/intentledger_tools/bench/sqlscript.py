@@ -110,6 +110,8 @@ def render(
 def _replacement(
     conn: psycopg.Connection[Any], value: Any, substitute: Mapping[str | int, Expr]
 ) -> str | None:
+    if isinstance(value, list):
+        return _array_replacement(conn, value, substitute)
     if isinstance(value, bool) or not isinstance(value, str | int):
         return None
     if value in substitute:
@@ -125,6 +127,22 @@ def _replacement(
                 parts += [literal(conn, p) for p in (after,) if p]
                 return "(" + " || ".join(parts) + ")"
     return None
+
+
+def _array_replacement(
+    conn: psycopg.Connection[Any], values: list[Any], substitute: Mapping[str | int, Expr]
+) -> str | None:
+    """An array parameter (the batch's ids, `store/batches.py`) as an ARRAY[...]
+    constructor with every substituted element replaced (the statement casts it
+    to its column's array type); None if no element is substituted."""
+    elements = [_replacement(conn, value, substitute) for value in values]
+    if all(element is None for element in elements):
+        return None
+    rendered = [
+        element if element is not None else literal(conn, value)
+        for element, value in zip(elements, values, strict=True)
+    ]
+    return "ARRAY[" + ", ".join(rendered) + "]"
 
 
 _JSON_SENTINEL = re.compile(r'"__pgbench_value_(\d+)__"|__pgbench_part_(\d+)__')
