@@ -23,7 +23,13 @@ from prometheus_client import REGISTRY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.engine.batch_dispatch import pre_submit
-from intentledger.engine.settlement_queue import BUSY_WINDOW, ArrivalRate, Sent, answered_now
+from intentledger.engine.settlement_queue import (
+    BUSY_WINDOW,
+    ArrivalRate,
+    Sent,
+    SettlementQueue,
+    answered_now,
+)
 from intentledger.engine.worker import Worker, run_worker
 from intentledger.store.batches import BatchLedger
 from intentledger.store.tables import observations
@@ -276,8 +282,8 @@ async def test_the_window_stretches_only_while_answers_arrive_densely(
     engine: AsyncEngine, sandbox: str
 ) -> None:
     """2 ms for a sparse stream and for a burst (a longer wait would add delay
-    and little company), 10 ms from about 250 answers a second; a window of 0
-    stays 0, and a window longer than 10 ms is kept."""
+    and little company), 10 ms from about 250 answers a second; the busy
+    window is never shorter than the window, and 0 for both never waits."""
     clock = MovableClock()
     queue = make_worker(engine, sandbox, clock).settlements
     assert queue.window == pytest.approx(0.002)
@@ -300,8 +306,55 @@ async def test_the_window_stretches_only_while_answers_arrive_densely(
     # Idle again: within a few seconds the short window is back.
     assert queue.window_at(at + 5.0) == pytest.approx(0.002)
 
-    for window, busy in ((timedelta(0), 0.0), (timedelta(milliseconds=50), 0.05)):
-        other = make_worker(engine, sandbox, clock, record_window=window).settlements
+    for window, busy, dense in (
+        (timedelta(0), timedelta(0), 0.0),
+        (timedelta(0), BUSY_WINDOW, BUSY_WINDOW.total_seconds()),
+        (timedelta(milliseconds=50), BUSY_WINDOW, 0.05),
+        (timedelta(milliseconds=1), timedelta(milliseconds=4), 0.004),
+    ):
+        other = SettlementQueue(queue.dispatcher, window, busy_window=busy)
         for n in range(1, 2_001):
             other._arrivals.arrived(n / 1_000)
-        assert other.window_at(2.0) == pytest.approx(busy)
+        assert other.window_at(2.0) == pytest.approx(dense)
+
+
+async def test_answers_a_few_milliseconds_apart_share_a_group_only_while_answers_are_dense(
+    engine: AsyncEngine, sandbox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two answers 4 ms apart: two groups with the 2 ms window of a sparse stream,
+    one group while the worker's answers arrive at 500 a second (its first
+    answer then waits 10 ms). Timers fire in deadline order, so the second
+    answer is queued before the 10 ms wait ends and after the 2 ms one did."""
+    settle = BatchLedger.settle
+    groups: list[int] = []
+
+    async def counted(self: BatchLedger, observation_rows: Any, *args: Any) -> None:
+        groups.append(len(observation_rows))
+        await settle(self, observation_rows, *args)
+
+    monkeypatch.setattr(BatchLedger, "settle", counted)
+    clock = MovableClock()
+    worker = make_worker(engine, sandbox, clock)
+    queue = worker.settlements
+
+    async def two_answers_apart(tag: str) -> list[int]:
+        made = [await accept(engine, clock, "pm_ok", key=f"{tag}-{i}") for i in range(2)]
+        async with engine.begin() as conn:
+            claimed = await BatchLedger(conn).claim_outbox_rows(
+                clock(), timedelta(minutes=5), worker.worker_id, 10
+            )
+        prepared, _ = await pre_submit(worker.dispatcher, claimed)
+        answers = [await worker.dispatcher.provider.submit(p.submission.request) for p in prepared]
+        groups.clear()
+        first = asyncio.create_task(queue.record(Sent(prepared[0], answers[0], answered_now())))
+        await asyncio.sleep(0.004)
+        await queue.record(Sent(prepared[1], answers[1], answered_now()))
+        await first
+        assert [(await operation(engine, op)).outcome for op in made] == ["succeeded"] * 2
+        return sorted(groups)
+
+    assert await two_answers_apart("sparse") == [1, 1]
+    now = answered_now()
+    for n in range(1_000):  # the last two seconds at 500 a second
+        queue._arrivals.arrived(now - 2.0 + n / 500)
+    assert await two_answers_apart("dense") == [2]

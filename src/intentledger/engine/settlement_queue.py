@@ -55,14 +55,15 @@ log = logging.getLogger(__name__)
 # Answers one transaction settles at most: the group statement stays small
 # enough for SQLite's bound parameters and a short lock hold.
 MAX_GROUP = 64
-# How long the first answer of a group waits for company. The provider's
-# answers of a busy worker arrive a fraction of a millisecond apart; 2 ms
-# gathers tens of them into one commit and is nothing beside a provider call.
+# How long the first answer of a group waits for company: nothing beside a
+# provider call, and a stream of answers a millisecond or less apart gathers
+# into one commit.
 DEFAULT_WINDOW = timedelta(milliseconds=2)
-# While answers arrive densely, the first of a group waits this long instead:
-# a commit costs the server and the worker about the same for 5 answers as
-# for 15, and on a worker settling hundreds a second the 2 ms window made
-# groups of 6-7 answers through the sandbox (docs/benchmarks.md, step 41).
+# While answers arrive densely, the first of a group waits this long instead
+# (INTENTLEDGER_RECORD_WINDOW_BUSY): a commit costs the server and the worker
+# about the same for 5 answers as for 15, and on a worker settling a few
+# hundred a second 2 ms made groups of 6-8 answers through the sandbox
+# (docs/benchmarks.md, step 41).
 BUSY_WINDOW = timedelta(milliseconds=10)
 # "Densely": when the answers arriving lately, at their rate, would bring at
 # least this many more during the longer wait (250 a second for 2 ms against
@@ -124,12 +125,12 @@ class SettlementQueue:
         dispatcher: Dispatcher,
         window: timedelta = DEFAULT_WINDOW,
         max_group: int = MAX_GROUP,
+        busy_window: timedelta = BUSY_WINDOW,
     ) -> None:
         self.dispatcher = dispatcher
         self.window = window.total_seconds()
-        # The longer wait while answers arrive densely; a window of 0 (commit
-        # each answer at once) is kept as it was asked for.
-        self.busy_window = max(self.window, BUSY_WINDOW.total_seconds()) if window else 0.0
+        # The longer wait while answers arrive densely, never shorter than the window.
+        self.busy_window = max(self.window, busy_window.total_seconds())
         self._arrivals = ArrivalRate(ARRIVAL_HORIZON.total_seconds())
         self.max_group = max_group
         self._waiting: deque[_Waiting] = deque()

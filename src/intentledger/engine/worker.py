@@ -32,7 +32,7 @@ from intentledger.engine.dispatcher import Dispatcher
 from intentledger.engine.loop_lag import LoopLag
 from intentledger.engine.reaper import Reaper
 from intentledger.engine.reconciler import Reconciler
-from intentledger.engine.settlement_queue import DEFAULT_WINDOW, SettlementQueue
+from intentledger.engine.settlement_queue import BUSY_WINDOW, DEFAULT_WINDOW, SettlementQueue
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.webhook_sender import WebhookSender
 from intentledger.observability import ledger_events
@@ -58,6 +58,7 @@ class Worker:
         webhooks: WebhookSender | None = None,
         reaper: Reaper | None = None,
         record_window: timedelta = DEFAULT_WINDOW,
+        record_window_busy: timedelta = BUSY_WINDOW,
     ) -> None:
         self.engine = engine
         self.clock = clock
@@ -71,7 +72,9 @@ class Worker:
         # Record retention, on a schedule (engine/reaper.py).
         self.reaper = reaper
         # First attempts' answers, committed as they arrive.
-        self.settlements = SettlementQueue(dispatcher, record_window)
+        self.settlements = SettlementQueue(
+            dispatcher, record_window, busy_window=record_window_busy
+        )
         # Deliveries started and not finished: each holds a slot.
         self._running: set[asyncio.Task[None]] = set()
         # The adaptive limit on them, while run_worker runs (None: the
@@ -236,8 +239,11 @@ CLAIM_COMPANY = timedelta(milliseconds=20)
 # The share of the submit timeout a provider's answers may take before their
 # time lowers the limit (domain/concurrency_limit.py, the allowance): nine
 # tenths of the deadline to spare, and a provider that queues our calls well
-# inside it is not throttled into small claims.
+# inside it is not throttled into small claims. At most a second (the default
+# timeout's tenth): with a long timeout the allowance would otherwise switch
+# the gradient off for a provider that slows down before it times out.
 DEADLINE_ALLOWANCE = 0.1
+MOST_ALLOWANCE = timedelta(seconds=1)
 
 
 async def _despite_cancellation(work: asyncio.Future[Any]) -> bool:
@@ -290,8 +296,8 @@ async def run_worker(
     says the process or the provider cannot carry them), claiming up to `batch`
     due rows at a time into free slots, and run the sweeper, until `stop` is
     set; then let every delivery started finish. `call_deadline`: the provider
-    calls' timeout, whose tenth the limit allows any answer (None: no
-    allowance, Gradient2's rule)."""
+    calls' timeout, whose tenth (at most a second) the limit allows any answer
+    (None: no allowance, Gradient2's rule)."""
     per_claim = max(1, min(batch, concurrency))
 
     def refill_at(slots: AdaptiveSlots) -> int:
@@ -352,7 +358,9 @@ async def run_worker(
     async with LoopLag() as loop_lag, asyncio.TaskGroup() as group:
         # At most `concurrency` rows in flight, fewer while the calls show the
         # process (or the provider) cannot carry them (engine/adaptive_slots.py).
-        allowance = call_deadline * DEADLINE_ALLOWANCE if call_deadline else timedelta(0)
+        allowance = timedelta(0)
+        if call_deadline:
+            allowance = min(call_deadline * DEADLINE_ALLOWANCE, MOST_ALLOWANCE)
         limit = ConcurrencyLimit(
             LimitSettings(max_limit=concurrency, rtt_allowance_s=allowance.total_seconds())
         )
