@@ -50,15 +50,7 @@ async def test_a_starved_worker_claims_fewer_rows_and_makes_no_unknown(
 
     running = asyncio.create_task(
         run_worker(
-            worker,
-            stop,
-            CONCURRENCY,
-            timedelta(milliseconds=20),
-            timedelta(minutes=1),
-            batch=4,
-            # As `serve` and `worker` run it: answers within half a second never
-            # lower the limit, and our own loop's lag still halves it.
-            call_deadline=timedelta(seconds=5.0),
+            worker, stop, CONCURRENCY, timedelta(milliseconds=20), timedelta(minutes=1), batch=4
         )
     )
     watching = asyncio.create_task(watch())

@@ -154,7 +154,6 @@ async def run_workers(worker: Worker, settings: Settings, stop: asyncio.Event) -
             settings.sweep_interval,
             settings.worker_batch,
             settings.reap_interval,
-            call_deadline=settings.submit_timeout,
         )
     finally:
         await worker.close()

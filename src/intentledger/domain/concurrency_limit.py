@@ -19,12 +19,9 @@ multiplicative decrease for hard signals:
 2. Otherwise the provider's round-trip time is the call's measured time less
    the loop's lag, and it feeds a long-term baseline (the mean of the first
    ``warmup_samples``, then an exponential average over ``long_window``
-   samples). The gradient is ``tolerated / rtt`` clamped to ``[0.5, 1]``,
-   where ``tolerated`` is ``rtt_tolerance * baseline`` or ``rtt_allowance_s``,
-   whichever is longer: 1 while the provider answers within the tolerance of
-   its usual time, or within the allowance, lower as its answers slow down
-   past both (a queue is forming). Gradient2 has no allowance: it departs from
-   it for a provider that queues our calls (module note below).
+   samples). The gradient is ``rtt_tolerance * baseline / rtt`` clamped to
+   ``[0.5, 1]``: 1 while the provider answers within the tolerance of its
+   usual time, lower as its answers slow down (a queue is forming).
 3. A limit not in use is not tested: while fewer than half of it is in flight,
    only overload changes it.
 4. Else the limit moves a ``smoothing`` share of the way to
@@ -34,19 +31,6 @@ multiplicative decrease for hard signals:
 
 The limit always lies in ``[min_limit, max_limit]``. The domain reads no clock:
 the caller passes the time a call finished, on any monotonic clock, in seconds.
-
-Why an allowance. A provider that serves our calls in turn (the sandbox, a
-bank's gateway) answers later the more we have in flight, while answering
-every call well inside its deadline. Gradient2 reads that queue as a reason
-to shrink, and the limit sank from 128 to 10-25 slots per worker through the
-sandbox: each claim and each group of answers then held a dozen payments
-instead of thirty, and the ledger's CPU per payment rose by half on both the
-worker's side and the database's (850/s against 1,300/s with the limit held,
-docs/benchmarks.md, step 41). Answers under a tenth of the call's deadline
-(the worker's setting) leave nine tenths of it to spare: no call is near
-UNKNOWN, and shrinking would cost throughput and protect nothing. Past the
-allowance the gradient applies as before, and overload (our own loop's lag,
-timeouts) halves the limit whatever the allowance.
 """
 
 from __future__ import annotations
@@ -88,9 +72,6 @@ class LimitSettings:
     # Gradient2's default: answers up to 1.5 times the usual time are the
     # provider's own variation, not a queue we made.
     rtt_tolerance: float = 1.5
-    # Answers within this time are never read as a queue, however much faster
-    # the baseline (module note); 0 is Gradient2's rule.
-    rtt_allowance_s: float = 0.0
     # Gradient2's default: a fifth of the step per sample damps one odd answer.
     smoothing: float = 0.2
     # TCP's halving, not AIMD's 0.9: an overload here turns calls into UNKNOWN
@@ -124,8 +105,6 @@ class LimitSettings:
             )
         if not (math.isfinite(self.rtt_tolerance) and self.rtt_tolerance >= 1):
             raise ValueError(f"rtt_tolerance must be at least 1, not {self.rtt_tolerance}")
-        if not (math.isfinite(self.rtt_allowance_s) and self.rtt_allowance_s >= 0):
-            raise ValueError(f"rtt_allowance_s must be at least 0, not {self.rtt_allowance_s}")
         if not 0 < self.smoothing <= 1:
             raise ValueError(f"smoothing must lie in (0, 1], not {self.smoothing}")
         if not 0 < self.backoff_ratio < 1:
@@ -215,8 +194,7 @@ class ConcurrencyLimit:
         self._learn_baseline(rtt)
         if in_flight < self._limit / 2:
             return self._limit
-        tolerated = max(settings.rtt_tolerance * self._baseline_s, settings.rtt_allowance_s)
-        gradient = max(_GRADIENT_FLOOR, min(1.0, tolerated / rtt))
+        gradient = max(_GRADIENT_FLOOR, min(1.0, settings.rtt_tolerance * self._baseline_s / rtt))
         target = self._limit * gradient + math.sqrt(self._limit)
         smoothed = self._limit * (1 - settings.smoothing) + target * settings.smoothing
         self._limit = min(float(settings.max_limit), max(float(settings.min_limit), smoothed))

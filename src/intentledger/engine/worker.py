@@ -236,16 +236,6 @@ class Worker:
 CLAIM_COMPANY = timedelta(milliseconds=20)
 
 
-# The share of the submit timeout a provider's answers may take before their
-# time lowers the limit (domain/concurrency_limit.py, the allowance): nine
-# tenths of the deadline to spare, and a provider that queues our calls well
-# inside it is not throttled into small claims. At most a second (the default
-# timeout's tenth): with a long timeout the allowance would otherwise switch
-# the gradient off for a provider that slows down before it times out.
-DEADLINE_ALLOWANCE = 0.1
-MOST_ALLOWANCE = timedelta(seconds=1)
-
-
 async def _despite_cancellation(work: asyncio.Future[Any]) -> bool:
     """Wait for `work` to finish even if this task is cancelled meanwhile;
     whether it was (the caller raises CancelledError once it is safe to)."""
@@ -290,14 +280,11 @@ async def run_worker(
     sweep_interval: timedelta,
     batch: int = 1,
     reap_interval: timedelta = timedelta(hours=1),
-    call_deadline: timedelta | None = None,
 ) -> None:
     """Deliver up to `concurrency` rows at once (fewer while the adaptive limit
     says the process or the provider cannot carry them), claiming up to `batch`
     due rows at a time into free slots, and run the sweeper, until `stop` is
-    set; then let every delivery started finish. `call_deadline`: the provider
-    calls' timeout, whose tenth (at most a second) the limit allows any answer
-    (None: no allowance, Gradient2's rule)."""
+    set; then let every delivery started finish."""
     per_claim = max(1, min(batch, concurrency))
 
     def refill_at(slots: AdaptiveSlots) -> int:
@@ -358,13 +345,7 @@ async def run_worker(
     async with LoopLag() as loop_lag, asyncio.TaskGroup() as group:
         # At most `concurrency` rows in flight, fewer while the calls show the
         # process (or the provider) cannot carry them (engine/adaptive_slots.py).
-        allowance = timedelta(0)
-        if call_deadline:
-            allowance = min(call_deadline * DEADLINE_ALLOWANCE, MOST_ALLOWANCE)
-        limit = ConcurrencyLimit(
-            LimitSettings(max_limit=concurrency, rtt_allowance_s=allowance.total_seconds())
-        )
-        slots = AdaptiveSlots(limit, loop_lag)
+        slots = AdaptiveSlots(ConcurrencyLimit(LimitSettings(max_limit=concurrency)), loop_lag)
         worker.slots = slots
         group.create_task(deliveries(slots))
         group.create_task(sweeps())
