@@ -13,7 +13,6 @@ waiting for; and the record delay is observed only once the commit returned.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from datetime import timedelta
 from typing import Any
@@ -23,13 +22,7 @@ from prometheus_client import REGISTRY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.engine.batch_dispatch import pre_submit
-from intentledger.engine.settlement_queue import (
-    BUSY_WINDOW,
-    ArrivalRate,
-    Sent,
-    SettlementQueue,
-    answered_now,
-)
+from intentledger.engine.settlement_queue import Sent, answered_now
 from intentledger.engine.worker import Worker, run_worker
 from intentledger.store.batches import BatchLedger
 from intentledger.store.tables import observations
@@ -261,100 +254,3 @@ async def test_an_answer_is_not_held_for_a_group_already_committing(
         assert quick_done_while_slow_committed
     else:
         assert not quick_done_while_slow_committed
-
-
-def test_the_arrival_rate_reads_a_steady_stream_and_forgets_a_burst() -> None:
-    rate = ArrivalRate(horizon=1.0)
-    for n in range(1, 3_001):  # 500 a second for 6 s
-        rate.arrived(n / 500)
-    assert rate.per_second(6.0) == pytest.approx(500, rel=0.01)
-    # A second of silence fades it by e; ten, to nothing.
-    assert rate.per_second(7.0) == pytest.approx(500 / math.e, rel=0.01)
-    assert rate.per_second(16.0) < 0.03
-
-    burst = ArrivalRate(horizon=1.0)
-    for _ in range(20):  # a claim's answers arriving together
-        burst.arrived(100.0)
-    assert burst.per_second(100.0) == pytest.approx(20)
-
-
-async def test_the_window_stretches_only_while_answers_arrive_densely(
-    engine: AsyncEngine, sandbox: str
-) -> None:
-    """2 ms for a sparse stream and for a burst (a longer wait would add delay
-    and little company), 10 ms from about 250 answers a second; the busy
-    window is never shorter than the window, and 0 for both never waits."""
-    clock = MovableClock()
-    queue = make_worker(engine, sandbox, clock).settlements
-    assert queue.window == pytest.approx(0.002)
-    assert queue.window_at(0.0) == pytest.approx(0.002)
-
-    def stream(per_second: float, seconds: float, start: float) -> float:
-        at = start
-        for _ in range(round(per_second * seconds)):
-            at += 1 / per_second
-            queue._arrivals.arrived(at)
-        return at
-
-    at = stream(100, 5.0, start=0.0)  # the record-delay phase's rate per worker
-    assert queue.window_at(at) == pytest.approx(0.002)
-    for _ in range(20):
-        queue._arrivals.arrived(at)
-    assert queue.window_at(at) == pytest.approx(0.002)
-    at = stream(500, 5.0, start=at)  # a worker settling through the sandbox
-    assert queue.window_at(at) == pytest.approx(BUSY_WINDOW.total_seconds())
-    # Idle again: within a few seconds the short window is back.
-    assert queue.window_at(at + 5.0) == pytest.approx(0.002)
-
-    for window, busy, dense in (
-        (timedelta(0), timedelta(0), 0.0),
-        (timedelta(0), BUSY_WINDOW, BUSY_WINDOW.total_seconds()),
-        (timedelta(milliseconds=50), BUSY_WINDOW, 0.05),
-        (timedelta(milliseconds=1), timedelta(milliseconds=4), 0.004),
-    ):
-        other = SettlementQueue(queue.dispatcher, window, busy_window=busy)
-        for n in range(1, 2_001):
-            other._arrivals.arrived(n / 1_000)
-        assert other.window_at(2.0) == pytest.approx(dense)
-
-
-async def test_answers_a_few_milliseconds_apart_share_a_group_only_while_answers_are_dense(
-    engine: AsyncEngine, sandbox: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Two answers 4 ms apart: two groups with the 2 ms window of a sparse stream,
-    one group while the worker's answers arrive at 500 a second (its first
-    answer then waits 10 ms). Timers fire in deadline order, so the second
-    answer is queued before the 10 ms wait ends and after the 2 ms one did."""
-    settle = BatchLedger.settle
-    groups: list[int] = []
-
-    async def counted(self: BatchLedger, observation_rows: Any, *args: Any) -> None:
-        groups.append(len(observation_rows))
-        await settle(self, observation_rows, *args)
-
-    monkeypatch.setattr(BatchLedger, "settle", counted)
-    clock = MovableClock()
-    worker = make_worker(engine, sandbox, clock)
-    queue = worker.settlements
-
-    async def two_answers_apart(tag: str) -> list[int]:
-        made = [await accept(engine, clock, "pm_ok", key=f"{tag}-{i}") for i in range(2)]
-        async with engine.begin() as conn:
-            claimed = await BatchLedger(conn).claim_outbox_rows(
-                clock(), timedelta(minutes=5), worker.worker_id, 10
-            )
-        prepared, _ = await pre_submit(worker.dispatcher, claimed)
-        answers = [await worker.dispatcher.provider.submit(p.submission.request) for p in prepared]
-        groups.clear()
-        first = asyncio.create_task(queue.record(Sent(prepared[0], answers[0], answered_now())))
-        await asyncio.sleep(0.004)
-        await queue.record(Sent(prepared[1], answers[1], answered_now()))
-        await first
-        assert [(await operation(engine, op)).outcome for op in made] == ["succeeded"] * 2
-        return sorted(groups)
-
-    assert await two_answers_apart("sparse") == [1, 1]
-    now = answered_now()
-    for n in range(1_000):  # the last two seconds at 500 a second
-        queue._arrivals.arrived(now - 2.0 + n / 500)
-    assert await two_answers_apart("dense") == [2]

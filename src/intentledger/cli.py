@@ -100,13 +100,6 @@ RecordWindow = Annotated[
         "--record-window", help="INTENTLEDGER_RECORD_WINDOW, e.g. 2ms (0: no wait for company)"
     ),
 ]
-RecordWindowBusy = Annotated[
-    str | None,
-    typer.Option(
-        "--record-window-busy",
-        help="INTENTLEDGER_RECORD_WINDOW_BUSY, e.g. 10ms: the wait while answers come densely",
-    ),
-]
 SweepInterval = Annotated[
     str | None, typer.Option("--sweep-interval", help="INTENTLEDGER_SWEEP_INTERVAL, e.g. 15s")
 ]
@@ -327,7 +320,6 @@ def serve(
     batch: Batch = None,
     poll_interval: PollInterval = None,
     record_window: RecordWindow = None,
-    record_window_busy: RecordWindowBusy = None,
     sweep_interval: SweepInterval = None,
     safety_rules: SafetyRules = None,
     stripe_api_base: StripeApiBase = None,
@@ -374,7 +366,6 @@ def serve(
         worker_batch=batch,
         poll_interval=poll_interval,
         record_window=record_window,
-        record_window_busy=record_window_busy,
         sweep_interval=sweep_interval,
         safety_rules=safety_rules,
         stripe_api_base=stripe_api_base,
@@ -450,7 +441,6 @@ def worker(
     batch: Batch = None,
     poll_interval: PollInterval = None,
     record_window: RecordWindow = None,
-    record_window_busy: RecordWindowBusy = None,
     sweep_interval: SweepInterval = None,
     safety_rules: SafetyRules = None,
     stripe_api_base: StripeApiBase = None,
@@ -493,7 +483,6 @@ def worker(
         worker_batch=batch,
         poll_interval=poll_interval,
         record_window=record_window,
-        record_window_busy=record_window_busy,
         sweep_interval=sweep_interval,
         safety_rules=safety_rules,
         stripe_api_base=stripe_api_base,

@@ -121,7 +121,6 @@ def build_worker(
         build_webhook_sender(settings, engine, clock, identity),
         Reaper(engine, clock, settings.record_retention),
         settings.record_window,
-        settings.record_window_busy,
     )
 
 

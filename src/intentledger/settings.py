@@ -63,11 +63,6 @@ class Settings(BaseSettings):
     # transaction (engine/settlement_queue.py): a known outcome held in memory
     # is one a crash loses, so this stays milliseconds.
     record_window: Duration = timedelta(milliseconds=2)
-    # ... and how long while a worker's answers arrive densely (about 250 a
-    # second or more): a commit costs about the same for 5 answers as for 15.
-    # Never shorter than record_window; set it to record_window (or 0) for a
-    # wait that never stretches.
-    record_window_busy: Duration = timedelta(milliseconds=10)
     # Slow clients (http_server.py, api/edge.py): a request's head must arrive
     # within header_timeout and its body within body_timeout; one API process
     # holds at most max_connections connections and requests at once.
@@ -139,11 +134,6 @@ class Settings(BaseSettings):
     shortest_replay_window: ClassVar[timedelta] = SHORTEST_REPLAY_WINDOW
 
     @property
-    def longest_record_wait(self) -> timedelta:
-        """The longest an answer waits for company before its commit begins."""
-        return max(self.record_window, self.record_window_busy)
-
-    @property
     def request_path_timeout(self) -> timedelta:
         return self.sync_timeout if self.sync_timeout is not None else self.submit_timeout
 
@@ -154,17 +144,15 @@ class Settings(BaseSettings):
         # An answer may wait the record window before its commit: the call is
         # not over for the sweeper until then.
         longest_call = (
-            call_deadline(max(self.submit_timeout, self.request_path_timeout))
-            + self.longest_record_wait
+            call_deadline(max(self.submit_timeout, self.request_path_timeout)) + self.record_window
         )
         if longest_call >= self.stale_submitting:
             raise ValueError(f"stale_submitting must exceed the longest call ({longest_call})")
         if longest_call >= self.lease:
             raise ValueError(f"lease must exceed the longest call ({longest_call})")
-        for name in ("record_window", "record_window_busy"):
-            if not timedelta(0) <= getattr(self, name) <= MAX_RECORD_WINDOW:
-                longest = format_duration(MAX_RECORD_WINDOW)
-                raise ValueError(f"{name} must be from 0 to {longest}")
+        if not timedelta(0) <= self.record_window <= MAX_RECORD_WINDOW:
+            longest = format_duration(MAX_RECORD_WINDOW)
+            raise ValueError(f"record_window must be from 0 to {longest}")
         if not timedelta(0) < self.webhook_retry_first <= self.webhook_retry_longest:
             raise ValueError("webhook_retry_first must be more than 0 and at most the longest")
         if self.replay_window < self.shortest_replay_window:

@@ -5,14 +5,12 @@ lives only in this process, where a crash turns a known outcome into UNKNOWN
 (and a reconciliation, perhaps a person). So an answer never waits for a
 sibling's provider call: each call's task hands its answer to this queue and
 the queue commits what has arrived — after a short window (a few
-milliseconds, like group commit; 10 while answers arrive by the hundreds a
-second, when a longer wait gathers more company) or as soon as a group is
-full. Up to two groups commit at once; while they run, the answers that
-arrive queue up and form the next one, so a busy worker commits many answers
-per round trip and an idle one each answer within the window. Groups form by
-arrival only, never by claim: one may mix answers of many claims, and
-`BatchLedger.lock` takes its rows in key order, as every pre-submit does, so
-two transactions cannot deadlock.
+milliseconds, like group commit) or as soon as a group is full. Up to two
+groups commit at once; while they run, the answers that arrive queue up and
+form the next one, so a busy worker commits many answers per round trip and
+an idle one each answer within the window. Groups form by arrival only, never by claim:
+one may mix answers of many claims, and `BatchLedger.lock` takes its rows in
+key order, as every pre-submit does, so two transactions cannot deadlock.
 
 The queue decides nothing itself; it chooses when the group record runs and
 with whom. The group record loads, asks the domain and writes once: it
@@ -29,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -55,26 +52,10 @@ log = logging.getLogger(__name__)
 # Answers one transaction settles at most: the group statement stays small
 # enough for SQLite's bound parameters and a short lock hold.
 MAX_GROUP = 64
-# How long the first answer of a group waits for company: nothing beside a
-# provider call, and a stream of answers a millisecond or less apart gathers
-# into one commit.
+# How long the first answer of a group waits for company. The provider's
+# answers of a busy worker arrive a fraction of a millisecond apart; 2 ms
+# gathers tens of them into one commit and is nothing beside a provider call.
 DEFAULT_WINDOW = timedelta(milliseconds=2)
-# While answers arrive densely, the first of a group waits this long instead
-# (INTENTLEDGER_RECORD_WINDOW_BUSY): a commit costs the server and the worker
-# about the same for 5 answers as for 15, and on a worker settling a few
-# hundred a second 2 ms made groups of 6-8 answers through the sandbox
-# (docs/benchmarks.md, step 41).
-BUSY_WINDOW = timedelta(milliseconds=10)
-# "Densely": when the answers arriving lately, at their rate, would bring at
-# least this many more during the longer wait (250 a second for 2 ms against
-# 10). Below it the longer wait would add delay and little company, so a
-# sparse stream, or a burst of answers that came together, keeps the short
-# window.
-BUSY_COMPANY = 2.0
-# The rate is that of about the last second (arrival_rate below): long
-# enough that a claim's answers arriving together do not read as a dense
-# stream, short enough to follow a worker's load.
-ARRIVAL_HORIZON = timedelta(seconds=1)
 # Group commits under way at once (on PostgreSQL; SQLite has one writer): an
 # answer arriving just after a group began its commit is not held for that
 # commit to end, only for its own. Their
@@ -125,13 +106,9 @@ class SettlementQueue:
         dispatcher: Dispatcher,
         window: timedelta = DEFAULT_WINDOW,
         max_group: int = MAX_GROUP,
-        busy_window: timedelta = BUSY_WINDOW,
     ) -> None:
         self.dispatcher = dispatcher
         self.window = window.total_seconds()
-        # The longer wait while answers arrive densely, never shorter than the window.
-        self.busy_window = max(self.window, busy_window.total_seconds())
-        self._arrivals = ArrivalRate(ARRIVAL_HORIZON.total_seconds())
         self.max_group = max_group
         self._waiting: deque[_Waiting] = deque()
         self._committer: asyncio.Task[None] | None = None
@@ -150,7 +127,6 @@ class SettlementQueue:
         lease then makes it due again, and the resumed delivery finds it
         SUBMITTING)."""
         waiting = _Waiting(sent)
-        self._arrivals.arrived(sent.answered)
         self._waiting.append(waiting)
         if len(self._waiting) >= self.max_group:
             self._company.set()
@@ -167,13 +143,11 @@ class SettlementQueue:
             while self._waiting:
                 # The oldest answer waits at most the window from its arrival
                 # (one that came during the last commit has waited already).
-                now = answered_now()
-                waited = now - self._waiting[0].sent.answered
-                window = self.window_at(now)
-                if waited < window and len(self._waiting) < self.max_group:
+                waited = answered_now() - self._waiting[0].sent.answered
+                if waited < self.window and len(self._waiting) < self.max_group:
                     self._company.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._company.wait(), window - waited)
+                        await asyncio.wait_for(self._company.wait(), self.window - waited)
                 if len(self._groups) >= self._groups_in_flight:
                     # Both commits under way: the next group forms meanwhile.
                     await asyncio.wait(self._groups, return_when=asyncio.FIRST_COMPLETED)
@@ -191,14 +165,6 @@ class SettlementQueue:
                 if not waiting.settled.done():
                     waiting.settled.set_result(False)
             self._waiting.clear()
-
-    def window_at(self, now: float) -> float:
-        """How long a group's first answer waits for company, in seconds: the
-        busy window while answers arrive densely, else the window."""
-        longer = self.busy_window - self.window
-        if longer > 0 and self._arrivals.per_second(now) * longer >= BUSY_COMPANY:
-            return self.busy_window
-        return self.window
 
     async def _commit(self, group: list[_Waiting]) -> None:
         settled: set[int] = set()
@@ -307,24 +273,6 @@ async def record_together(dispatcher: Dispatcher, sent: Sequence[Sent]) -> set[i
             await changes.follow(Ledger(conn), settled, stage="settle")
     ledger_events.answers_recorded("payment", "grouped", answered)
     return settled_ids
-
-
-class ArrivalRate:
-    """Answers per second lately: a count of arrivals that fades by a factor e
-    every `horizon` seconds, each arrival weighing 1/horizon, so that a steady
-    stream reads its rate and a burst fades within a horizon or two."""
-
-    def __init__(self, horizon: float) -> None:
-        self.horizon = horizon
-        self._level = 0.0
-        self._at = 0.0
-
-    def arrived(self, at: float) -> None:
-        self._level = self.per_second(at) + 1.0 / self.horizon
-        self._at = max(self._at, at)
-
-    def per_second(self, now: float) -> float:
-        return self._level * math.exp(-max(0.0, now - self._at) / self.horizon)
 
 
 def answered_now() -> float:

@@ -32,7 +32,7 @@ from intentledger.engine.dispatcher import Dispatcher
 from intentledger.engine.loop_lag import LoopLag
 from intentledger.engine.reaper import Reaper
 from intentledger.engine.reconciler import Reconciler
-from intentledger.engine.settlement_queue import BUSY_WINDOW, DEFAULT_WINDOW, SettlementQueue
+from intentledger.engine.settlement_queue import DEFAULT_WINDOW, SettlementQueue
 from intentledger.engine.sweeper import Sweeper
 from intentledger.engine.webhook_sender import WebhookSender
 from intentledger.observability import ledger_events
@@ -58,7 +58,6 @@ class Worker:
         webhooks: WebhookSender | None = None,
         reaper: Reaper | None = None,
         record_window: timedelta = DEFAULT_WINDOW,
-        record_window_busy: timedelta = BUSY_WINDOW,
     ) -> None:
         self.engine = engine
         self.clock = clock
@@ -72,9 +71,7 @@ class Worker:
         # Record retention, on a schedule (engine/reaper.py).
         self.reaper = reaper
         # First attempts' answers, committed as they arrive.
-        self.settlements = SettlementQueue(
-            dispatcher, record_window, busy_window=record_window_busy
-        )
+        self.settlements = SettlementQueue(dispatcher, record_window)
         # Deliveries started and not finished: each holds a slot.
         self._running: set[asyncio.Task[None]] = set()
         # The adaptive limit on them, while run_worker runs (None: the
