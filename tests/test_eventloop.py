@@ -1,10 +1,19 @@
-"""Long-lived processes run their loop with the thread declared to sniffio."""
+"""Long-lived processes run their loop with the thread declared to sniffio; the
+sandbox provider runs on a loop that takes on a burst of connections at once."""
 
 from __future__ import annotations
 
-import sniffio
+import asyncio
+import socket
+from typing import Any
 
-from intentledger import eventloop
+import pytest
+import sniffio
+import uvicorn
+import uvloop
+from typer.testing import CliRunner
+
+from intentledger import cli, eventloop
 
 
 def test_run_declares_its_thread_for_the_run_only() -> None:
@@ -24,3 +33,60 @@ def test_a_declared_thread_still_names_asyncio_to_anyio() -> None:
         return sniffio.current_async_library()
 
     assert eventloop.run(sleep_a_tick()) == "asyncio"
+
+
+def _accepted_in_one_turn(loop: asyncio.AbstractEventLoop, waiting: int) -> int:
+    """Connections a server on `loop` took on in one turn of it, with `waiting`
+    already through the kernel's handshake and queued for accept."""
+    made: list[asyncio.BaseTransport] = []
+
+    class Counted(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            made.append(transport)
+
+    try:
+        server = loop.run_until_complete(
+            loop.create_server(Counted, "127.0.0.1", 0, backlog=2 * waiting)
+        )
+        port = server.sockets[0].getsockname()[1]
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(waiting)]
+        try:
+            loop.run_until_complete(asyncio.sleep(0))
+            return len(made)
+        finally:
+            for client in clients:
+                client.close()
+            server.close()
+            loop.run_until_complete(server.wait_closed())
+    finally:
+        loop.close()
+
+
+def test_the_eager_server_loop_takes_on_every_waiting_connection_in_one_turn() -> None:
+    """The sandbox's loop (what uvicorn makes of EAGER_ACCEPT_LOOP) accepts a burst
+    of new connections at once; uvloop, which the API and workers run on, takes
+    one a turn, so a sandbox busy about 150 ms a turn took on a burst of 30 new
+    connections over ten seconds (docs/benchmarks.md, step 46)."""
+    waiting = 40
+    eager = uvicorn.Config(app=None, loop=eventloop.EAGER_ACCEPT_LOOP).get_loop_factory()
+    assert eager is not None
+    assert _accepted_in_one_turn(eager(), waiting) == waiting
+    assert _accepted_in_one_turn(uvloop.new_event_loop(), waiting) < waiting // 4
+
+
+def test_the_sandbox_command_serves_on_the_eager_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    served: list[dict[str, Any]] = []
+    monkeypatch.setattr(eventloop, "serve", lambda app, **options: served.append(options))
+    result = CliRunner().invoke(cli.app, ["sandbox", "--port", "1"])
+    assert result.exit_code == 0, result.output
+    assert served and served[0]["eager_accept"] is True
+
+
+def test_eager_accept_picks_the_loop_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn as real
+
+    runs: list[dict[str, Any]] = []
+    monkeypatch.setattr(real, "run", lambda app, **options: runs.append(options))
+    eventloop.serve(None, eager_accept=True, port=1)
+    eventloop.serve(None, port=2)
+    assert runs == [{"loop": eventloop.EAGER_ACCEPT_LOOP, "port": 1}, {"port": 2}]

@@ -832,7 +832,14 @@ def sandbox(
     err.print(
         f"sandbox provider on http://{host}:{port}/_sandbox (truth in {settings.sandbox_database})"
     )
-    eventloop.serve(build_standalone_sandbox(settings), host=host, port=port, log_level="warning")
+    # A provider takes on new connections while busy (eventloop.EAGER_ACCEPT_LOOP).
+    eventloop.serve(
+        build_standalone_sandbox(settings),
+        eager_accept=True,
+        host=host,
+        port=port,
+        log_level="warning",
+    )
 
 
 def _register_tool_commands() -> None:

@@ -43,10 +43,24 @@ def declared_asyncio_thread() -> Iterator[None]:
         sniffio.thread_local.name = previous
 
 
-def serve(app: Any, **options: Any) -> None:
-    """`uvicorn.run` (which runs its loop in this thread), with the thread declared."""
+# The loop of a server that must take on new connections promptly while busy
+# (the sandbox provider; `serve(..., eager_accept=True)`): asyncio's own. uvloop's
+# libuv (1.45 and later, libuv pull request 3696) accepts one connection per
+# turn of the loop, so a sandbox answering hundreds of requests a turn took on
+# new connections at a few a second, and a call on a connection opened in a
+# burst waited over 10 s before its request was read: a timeout, an UNKNOWN the
+# provider made, counted as ours (docs/benchmarks.md, step 46). asyncio's loop
+# accepts every waiting connection, up to the backlog, in one turn.
+EAGER_ACCEPT_LOOP = "asyncio"
+
+
+def serve(app: Any, *, eager_accept: bool = False, **options: Any) -> None:
+    """`uvicorn.run` (which runs its loop in this thread), with the thread declared;
+    `eager_accept`: on `EAGER_ACCEPT_LOOP`, not uvloop."""
     import uvicorn
 
+    if eager_accept:
+        options["loop"] = EAGER_ACCEPT_LOOP
     with declared_asyncio_thread():
         uvicorn.run(app, **options)
 
