@@ -11,6 +11,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import text
 
+from intentledger.providers.http import call_deadline
 from intentledger.settings import Settings
 from intentledger.store.database import create_sync_engine
 from intentledger.store.migrate import alembic_config, upgrade
@@ -93,6 +94,15 @@ def test_the_record_window_is_kept_short() -> None:
     assert Settings(record_window="1s").record_window == timedelta(seconds=1)
     with pytest.raises(ValueError, match="record_window must be from 0 to 1s"):
         Settings(record_window="2s")
+    # An answer waiting for company is still inside its call for the sweeper
+    # and the lease: both must outlast the longest call and the window.
+    longest_call = call_deadline(Settings().submit_timeout)
+    between = f"{int((longest_call + timedelta(milliseconds=500)) / timedelta(milliseconds=1))}ms"
+    assert Settings(record_window="0s", lease=between, stale_submitting=between)
+    with pytest.raises(ValueError, match="lease must exceed the longest call"):
+        Settings(record_window="1s", lease=between, stale_submitting="1h")
+    with pytest.raises(ValueError, match="stale_submitting must exceed the longest call"):
+        Settings(record_window="1s", stale_submitting=between)
 
 
 def test_migrations_0015_and_0019_make_the_group_function_on_postgresql_and_take_it_away(

@@ -3,8 +3,9 @@
 uvloop's event loop is written in C; asyncio's own is pure Python and was
 about a sixth of a worker's CPU (docs/benchmarks.md). uvicorn already picks
 uvloop for the API; workers ask for it here. Without uvloop (Windows) the
-standard loop runs the same code. Servers and workers alike declare their loop
-thread to sniffio (below).
+standard loop runs the same code. A standalone sandbox provider is the one
+server on asyncio's loop (`EAGER_ACCEPT_LOOP`, below). Servers and workers
+alike declare their loop thread to sniffio.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def serve(app: Any, *, eager_accept: bool = False, **options: Any) -> None:
     import uvicorn
 
     if eager_accept:
+        if "loop" in options:
+            raise ValueError("eager_accept chooses the loop: pass one or the other")
         options["loop"] = EAGER_ACCEPT_LOOP
     with declared_asyncio_thread():
         uvicorn.run(app, **options)

@@ -81,10 +81,19 @@ async def charge_payment(payment_id: int) -> None:
         )
 
 
+# Retried as a team would retry an HTTP call, five attempts in all like the
+# DBOS peer's (Procrastinate counts the retries; the idempotency key makes it
+# safe): now and then the sandbox resets a kept-alive
+# connection as a call goes out on it (httpx keeps one idle as long as uvicorn
+# does, 5 s), and a job that failed once left its payment pending and the
+# bench waiting for it until its deadline.
+RETRY = procrastinate.RetryStrategy(max_attempts=4, retry_exceptions={httpx.TransportError})
+
+
 def make_app(libpq_url: str) -> Any:
     connector = procrastinate.PsycopgConnector(conninfo=libpq_url, kwargs=_connect_kwargs())
     app = procrastinate.App(connector=connector)
-    app.task(name=TASK)(charge_payment)
+    app.task(name=TASK, retry=RETRY)(charge_payment)
     return app
 
 

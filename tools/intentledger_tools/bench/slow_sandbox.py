@@ -30,6 +30,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     eventloop.serve(
         build(args.database, args.slow_seconds),
+        # A provider takes on new connections while busy (eventloop.EAGER_ACCEPT_LOOP).
+        eager_accept=True,
         host="127.0.0.1",
         port=args.port,
         log_level="warning",
