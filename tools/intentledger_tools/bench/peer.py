@@ -83,10 +83,10 @@ async def charge_payment(payment_id: int) -> None:
 
 # Retried as a team would retry an HTTP call, five attempts in all like the
 # DBOS peer's (Procrastinate counts the retries; the idempotency key makes it
-# safe): now and then the sandbox resets a kept-alive
-# connection as a call goes out on it (httpx keeps one idle as long as uvicorn
-# does, 5 s), and a job that failed once left its payment pending and the
-# bench waiting for it until its deadline.
+# safe): now and then the sandbox resets a kept-alive connection as a call
+# goes out on it (httpx keeps one idle as long as uvicorn does, 5 s), and a
+# job that failed once left its payment pending and the bench waiting for it
+# until its deadline.
 RETRY = procrastinate.RetryStrategy(max_attempts=4, retry_exceptions={httpx.TransportError})
 
 
