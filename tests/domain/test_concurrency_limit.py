@@ -102,6 +102,19 @@ def test_steady_healthy_answers_grow_the_limit_to_its_ceiling(
     assert limit.limit == max_limit
 
 
+@given(max_limits, rtts, st.floats(min_value=1.2, max_value=1.95))
+def test_a_queue_of_our_own_calls_does_not_lower_the_limit(
+    max_limit: int, rtt: float, queued: float
+) -> None:
+    """A provider that serves calls in turn answers a worker's own claim up to
+    about twice its idle time: that is its variation, not a slowdown, and the
+    limit keeps every slot (Gradient2's 1.5 cut it; docs/benchmarks.md step 49)."""
+    limit = limiter(max_limit)
+    clock = Clock()
+    assert clock.healthy(limit, rtt, 50) == max_limit
+    assert clock.healthy(limit, rtt * queued, 50) == max_limit
+
+
 @given(
     st.integers(min_value=16, max_value=512),
     rtts,

@@ -69,9 +69,14 @@ class LimitSettings:
     # machine can carry never loses a slot, and one it cannot is cut by the first
     # window of overloaded calls.
     initial_limit: float | None = None
-    # Gradient2's default: answers up to 1.5 times the usual time are the
-    # provider's own variation, not a queue we made.
-    rtt_tolerance: float = 1.5
+    # Answers up to twice the usual time are the provider's own variation, not
+    # a queue we made. Gradient2's default is 1.5; through a provider that
+    # serves calls in turn, 1.5 read the short queue of a worker's own claims as
+    # a slowing provider and held each worker to a dozen slots, its claims and
+    # record groups to a dozen payments, at about 1.5 times the CPU per payment
+    # (ours and the database's). Overload (a lagging loop, our own timeouts)
+    # halves the limit whatever the tolerance (docs/benchmarks.md, step 49).
+    rtt_tolerance: float = 2.0
     # Gradient2's default: a fifth of the step per sample damps one odd answer.
     smoothing: float = 0.2
     # TCP's halving, not AIMD's 0.9: an overload here turns calls into UNKNOWN
