@@ -71,11 +71,12 @@ class LimitSettings:
     initial_limit: float | None = None
     # Answers up to twice the usual time are the provider's own variation, not
     # a queue we made. Gradient2's default is 1.5; through a provider that
-    # serves calls in turn, 1.5 read the short queue of a worker's own claims as
-    # a slowing provider and held each worker to a dozen slots, its claims and
-    # record groups to a dozen payments, at about 1.5 times the CPU per payment
-    # (ours and the database's). Overload (a lagging loop, our own timeouts)
-    # halves the limit whatever the tolerance (docs/benchmarks.md, step 49).
+    # serves calls in turn, 1.5 read the queue of a worker's own claims as a
+    # slowing provider and held each worker to 10-25 slots, its claims to
+    # 11-15 payments and its record groups to 6-8 (docs/benchmarks.md, step
+    # 41); 2 met the peer and the scaling goals together where 1.5 missed the
+    # first and 2.5 the second (step 49). Overload (a lagging loop, our own
+    # timeouts) halves the limit whatever the tolerance.
     rtt_tolerance: float = 2.0
     # Gradient2's default: a fifth of the step per sample damps one odd answer.
     smoothing: float = 0.2
