@@ -54,9 +54,9 @@ log = logging.getLogger(__name__)
 MAX_GROUP = 64
 # How long the first answer of a group waits for company. The provider's
 # answers of a busy worker arrive a fraction of a millisecond apart; 2 ms
-# gathered 12-27 of them into one commit against the bench's stand-in (6-8
-# through the sandbox, which answers in turn; docs/benchmarks.md) and is
-# nothing beside a provider call.
+# gathers 20-30 of them into one commit against the bench's stand-in and
+# 10-12 through its sandbox, which answers in turn (docs/benchmarks.md, steps
+# 49 and 50), and is nothing beside a provider call.
 DEFAULT_WINDOW = timedelta(milliseconds=2)
 # Group commits under way at once (on PostgreSQL; SQLite has one writer): an
 # answer arriving just after a group began its commit is not held for that
