@@ -9,10 +9,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from intentledger_tools.bench.capture import DispatchCapture, IntakeCapture, payment_body
@@ -93,12 +94,14 @@ def seed(
     payment_method: str = "pm_ok",
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
     tables: frozenset[str] | None = None,
-) -> None:
-    """Insert `rows` intakes' worth of rows, shaped as the recorded intake wrote them.
+) -> list[str]:
+    """Insert `rows` intakes' worth of rows, shaped as the recorded intake wrote them;
+    returns the tables written, in the intake's order.
 
     `overrides` changes or adds columns per table (an `Expr` may use `g`, the
     row number); `tables` limits the load to some of the intake's tables.
     """
+    written: list[str] = []
     per_row = {
         capture.operation_id: Expr(operation_id_expr(tag, _ROW_COUNTER)),
         capture.idempotency_key: Expr(key_expr(tag, _ROW_COUNTER)),
@@ -116,3 +119,21 @@ def seed(
                 values[column] = value
         values.update((overrides or {}).get(table, {}))
         conn.execute(insert_select(conn, table, values, rows).encode())
+        if table not in written:
+            written.append(table)
+    return written
+
+
+def analyze(conn: psycopg.Connection[Any], tables: Sequence[str]) -> None:
+    """ANALYZE `tables` on `conn`, inside its open transaction if it has one.
+
+    A seed loads tables the bench has just emptied, whose statistics are those
+    of a new table (bench/emptying.py). Until autovacuum's first look, up to a
+    minute later, the planner then reads the seeded `operations` and `outbox`
+    by sequential scan in the claim's neighbours (the pre-submit's lease check,
+    the attempts' insert, the group record), and the server spent about three
+    times its CPU per payment in a drain's first minute (docs/benchmarks.md,
+    step 50). ANALYZE run in the seed's own transaction samples the rows that
+    transaction inserted, so the statistics are there at the seed's commit,
+    before any worker plans a statement on them."""
+    conn.execute(sql.SQL("ANALYZE {}").format(sql.SQL(", ").join(map(sql.Identifier, tables))))
