@@ -38,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from intentledger.deadline import Deadline
 from intentledger.web.auth import authenticate
 from intentledger.web.problems import Problem, problem_response
 
@@ -148,7 +149,7 @@ async def _read_body(headers: dict[bytes, bytes], receive: Receive, within: floa
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise too_large()
     body = bytearray()
-    deadline = _Deadline(within)
+    deadline = Deadline(within)
     try:
         while True:
             message = await receive()
@@ -172,31 +173,6 @@ async def _read_body(headers: dict[bytes, bytes], receive: Receive, within: floa
     finally:
         deadline.cancel()
     return bytes(body)
-
-
-class _Deadline:
-    """`asyncio.timeout(within)` for the body's reads, at a fifth of its CPU on
-    uvloop (a timer, not a Timeout object's bookkeeping around it): a body is
-    read for every request, and nearly always at once. When the timer fires it
-    cancels the reading task; `expired()` then says whether the cancellation
-    was this deadline's alone, as asyncio.timeout decides (an outside
-    cancellation at the same moment stays a cancellation)."""
-
-    def __init__(self, within: float) -> None:
-        self._task = asyncio.current_task()
-        self._fired = False
-        self._timer = asyncio.get_running_loop().call_later(within, self._fire)
-
-    def _fire(self) -> None:
-        self._fired = True
-        if self._task is not None:
-            self._task.cancel()
-
-    def expired(self) -> bool:
-        return self._fired and self._task is not None and self._task.uncancel() == 0
-
-    def cancel(self) -> None:
-        self._timer.cancel()
 
 
 def too_large() -> Problem:

@@ -160,9 +160,14 @@ def alike(changes: Sequence[OperationChange]) -> list[OperationWrite]:
     not (a decline adopts no reference) is written by the other with the value
     its record holds, unchanged under the lock it was planned with."""
     columns = list(dict.fromkeys(name for change in changes for name in change.values))
+    order = tuple(columns)
     rows = []
     for change in changes:
         values = change.values
+        if tuple(values) == order:
+            # Already these columns in this order (a group of successes): as is.
+            rows.append(change.rows)
+            continue
         current = None if len(values) == len(columns) else change.before.as_dict()
         rows.append(
             replace(
