@@ -34,9 +34,15 @@ class Deadline:
     __slots__ = ("_before", "_fired", "_taken_back", "_task", "_timer")
 
     def __init__(self, within: float | None) -> None:
-        self._task = asyncio.current_task()
-        # Cancellations already requested when the deadline began are not its own.
-        self._before = self._task.cancelling() if self._task is not None else 0
+        task = asyncio.current_task()
+        if task is None:
+            # As `asyncio.timeout`: a deadline cancels a task, so there must be one.
+            raise RuntimeError("a Deadline must be set inside a task")
+        self._task = task
+        # Cancellations already requested when the deadline began are not its
+        # own: the rule of `asyncio.timeout` in later 3.11 releases (3.11.7
+        # here); earlier ones (3.11.2 among them) took them for its own.
+        self._before = task.cancelling()
         self._fired = False
         self._taken_back = False
         self._timer = (
@@ -45,17 +51,14 @@ class Deadline:
 
     def _fire(self) -> None:
         self._fired = True
-        if self._task is not None:
-            self._task.cancel()
+        self._task.cancel()
 
     def expired(self) -> bool:
         """Whether the CancelledError being handled is this deadline's alone.
         Call it while handling that error: it takes back the deadline's
         cancellation request (`Task.uncancel`), as `asyncio.timeout` does, and
         what is left is someone else's."""
-        return (
-            self._take_back() and self._task is not None and self._task.cancelling() <= self._before
-        )
+        return self._take_back() and self._task.cancelling() <= self._before
 
     def cancel(self) -> None:
         """Stop the timer. If it fired and the work ended some other way (a
@@ -69,7 +72,7 @@ class Deadline:
 
     def _take_back(self) -> bool:
         """Withdraw the fired deadline's request once; whether it had fired."""
-        if self._fired and not self._taken_back and self._task is not None:
+        if self._fired and not self._taken_back:
             self._taken_back = True
             self._task.uncancel()
         return self._fired

@@ -231,11 +231,6 @@ def _tls_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())
 
 
-# The shortest integer orjson would read as a float: below -2**63 (19 digits);
-# above, 2**64 and beyond (20).
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
-
-
 @dataclass(frozen=True)
 class ProviderResponse:
     """A whole answer, read before the connection went back to its pool."""
@@ -255,19 +250,11 @@ class ProviderResponse:
     def json(self) -> Any:
         """The body parsed; ValueError when it is not JSON (or not text).
 
-        orjson, as for request bodies: the standard library's parser was most
-        of the JSON in a worker's profile. What orjson refuses and the standard
-        library reads (NaN, 1e400, UTF-16, a byte-order mark, a lone surrogate)
-        is read by the standard library as before. One thing orjson reads
-        differently: an integer beyond 64 bits becomes a float, its digits lost.
-        Such an integer is a run of at least 19 digits, and a body with one
-        anywhere (in a string too: it costs only speed) is read by the standard
-        library, which keeps every digit."""
-        if _LONG_DIGITS.search(self.content) is None:
-            try:
-                return orjson.loads(self.content)
-            except orjson.JSONDecodeError:
-                pass
+        The standard library's parser, not orjson: orjson reads an integer
+        beyond 64 bits as a float, its digits lost, and a guard sending such
+        bodies here (a search for a run of 19 digits) cost more instructions
+        than orjson saved: 29,200 against 25,000 per answer of the bench's
+        stand-in (docs/benchmarks.md, step 52)."""
         return jsonlib.loads(self.content)
 
 

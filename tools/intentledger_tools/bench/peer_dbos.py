@@ -177,7 +177,12 @@ def enqueue_payments(libpq_url: str, count: int, payment_method: str = "pm_ok") 
             # In the load's own transaction, as the bench does for our seeds: the
             # tables are new, and unanalyzed they cost their server about three
             # times its CPU until autovacuum's first look (bench/workloads.py).
-            conn.execute(sa.text(f"ANALYZE {SCHEMA}.payments, {SYSTEM_SCHEMA}.workflow_status"))
+            conn.execute(
+                sa.text(
+                    f"ANALYZE {SCHEMA}.payments, {SYSTEM_SCHEMA}.workflow_status, "
+                    f"{SYSTEM_SCHEMA}.workflow_input"
+                )
+            )
     finally:
         client.destroy()
         engine.dispose()

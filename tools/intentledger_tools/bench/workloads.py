@@ -135,5 +135,11 @@ def analyze(conn: psycopg.Connection[Any], tables: Sequence[str]) -> None:
     times its CPU per payment in a drain's first minute (docs/benchmarks.md,
     step 50). ANALYZE run in the seed's own transaction samples the rows that
     transaction inserted, so the statistics are there at the seed's commit,
-    before any worker plans a statement on them."""
+    before any worker plans a statement on them.
+
+    Never a bare ANALYZE: with no table named it would analyze the whole
+    database, the emptied ledger tables among them (the trap bench/emptying.py
+    describes)."""
+    if not tables:
+        raise ValueError("analyze: name the tables a seed wrote")
     conn.execute(sql.SQL("ANALYZE {}").format(sql.SQL(", ").join(map(sql.Identifier, tables))))
