@@ -50,12 +50,49 @@ def loop(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def requests_left() -> int:
+    """Cancellation requests still on the running task."""
+    task = asyncio.current_task()
+    assert task is not None
+    return task.cancelling()
+
+
+async def slow() -> None:
+    await asyncio.sleep(0.2)
+
+
+async def quick() -> None:
+    await asyncio.sleep(0)
+
+
+async def within_timeout(work: Callable[[], Coroutine[Any, Any, None]]) -> str:
+    """`work` under `asyncio.timeout(0.02)`: what became of it."""
+    try:
+        async with asyncio.timeout(0.02):
+            await work()
+    except TimeoutError:
+        return "timed out"
+    return "done"
+
+
+async def within_deadline(work: Callable[[], Coroutine[Any, Any, None]]) -> str:
+    """`work` under `Deadline(0.02)`, used as its docstring says."""
+    deadline = Deadline(0.02)
+    try:
+        await work()
+    except asyncio.CancelledError:
+        if not deadline.expired():
+            raise
+        return "timed out"
+    finally:
+        deadline.cancel()
+    return "done"
+
+
 def test_a_call_past_its_deadline_is_recorded_as_asyncio_timeout_recorded_it(loop: str) -> None:
     async def main() -> tuple[Any, int]:
         answer = await observe(never_answered(), 0.05)
-        task = asyncio.current_task()
-        assert task is not None
-        return answer, task.cancelling()
+        return answer, requests_left()
 
     answer, left = run(loop, main)
     assert answer.transport is Transport.NO_RESPONSE
@@ -71,9 +108,7 @@ def test_a_call_within_its_deadline_is_answered_and_its_timer_stopped(loop: str)
         answer = await observe(answered_after(0.01), 0.5)
         # Past the deadline: a timer left running would cancel this sleep.
         await asyncio.sleep(0.6)
-        task = asyncio.current_task()
-        assert task is not None
-        return answer, task.cancelling()
+        return answer, requests_left()
 
     answer, left = run(loop, main)
     assert answer.transport is Transport.RESPONSE
@@ -144,9 +179,7 @@ def test_a_deadline_turned_into_a_library_error_leaves_no_request_behind(loop: s
 
     async def main() -> tuple[Any, int]:
         answer = await observe(converts_cancellation(), 0.02)
-        task = asyncio.current_task()
-        assert task is not None
-        return answer, task.cancelling()
+        return answer, requests_left()
 
     answer, left = run(loop, main)
     assert answer.transport is Transport.NO_RESPONSE
@@ -157,38 +190,12 @@ def test_a_deadline_turned_into_a_library_error_leaves_no_request_behind(loop: s
 def test_a_deadline_expired_reads_as_asyncio_timeout_reads(loop: str) -> None:
     """The same work under `asyncio.timeout` and under `Deadline`: the same outcome."""
 
-    async def under_timeout(work: Callable[[], Coroutine[Any, Any, None]]) -> str:
-        try:
-            async with asyncio.timeout(0.02):
-                await work()
-        except TimeoutError:
-            return "timed out"
-        return "done"
-
-    async def under_deadline(work: Callable[[], Coroutine[Any, Any, None]]) -> str:
-        deadline = Deadline(0.02)
-        try:
-            await work()
-        except asyncio.CancelledError:
-            if not deadline.expired():
-                raise
-            return "timed out"
-        finally:
-            deadline.cancel()
-        return "done"
-
-    async def slow() -> None:
-        await asyncio.sleep(0.2)
-
-    async def quick() -> None:
-        await asyncio.sleep(0)
-
     async def main() -> list[str]:
         return [
-            await under_timeout(slow),
-            await under_deadline(slow),
-            await under_timeout(quick),
-            await under_deadline(quick),
+            await within_timeout(slow),
+            await within_deadline(slow),
+            await within_timeout(quick),
+            await within_deadline(quick),
         ]
 
     assert run(loop, main) == ["timed out", "timed out", "done", "done"]
@@ -210,24 +217,10 @@ def test_a_cancellation_pending_before_the_deadline_is_not_its_own(loop: str) ->
         return await bounded(), task.cancelling()
 
     async def by_timeout() -> str:
-        try:
-            async with asyncio.timeout(0.02):
-                await asyncio.sleep(0.2)
-        except TimeoutError:
-            return "timed out"
-        return "done"
+        return await within_timeout(slow)
 
     async def by_deadline() -> str:
-        deadline = Deadline(0.02)
-        try:
-            await asyncio.sleep(0.2)
-        except asyncio.CancelledError:
-            if not deadline.expired():
-                raise
-            return "timed out"
-        finally:
-            deadline.cancel()
-        return "done"
+        return await within_deadline(slow)
 
     async def by_observe() -> str:
         answer = await observe(never_answered(), 0.02)
