@@ -16,7 +16,7 @@ from intentledger.documents import operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.intake import Intent, operation_values
-from intentledger.store.batches import _json_answer_rows, _json_rows
+from intentledger.store.batches import _json_answer_rows, json_rows
 from intentledger.store.intake import json_intake_rows
 
 ROUTE = "POST /v1/payments"
@@ -86,6 +86,15 @@ def test_the_batch_rows_say_what_the_stdlib_said(
             "retry_after_at": None,
             "executed_references": references,
             "source": source,
-        }
+        },
+        {
+            # The same instants again, one of them in another zone: each is
+            # written once per call and reused (json_rows), and must still
+            # read as the instant it is, in UTC.
+            "operation_id": operation_id,
+            "updated_at": now.astimezone(timezone(timedelta(hours=-3, minutes=-30))),
+            "first_attempt_at": now,
+            "at": now + timedelta(microseconds=1),
+        },
     ]
-    assert json.loads(_json_rows(rows)) == json.loads(_json_answer_rows(rows))
+    assert json.loads(json_rows(rows)) == json.loads(_json_answer_rows(rows))

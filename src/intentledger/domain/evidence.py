@@ -408,19 +408,26 @@ def room_after_a_new_key(free: int, before: Share, after: Share) -> int:
 
 def judge(facts: Facts, evidence: Evidence, now: datetime, limits: Limits) -> Effect:
     """The one place evidence is weighed; see the module docstring."""
+    # The attempts as this evidence leaves them, worked out once: the answer's
+    # judgement and the live keys both read them.
+    after = _attempts_after(facts, evidence)
     if isinstance(evidence, SubmitAnswer):
-        effect = _judge_answer(facts, evidence, now, limits)
+        effect = _judge_answer(facts, evidence, now, limits, after)
     elif isinstance(evidence, LookupResult):
         effect = _judge_lookup(facts, evidence, now, limits)
     elif isinstance(evidence, ProviderNotice):
         effect = _judge_notice(facts, evidence)
     else:
         effect = _judge_statement(facts, evidence)
-    return _finish(facts, evidence, effect, now, limits)
+    return _finish(facts, after, effect, now, limits)
 
 
 def _finish(
-    facts: Facts, evidence: Evidence, effect: Effect, now: datetime, limits: Limits
+    facts: Facts,
+    after: tuple[AttemptFacts, ...],
+    effect: Effect,
+    now: datetime,
+    limits: Limits,
 ) -> Effect:
     """Raise each flag once (a duplicate is two distinct executed references),
     time the verification look (backing off with each look already made, up to
@@ -451,7 +458,7 @@ def _finish(
         verify_at=verify_at,
         watch=watch,
         next_action=next_action,
-        live_keys=live_keys(_attempts_after(facts, evidence), facts.authorised_keys),
+        live_keys=live_keys(after, facts.authorised_keys),
     )
 
 
@@ -460,8 +467,9 @@ def _attempts_after(facts: Facts, evidence: Evidence) -> tuple[AttemptFacts, ...
     if not isinstance(evidence, SubmitAnswer):
         return facts.attempts
     proved = evidence.verdict if evidence.verdict in PROVING else None
+    # Made field by field: `dataclasses.replace` costs the hot path several times more.
     return tuple(
-        replace(a, answer=proved or a.answer, reference=evidence.reference)
+        AttemptFacts(a.number, a.key, proved or a.answer, evidence.reference, a.sent_at)
         if a.number == evidence.attempt
         else a
         for a in facts.attempts
@@ -501,10 +509,15 @@ def _settle(
     )
 
 
-def _judge_answer(facts: Facts, answer: SubmitAnswer, now: datetime, limits: Limits) -> Effect:
+def _judge_answer(
+    facts: Facts,
+    answer: SubmitAnswer,
+    now: datetime,
+    limits: Limits,
+    after: tuple[AttemptFacts, ...],
+) -> Effect:
     this = next((a for a in facts.attempts if a.number == answer.attempt), None)
     key = this.key if this is not None else None
-    after = _attempts_after(facts, answer)
     executed = frozenset(
         {answer.reference} if answer.verdict is Verdict.SUCCEEDED and answer.reference else ()
     )

@@ -35,23 +35,27 @@ def new_event_id() -> str:
     return "evt_" + secrets.token_hex(12)
 
 
-def view_of(values: Mapping[str, Any]) -> OperationView:
+def view_of(record: OperationRecord, changed: Mapping[str, Any] | None = None) -> OperationView:
+    """The record's parts whose change is news, with `changed` (a change's
+    values) applied: read off the record, not a copy of all its columns."""
+    changed = changed or {}
     return OperationView(
-        state=State(values["state"]),
-        duplicate_detected=bool(values["duplicate_detected"]),
-        outcome_contradicted=bool(values["outcome_contradicted"]),
+        state=State(changed.get("state", record.state)),
+        duplicate_detected=bool(changed.get("duplicate_detected", record.duplicate_detected)),
+        outcome_contradicted=bool(changed.get("outcome_contradicted", record.outcome_contradicted)),
     )
 
 
 async def operations_changed(
     ledger: Ledger, changes: Sequence[tuple[OperationRecord, Mapping[str, Any]]], now: datetime
 ) -> None:
-    """Announce what each change from `before` to `after` is news of, if
-    anything; the endpoints of every actor with news are read once."""
+    """Announce what each change of a record (`before`, and the values the
+    change sets) is news of, if anything; the endpoints of every actor with
+    news are read once."""
     news = [
         (before, types)
-        for before, after in changes
-        if (types := operation_events(view_of(before.as_dict()), view_of(after)))
+        for before, changed in changes
+        if (types := operation_events(view_of(before), view_of(before, changed)))
     ]
     if not news:
         return

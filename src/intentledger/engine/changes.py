@@ -57,10 +57,6 @@ class OperationChange:
             if k not in ("state", "next_action", "version", "updated_at")
         }
 
-    def after(self) -> dict[str, Any]:
-        """The record as this change leaves it."""
-        return {**self.before.as_dict(), **self.values}
-
 
 def plan(
     operation: OperationRecord,
@@ -222,7 +218,7 @@ async def follow(
             ledger.conn, State(first.before.state), first.target, len(changes), stage
         )
     await announcements.operations_changed(
-        ledger, [(change.before, change.after()) for change in changes], changes[0].now
+        ledger, [(change.before, change.values) for change in changes], changes[0].now
     )
 
 

@@ -281,21 +281,21 @@ class BatchLedger:
             bool(done_outbox_rows),
         )
         parameters: dict[str, Any] = {
-            "writes": _json_rows(
+            "writes": json_rows(
                 [
                     {**w.values, _PLANNED_FROM: w.version, "operation_id": w.operation_id}
                     for w in writes
                 ]
             ),
-            "transitions": _json_rows([w.transition for w in writes if w.transition is not None]),
+            "transitions": json_rows([w.transition for w in writes if w.transition is not None]),
         }
         if attempt_rows:
-            parameters["attempts"] = _json_rows(attempt_rows)
+            parameters["attempts"] = json_rows(attempt_rows)
         if observation_rows:
             parameters["observations"] = _json_answer_rows(observation_rows)
         if done_outbox_rows:
             # Rows, like every JSON parameter here (the bench's recorder reads them so).
-            parameters["outbox_rows"] = _json_rows(
+            parameters["outbox_rows"] = json_rows(
                 [{"id": i} for i in sorted(set(done_outbox_rows))]
             )
             parameters["now"] = now
@@ -404,14 +404,29 @@ class BatchLedger:
         )
 
 
-def _json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     """Rows as one JSON parameter, for `jsonb_to_recordset` to read back.
 
     Only for rows our code makes (attempts, operations' values, transitions,
     outbox ids: strings, integers, instants, states, lists of references),
     written by orjson: the standard library's encoder was 12 % of a worker's
-    CPU. Rows carrying provider answers go through `_json_answer_rows`."""
-    return orjson.dumps(rows, default=json_instant, option=orjson.OPT_PASSTHROUGH_DATETIME).decode()
+    CPU. Rows carrying provider answers go through `_json_answer_rows`.
+
+    A group's rows share their instants (the transaction's `now`, mostly):
+    each distinct one is written once. orjson's call back into Python for
+    every instant cost about 6 µs (docs/benchmarks.md, step 53); equal
+    instants in other zones are one instant, written alike in UTC."""
+    written: dict[datetime, str] = {}
+
+    def instant(value: object) -> str:
+        if not isinstance(value, datetime):
+            return json_instant(value)
+        text = written.get(value)
+        if text is None:
+            text = written[value] = json_instant(value)
+        return text
+
+    return orjson.dumps(rows, default=instant, option=orjson.OPT_PASSTHROUGH_DATETIME).decode()
 
 
 def _json_answer_rows(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -31,13 +31,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-import orjson
 from sqlalchemy import Insert, bindparam, insert, select, text, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import NextAction, State
-from intentledger.store.batches import BatchLedger, json_instant, transition_states
+from intentledger.store.batches import BatchLedger, json_rows, transition_states
 from intentledger.store.ledger import new_row_lease
 from intentledger.store.records import IdempotencyRecord, OperationRecord
 from intentledger.store.tables import (
@@ -119,17 +118,8 @@ def json_intake_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     Only for these: a validated request's values (integer amounts within 64
     bits, strings, no floats). Elsewhere rows carry provider answers, where
     orjson would refuse an integer beyond 64 bits and write NaN as null.
-    Instants go through `json_instant`, as every JSON row parameter's do, once
-    per instant: a group's rows share theirs (the group's clock)."""
-    written: dict[object, str] = {}
-
-    def instant(value: object) -> str:
-        text = written.get(value)
-        if text is None:
-            text = written[value] = json_instant(value)
-        return text
-
-    return orjson.dumps(rows, default=instant, option=orjson.OPT_PASSTHROUGH_DATETIME).decode()
+    Instants are written as every JSON row parameter's are (`json_rows`)."""
+    return json_rows(rows)
 
 
 def accept_group_parameters(
