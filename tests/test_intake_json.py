@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -98,3 +99,21 @@ def test_the_batch_rows_say_what_the_stdlib_said(
         },
     ]
     assert json.loads(json_rows(rows)) == json.loads(_json_answer_rows(rows))
+
+
+def test_instants_equal_in_python_but_an_hour_apart_keep_their_own_text() -> None:
+    """Across a change of clocks one wall-clock reading is two instants
+    (`fold`), which Python calls equal in the same zone: `json_rows` writes
+    each once per call, so it must not take one for the other."""
+    new_york = ZoneInfo("America/New_York")
+    first = datetime(2026, 11, 1, 1, 30, tzinfo=new_york)
+    second = first.replace(fold=1)
+    assert first == second and first.astimezone(UTC) != second.astimezone(UTC)
+    rows = [{"at": first}, {"at": second}, {"at": first.astimezone(UTC)}]
+    written = json.loads(json_rows(rows))
+    assert written == json.loads(_json_answer_rows(rows))
+    assert [row["at"] for row in written] == [
+        "2026-11-01T05:30:00+00:00",
+        "2026-11-01T06:30:00+00:00",
+        "2026-11-01T05:30:00+00:00",
+    ]

@@ -408,18 +408,22 @@ def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     """Rows as one JSON parameter, for `jsonb_to_recordset` to read back.
 
     Only for rows our code makes (attempts, operations' values, transitions,
-    outbox ids: strings, integers, instants, states, lists of references),
-    written by orjson: the standard library's encoder was 12 % of a worker's
-    CPU. Rows carrying provider answers go through `_json_answer_rows`.
+    outbox ids, and intake's validated requests: strings, integers within 64
+    bits, instants, states, lists of references), written by orjson: the
+    standard library's encoder was 12 % of a worker's CPU. Rows carrying
+    provider answers go through `_json_answer_rows`.
 
     A group's rows share their instants (the transaction's `now`, mostly):
-    each distinct one is written once. orjson's call back into Python for
-    every instant cost about 6 µs (docs/benchmarks.md, step 53); equal
-    instants in other zones are one instant, written alike in UTC."""
+    each distinct instant in UTC is written once per call. orjson's call
+    back into Python for every instant cost about 6 µs (docs/benchmarks.md,
+    step 53). Only instants in UTC itself are kept: Python calls two
+    instants equal when their wall-clock readings match in the same zone,
+    even an hour apart across a change of clocks (`fold`), and those must
+    not share a text; our clock and our columns give UTC."""
     written: dict[datetime, str] = {}
 
     def instant(value: object) -> str:
-        if not isinstance(value, datetime):
+        if type(value) is not datetime or value.tzinfo is not UTC:
             return json_instant(value)
         text = written.get(value)
         if text is None:
