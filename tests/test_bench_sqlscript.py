@@ -1,14 +1,19 @@
 """The bench's rendering of recorded statements into pgbench lines
 (bench/sqlscript.py): an array parameter, as the batch's locks bind their ids
-on PostgreSQL, keeps the pgbench variables that stand for the claimed rows."""
+on PostgreSQL, keeps the pgbench variables that stand for the claimed rows, and
+so does a JSON value bound whole; a script that would still name the recorded
+run's own rows is refused (bench/workloads.py)."""
 
 from __future__ import annotations
 
 import psycopg
+import pytest
+from psycopg.types.json import Jsonb
 
 from intentledger.store.database import libpq_url
-from intentledger_tools.bench.capture import Statement
+from intentledger_tools.bench.capture import DispatchCapture, Statement
 from intentledger_tools.bench.sqlscript import Expr, render
+from intentledger_tools.bench.workloads import dispatch_script, without_leftovers
 from tests.conftest import Databases
 
 UNNEST = "SELECT x FROM unnest(%(ids)s::VARCHAR(40)[]) WITH ORDINALITY AS u(x, n) ORDER BY n"
@@ -36,3 +41,47 @@ def test_an_array_parameter_keeps_its_substituted_elements(databases: Databases)
         plain = render(conn, Statement(UNNEST, {"ids": ["op_q", "op_r"]}), substitute)
         assert "ARRAY" not in plain
         assert [row[0] for row in conn.execute(plain)] == ["op_q", "op_r"]
+
+
+RECORDED_OPERATION = "op_0123456789abcdef01234567"
+RECORDED_ROW = 770_000_007
+CLAIM = Statement("UPDATE outbox SET lease_owner = %(owner)s RETURNING id", {"owner": "w"})
+
+
+def _dispatch(value: object) -> DispatchCapture:
+    return DispatchCapture(
+        transactions=[[CLAIM], [Statement("SELECT %(value)s", {"value": value})]],
+        claimed=[(RECORDED_ROW, RECORDED_OPERATION)],
+    )
+
+
+def test_a_json_value_bound_whole_names_each_run_s_own_operation(
+    databases: Databases,
+) -> None:
+    url = databases.create("postgresql")
+    with psycopg.connect(libpq_url(url)) as conn:
+        # A provider's answer, as an observation's detail binds it (a Jsonb).
+        answer = Jsonb({"body": {"id": "ch_1", "reference": RECORDED_OPERATION}})
+        script = dispatch_script(conn, _dispatch(answer))
+        assert RECORDED_OPERATION not in script
+        line = next(line for line in script.splitlines() if line.startswith("SELECT"))
+        ran = conn.execute(line.replace(":op_1", "'op_this_run'")).fetchone()
+        assert ran == ({"body": {"id": "ch_1", "reference": "op_this_run"}},)
+
+        # A key holding the id, and rows holding the outbox row.
+        key = dispatch_script(conn, _dispatch(f"pay_{RECORDED_OPERATION}_1"))
+        rows = dispatch_script(conn, _dispatch(f'[{{"id": {RECORDED_ROW}}}]'))
+        assert ":op_1" in key and ":id_1" in rows
+        assert str(RECORDED_ROW) not in key + rows
+
+
+def test_a_script_still_naming_the_recorded_run_is_refused() -> None:
+    # Anywhere, a key holding the operation id included.
+    for script in (f"SELECT '{RECORDED_OPERATION}'", f"SELECT 'pay_{RECORDED_OPERATION}_1'"):
+        with pytest.raises(RuntimeError, match=RECORDED_OPERATION):
+            without_leftovers(script, [RECORDED_OPERATION], "dispatch")
+    with pytest.raises(RuntimeError, match=str(RECORDED_ROW)):
+        without_leftovers(f"UPDATE outbox SET x = 1 WHERE id = {RECORDED_ROW}", ["770000007"], "x")
+    # An outbox row id only as a whole number: inside a longer one it is not it.
+    longer = f"SELECT {RECORDED_ROW}1, 1{RECORDED_ROW}"
+    assert without_leftovers(longer, [str(RECORDED_ROW)], "dispatch") == longer

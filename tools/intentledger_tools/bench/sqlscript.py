@@ -4,7 +4,8 @@ A recorded statement is rendered with psycopg's own client-side binding, so
 every value reaches the server exactly as the code path sends it. Only the
 values that must differ per row (the operation id, the idempotency key, the
 outbox row id) become pgbench variables or per-row SQL expressions, also
-inside a JSON parameter of rows (the batch statements send their rows so).
+inside a JSON parameter of rows (the batch statements send their rows so) and
+inside a JSON value bound whole (a provider's answer names the operation).
 
 pgbench reads `:name` (a colon, then a letter or underscore) as a variable
 anywhere in a statement, quoted or not. Literals that contain such a sequence
@@ -23,6 +24,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Json, Jsonb
 
 from intentledger_tools.bench.capture import Statement
 
@@ -112,6 +114,8 @@ def _replacement(
 ) -> str | None:
     if isinstance(value, list):
         return _array_replacement(conn, value, substitute)
+    if isinstance(value, Json | Jsonb):
+        return _json_value_replacement(conn, value, substitute)
     if isinstance(value, bool) or not isinstance(value, str | int):
         return None
     if value in substitute:
@@ -143,6 +147,23 @@ def _array_replacement(
         for element, value in zip(elements, values, strict=True)
     ]
     return "ARRAY[" + ", ".join(rendered) + "]"
+
+
+def _json_value_replacement(
+    conn: psycopg.Connection[Any], value: Json | Jsonb, substitute: Mapping[str | int, Expr]
+) -> str | None:
+    """A JSON value bound whole (a column of SQLAlchemy's JSON types: the
+    provider's answer an observation keeps) with every substituted value
+    inside it replaced, cast back to the type psycopg would have bound; None
+    if nothing in it is substituted."""
+    try:
+        text = json.dumps(value.obj)
+    except (TypeError, ValueError):
+        return None
+    spliced = _json_rows_replacement(conn, text, substitute)
+    if spliced is None:
+        return None
+    return f"CAST({spliced} AS {'jsonb' if isinstance(value, Jsonb) else 'json'})"
 
 
 _JSON_SENTINEL = re.compile(r'"__pgbench_value_(\d+)__"|__pgbench_part_(\d+)__')

@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -49,7 +50,8 @@ def intake_script(conn: psycopg.Connection[Any], capture: IntakeCapture, tag: st
         capture.idempotency_key: Expr(key_expr(tag, _PGBENCH_COUNTER)),
     }
     lines = [render(conn, s, substitute) for s in capture.transaction]
-    return "\n".join(["\\set n :n + 1", *transaction_block(lines)]) + "\n"
+    script = "\n".join(["\\set n :n + 1", *transaction_block(lines)]) + "\n"
+    return without_leftovers(script, (capture.operation_id, capture.idempotency_key), "intake")
 
 
 def dispatch_script(conn: psycopg.Connection[Any], capture: DispatchCapture) -> str:
@@ -77,7 +79,33 @@ def dispatch_script(conn: psycopg.Connection[Any], capture: DispatchCapture) -> 
     for transaction in rest:
         lines = pipelined([(render(conn, s, substitute), s.pipelined) for s in transaction])
         out += transaction_block(lines)
-    return "\n".join(out) + "\n"
+    script = "\n".join(out) + "\n"
+    recorded = [str(value) for pair in capture.claimed for value in pair]
+    return without_leftovers(script, recorded, "dispatch")
+
+
+def without_leftovers(script: str, captured: Iterable[str], what: str) -> str:
+    """`script`, once no id or key of the recorded run is left in it.
+
+    A value the rendering does not reach (a parameter of a shape it does not
+    substitute in) would keep the recorded row's id, and every pgbench
+    transaction would write or look for that one row: a baseline that is not
+    the work it stands for. An operation id or key is looked for
+    anywhere (a provider key holds the operation id); it cannot occur by
+    chance. A recorded outbox row id is looked for as a whole number: the
+    bench draws them from 770,000,001 on so that none can occur by chance
+    either (bench/runner.py, `CAPTURE_OUTBOX_ID_FROM`)."""
+    for value in captured:
+        pattern = rf"(?<!\d){value}(?!\d)" if value.isdigit() else re.escape(value)
+        found = re.search(pattern, script)
+        if found:
+            at = found.start()
+            around = script[max(at - 200, 0) : at + len(value) + 100]
+            raise RuntimeError(
+                f"the {what} script still names the recorded run's {value!r}, "
+                f"which every run of it would reuse: …{around}…"
+            )
+    return script
 
 
 def with_payment_method(context: Any, payment_method: str) -> Jsonb:
