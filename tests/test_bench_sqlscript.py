@@ -1,19 +1,19 @@
 """The bench's rendering of recorded statements into pgbench lines
 (bench/sqlscript.py): an array parameter, as the batch's locks bind their ids
 on PostgreSQL, keeps the pgbench variables that stand for the claimed rows, and
-so does a JSON value bound whole; a script that would still name the recorded
+so does a `jsonb` value bound whole; a script that would still name the recorded
 run's own rows is refused (bench/workloads.py)."""
 
 from __future__ import annotations
 
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Json, Jsonb
 
 from intentledger.store.database import libpq_url
-from intentledger_tools.bench.capture import DispatchCapture, Statement
+from intentledger_tools.bench.capture import DispatchCapture, IntakeCapture, Statement
 from intentledger_tools.bench.sqlscript import Expr, render
-from intentledger_tools.bench.workloads import dispatch_script, without_leftovers
+from intentledger_tools.bench.workloads import dispatch_script, intake_script, without_leftovers
 from tests.conftest import Databases
 
 UNNEST = "SELECT x FROM unnest(%(ids)s::VARCHAR(40)[]) WITH ORDINALITY AS u(x, n) ORDER BY n"
@@ -55,33 +55,61 @@ def _dispatch(value: object) -> DispatchCapture:
     )
 
 
-def test_a_json_value_bound_whole_names_each_run_s_own_operation(
+def _select_line(script: str) -> str:
+    return next(line for line in script.splitlines() if line.startswith("SELECT"))
+
+
+def test_a_jsonb_value_bound_whole_names_each_run_s_own_operation(
     databases: Databases,
 ) -> None:
     url = databases.create("postgresql")
     with psycopg.connect(libpq_url(url)) as conn:
-        # A provider's answer, as an observation's detail binds it (a Jsonb).
-        answer = Jsonb({"body": {"id": "ch_1", "reference": RECORDED_OPERATION}})
-        script = dispatch_script(conn, _dispatch(answer))
-        assert RECORDED_OPERATION not in script
-        line = next(line for line in script.splitlines() if line.startswith("SELECT"))
+        # A provider's answer, as an observation's detail binds it.
+        answer = Jsonb({"body": {"id": "ch_1", "reference": RECORDED_OPERATION, "n": 2}})
+        line = _select_line(dispatch_script(conn, _dispatch(answer)))
+        assert RECORDED_OPERATION not in line and "AS jsonb)" in line
         ran = conn.execute(line.replace(":op_1", "'op_this_run'")).fetchone()
-        assert ran == ({"body": {"id": "ch_1", "reference": "op_this_run"}},)
+        assert ran == ({"body": {"id": "ch_1", "reference": "op_this_run", "n": 2}},)
 
-        # A key holding the id, and rows holding the outbox row.
+        # Naming no recorded row, it is bound as psycopg binds it.
+        other = Statement("SELECT %(value)s", {"value": Jsonb({"reference": "op_other"})})
+        assert render(conn, other, {RECORDED_OPERATION: Expr(":op_1")}) == render(conn, other)
+
+
+def test_a_key_and_rows_name_each_run_s_own_operation_and_row(databases: Databases) -> None:
+    url = databases.create("postgresql")
+    with psycopg.connect(libpq_url(url)) as conn:
         key = dispatch_script(conn, _dispatch(f"pay_{RECORDED_OPERATION}_1"))
         rows = dispatch_script(conn, _dispatch(f'[{{"id": {RECORDED_ROW}}}]'))
         assert ":op_1" in key and ":id_1" in rows
-        assert str(RECORDED_ROW) not in key + rows
+        assert RECORDED_OPERATION not in key and str(RECORDED_ROW) not in rows
 
 
-def test_a_script_still_naming_the_recorded_run_is_refused() -> None:
-    # Anywhere, a key holding the operation id included.
+def test_the_scripts_refuse_what_their_rendering_does_not_reach(databases: Databases) -> None:
+    url = databases.create("postgresql")
+    with psycopg.connect(libpq_url(url)) as conn:
+        # A plain `json` value keeps its text, and the rendering leaves it be;
+        # an object's key is never substituted.
+        for unreached in (Json({"reference": RECORDED_OPERATION}), Jsonb({RECORDED_OPERATION: 1})):
+            with pytest.raises(RuntimeError, match=RECORDED_OPERATION):
+                dispatch_script(conn, _dispatch(unreached))
+        intake = IntakeCapture(
+            transaction=[Statement("SELECT %(v)s", {"v": Json({"key": "bench-key-1"})})],
+            operation_id=RECORDED_OPERATION,
+            idempotency_key="bench-key-1",
+            rows=[],
+        )
+        with pytest.raises(RuntimeError, match="bench-key-1"):
+            intake_script(conn, intake, "pi")
+
+
+def test_a_recorded_id_is_found_anywhere_and_a_row_only_as_a_whole_number() -> None:
     for script in (f"SELECT '{RECORDED_OPERATION}'", f"SELECT 'pay_{RECORDED_OPERATION}_1'"):
         with pytest.raises(RuntimeError, match=RECORDED_OPERATION):
             without_leftovers(script, [RECORDED_OPERATION], "dispatch")
-    with pytest.raises(RuntimeError, match=str(RECORDED_ROW)):
-        without_leftovers(f"UPDATE outbox SET x = 1 WHERE id = {RECORDED_ROW}", ["770000007"], "x")
-    # An outbox row id only as a whole number: inside a longer one it is not it.
-    longer = f"SELECT {RECORDED_ROW}1, 1{RECORDED_ROW}"
-    assert without_leftovers(longer, [str(RECORDED_ROW)], "dispatch") == longer
+    row = str(RECORDED_ROW)
+    with pytest.raises(RuntimeError, match=row):
+        without_leftovers(f"UPDATE outbox SET x = 1 WHERE id = {row}", [row], "dispatch")
+    # Inside a longer number it is not the row.
+    longer = f"SELECT {row}1, 1{row}"
+    assert without_leftovers(longer, [row], "dispatch") == longer

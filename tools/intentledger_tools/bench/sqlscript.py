@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.types.json import Json, Jsonb
+from psycopg.types.json import Jsonb
 
 from intentledger_tools.bench.capture import Statement
 
@@ -114,14 +114,14 @@ def _replacement(
 ) -> str | None:
     if isinstance(value, list):
         return _array_replacement(conn, value, substitute)
-    if isinstance(value, Json | Jsonb):
-        return _json_value_replacement(conn, value, substitute)
+    if isinstance(value, Jsonb):
+        return _jsonb_replacement(conn, value, substitute)
     if isinstance(value, bool) or not isinstance(value, str | int):
         return None
     if value in substitute:
         return f"({substitute[value].sql})"
     if isinstance(value, str) and value.startswith("[{"):
-        return _json_rows_replacement(conn, value, substitute)
+        return _json_text_replacement(conn, value, substitute)
     if isinstance(value, str):
         for needle, expr in substitute.items():
             if isinstance(needle, str) and needle and needle in value:
@@ -149,31 +149,34 @@ def _array_replacement(
     return "ARRAY[" + ", ".join(rendered) + "]"
 
 
-def _json_value_replacement(
-    conn: psycopg.Connection[Any], value: Json | Jsonb, substitute: Mapping[str | int, Expr]
+def _jsonb_replacement(
+    conn: psycopg.Connection[Any], value: Jsonb, substitute: Mapping[str | int, Expr]
 ) -> str | None:
-    """A JSON value bound whole (a column of SQLAlchemy's JSON types: the
-    provider's answer an observation keeps) with every substituted value
-    inside it replaced, cast back to the type psycopg would have bound; None
-    if nothing in it is substituted."""
+    """A JSON value bound whole as `jsonb` (a column of our JSON type on
+    PostgreSQL: the provider's answer an observation keeps) with every
+    substituted value inside it replaced; None if nothing in it is.
+
+    Written again by the standard library, not by the wrapper's own dumps:
+    `jsonb` keeps the value, not the text, so the spacing and escapes of the
+    text sent do not reach the server's row. A plain `json` value keeps its
+    text and is left as psycopg binds it (the leftover check refuses a script
+    in which it still names the recorded run)."""
     try:
         text = json.dumps(value.obj)
     except (TypeError, ValueError):
         return None
-    spliced = _json_rows_replacement(conn, text, substitute)
-    if spliced is None:
-        return None
-    return f"CAST({spliced} AS {'jsonb' if isinstance(value, Jsonb) else 'json'})"
+    spliced = _json_text_replacement(conn, text, substitute)
+    return None if spliced is None else f"CAST({spliced} AS jsonb)"
 
 
 _JSON_SENTINEL = re.compile(r'"__pgbench_value_(\d+)__"|__pgbench_part_(\d+)__')
 
 
-def _json_rows_replacement(
+def _json_text_replacement(
     conn: psycopg.Connection[Any], value: str, substitute: Mapping[str | int, Expr]
 ) -> str | None:
-    """A JSON parameter holding rows (as `jsonb_to_recordset` reads them) with
-    every substituted value inside it replaced: a value equal to one becomes
+    """JSON text (a parameter of rows as `jsonb_to_recordset` reads them, or a
+    value bound whole) with every substituted value inside it replaced: a value equal to one becomes
     the substitute as JSON, a string containing one has it spliced in. None if
     nothing in it is substituted."""
     try:

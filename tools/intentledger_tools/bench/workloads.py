@@ -84,7 +84,7 @@ def dispatch_script(conn: psycopg.Connection[Any], capture: DispatchCapture) -> 
     return without_leftovers(script, recorded, "dispatch")
 
 
-def without_leftovers(script: str, captured: Iterable[str], what: str) -> str:
+def without_leftovers(script: str, recorded: Iterable[str], script_name: str) -> str:
     """`script`, once no id or key of the recorded run is left in it.
 
     A value the rendering does not reach (a parameter of a shape it does not
@@ -95,14 +95,16 @@ def without_leftovers(script: str, captured: Iterable[str], what: str) -> str:
     chance. A recorded outbox row id is looked for as a whole number: the
     bench draws them from 770,000,001 on so that none can occur by chance
     either (bench/runner.py, `CAPTURE_OUTBOX_ID_FROM`)."""
-    for value in captured:
-        pattern = rf"(?<!\d){value}(?!\d)" if value.isdigit() else re.escape(value)
+    for value in recorded:
+        pattern = re.escape(value)
+        if value.isdigit():
+            pattern = rf"(?<!\d){pattern}(?!\d)"
         found = re.search(pattern, script)
         if found:
             at = found.start()
             around = script[max(at - 200, 0) : at + len(value) + 100]
             raise RuntimeError(
-                f"the {what} script still names the recorded run's {value!r}, "
+                f"the {script_name} script still names the recorded run's {value!r}, "
                 f"which every run of it would reuse: …{around}…"
             )
     return script
