@@ -176,9 +176,9 @@ def _json_text_replacement(
     conn: psycopg.Connection[Any], value: str, substitute: Mapping[str | int, Expr]
 ) -> str | None:
     """JSON text (a parameter of rows as `jsonb_to_recordset` reads them, or a
-    value bound whole) with every substituted value inside it replaced: a value equal to one becomes
-    the substitute as JSON, a string containing one has it spliced in. None if
-    nothing in it is substituted."""
+    `jsonb` value bound whole) with every substituted value inside it
+    replaced: a value equal to one becomes the substitute as JSON, a string
+    containing one has it spliced in. None if nothing in it is substituted."""
     try:
         rows = json.loads(value)
     except ValueError:
