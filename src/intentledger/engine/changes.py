@@ -193,8 +193,6 @@ async def follow(
     if not changes:
         return
     for change in changes:
-        if change.rows.shift is not None:
-            await announcements.mandate_changed(ledger, change.rows.shift.mandate_id, change.now)
         await _project_card(ledger, change)
         if change.rows.transition is not None and stage is None:
             ledger_events.transition(
@@ -217,6 +215,11 @@ async def follow(
         ledger_events.transitions(
             ledger.conn, State(first.before.state), first.target, len(changes), stage
         )
+    await announcements.mandates_changed(
+        ledger,
+        [change.rows.shift.mandate_id for change in changes if change.rows.shift is not None],
+        changes[0].now,
+    )
     await announcements.operations_changed(
         ledger, [(change.before, change.values) for change in changes], changes[0].now
     )

@@ -38,7 +38,9 @@ from sqlalchemy.sql.elements import BindParameter
 from intentledger.domain.states import NextAction, State
 from intentledger.store.ledger import ConcurrentUpdate, Ledger, OperationWrite
 from intentledger.store.records import (
+    AttemptRecord,
     MandateRecord,
+    ObservationWithDetailRecord,
     OperationRecord,
     OutboxRecord,
 )
@@ -48,6 +50,7 @@ from intentledger.store.tables import (
     mandates,
     observation_details,
     observations,
+    observations_with_detail,
     operations,
     outbox,
     transitions,
@@ -152,6 +155,49 @@ def _lock_statements(is_postgres: bool) -> _LockStatements:
 
 
 @dataclass(frozen=True)
+class _PartsStatements:
+    operations: Select[Any]
+    attempts: Select[Any]
+    submit_results: Select[Any]
+    refunds: Select[Any]
+
+
+@cache
+def _parts_statements(is_postgres: bool) -> _PartsStatements:
+    """The reads of `BatchLedger.parts_of`, built once: Ledger's reads of one
+    operation's parts, for many."""
+    read = observations_with_detail
+    return _PartsStatements(
+        operations=select(operations).where(_among_ids(operations.c.operation_id, is_postgres)),
+        attempts=select(attempts)
+        .where(_among_ids(attempts.c.operation_id, is_postgres))
+        .order_by(attempts.c.operation_id, attempts.c.number),
+        submit_results=select(read)
+        .where(_among_ids(read.c.operation_id, is_postgres), read.c.kind == "submit_result")
+        .order_by(read.c.id),
+        refunds=select(operations)
+        .where(_among_ids(operations.c.parent_operation_id, is_postgres))
+        .order_by(operations.c.created_at, operations.c.operation_id),
+    )
+
+
+# Ids one read of many takes at most: SQLite binds each of an IN list's values
+# as its own parameter, and a statement takes a bounded number of them.
+IDS_PER_READ = 500
+
+
+@dataclass(frozen=True)
+class OperationParts:
+    """An operation as GET shows it: the record, its attempts (by number), their
+    submit results (oldest first) and, for a payment, its refunds (oldest first)."""
+
+    operation: OperationRecord
+    attempts: list[AttemptRecord]
+    submit_results: list[ObservationWithDetailRecord]
+    refunds: list[OperationRecord]
+
+
+@dataclass(frozen=True)
 class Locked:
     """Operations locked for a state change, and the mandates locked before them."""
 
@@ -191,6 +237,29 @@ class BatchLedger:
             locked_mandates = {row.mandate_id: MandateRecord.of(row) for row in rows}
         rows = await self.conn.execute(statements.operations, {"ids": ids})
         return Locked({row.operation_id: OperationRecord.of(row) for row in rows}, locked_mandates)
+
+    async def parts_of(self, operation_ids: Iterable[str]) -> dict[str, OperationParts]:
+        """Each existing operation of `operation_ids` with its parts, in four reads
+        per `IDS_PER_READ` ids however many there are (Ledger's `get_operation`,
+        `attempts_of`, `submit_results_of` and `refunds_of` are four per operation)."""
+        ids = sorted(set(operation_ids))
+        statements = _parts_statements(self._is_postgres)
+        parts: dict[str, OperationParts] = {}
+        for start in range(0, len(ids), IDS_PER_READ):
+            chunk = {"ids": ids[start : start + IDS_PER_READ]}
+            for row in await self.conn.execute(statements.operations, chunk):
+                parts[row.operation_id] = OperationParts(OperationRecord.of(row), [], [], [])
+            for row in await self.conn.execute(statements.attempts, chunk):
+                parts[row.operation_id].attempts.append(AttemptRecord.of(row))
+            for row in await self.conn.execute(statements.submit_results, chunk):
+                parts[row.operation_id].submit_results.append(ObservationWithDetailRecord.of(row))
+            payments = [
+                i for i in chunk["ids"] if i in parts and parts[i].operation.kind == "payment"
+            ]
+            if payments:
+                for row in await self.conn.execute(statements.refunds, {"ids": payments}):
+                    parts[row.parent_operation_id].refunds.append(OperationRecord.of(row))
+        return parts
 
     async def leases_held(self, row_ids: Iterable[int], owner: str, now: datetime) -> set[int]:
         """Lock the outbox rows; the ones `owner` still holds an unexpired lease on."""

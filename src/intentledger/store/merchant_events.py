@@ -4,13 +4,14 @@ decided them (engine/announcements.py says what is news and renders it)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Column, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from intentledger.store.records import WebhookEndpointRecord
+from intentledger.store.records import MandateRecord, WebhookEndpointRecord
 from intentledger.store.tables import (
     cards,
     mandates,
@@ -50,6 +51,46 @@ async def endpoints_of_card_owner(
     return await _endpoints_of_owner(conn, cards.c.actor, cards.c.card_id, card_id)
 
 
+# Mandates one read takes at most (SQLite binds each of an IN list's values).
+MANDATES_PER_READ = 500
+
+
+async def endpoints_of_mandate_owners(
+    conn: AsyncConnection, mandate_ids: Iterable[str]
+) -> dict[str, list[WebhookEndpointRecord]]:
+    """The live endpoints of each mandate's owner, for the mandates whose owner
+    has any: one read per `MANDATES_PER_READ` mandates."""
+    wanted = sorted(set(mandate_ids))
+    found: dict[str, list[WebhookEndpointRecord]] = {}
+    for start in range(0, len(wanted), MANDATES_PER_READ):
+        rows = await conn.execute(
+            select(mandates.c.mandate_id, webhook_endpoints)
+            .join(mandates, mandates.c.actor == webhook_endpoints.c.actor)
+            .where(
+                mandates.c.mandate_id.in_(wanted[start : start + MANDATES_PER_READ]),
+                webhook_endpoints.c.deleted_at.is_(None),
+            )
+        )
+        for mandate_id, *endpoint in rows:
+            found.setdefault(mandate_id, []).append(WebhookEndpointRecord(*endpoint))
+    return found
+
+
+async def mandates_by_id(
+    conn: AsyncConnection, mandate_ids: Iterable[str]
+) -> dict[str, MandateRecord]:
+    wanted = sorted(set(mandate_ids))
+    found: dict[str, MandateRecord] = {}
+    for start in range(0, len(wanted), MANDATES_PER_READ):
+        rows = await conn.execute(
+            select(mandates).where(
+                mandates.c.mandate_id.in_(wanted[start : start + MANDATES_PER_READ])
+            )
+        )
+        found.update((row.mandate_id, MandateRecord.of(row)) for row in rows)
+    return found
+
+
 async def _endpoints_of_owner(
     conn: AsyncConnection, owner: Column[Any], key: Column[Any], value: str
 ) -> list[WebhookEndpointRecord]:
@@ -62,34 +103,44 @@ async def _endpoints_of_owner(
     return [WebhookEndpointRecord.of(row) for row in result]
 
 
-async def add_event(
-    conn: AsyncConnection,
-    *,
-    event_id: str,
-    actor: str,
-    event_type: str,
-    object_id: str,
-    payload: str,
-    endpoint_ids: Sequence[str],
-    now: datetime,
-) -> None:
-    """The event, and a pending delivery to each of `endpoint_ids`."""
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to write, and the endpoints that get a pending delivery of it."""
+
+    event_id: str
+    actor: str
+    type: str
+    object_id: str
+    payload: str
+    endpoint_ids: Sequence[str]
+
+
+async def add_events(conn: AsyncConnection, events: Sequence[NewEvent], now: datetime) -> None:
+    """The events, and a pending delivery of each to each of its endpoints: two
+    statements however many there are (the deliveries' ids follow the order
+    given, which is the order they were announced in)."""
+    if not events:
+        return
     await conn.execute(
-        insert(merchant_events).values(
-            event_id=event_id,
-            actor=actor,
-            type=event_type,
-            object_id=object_id,
-            payload=payload,
-            created_at=now,
-        )
+        insert(merchant_events),
+        [
+            {
+                "event_id": event.event_id,
+                "actor": event.actor,
+                "type": event.type,
+                "object_id": event.object_id,
+                "payload": event.payload,
+                "created_at": now,
+            }
+            for event in events
+        ],
     )
     await conn.execute(
         insert(webhook_deliveries),
         [
             {
-                "event_id": event_id,
-                "actor": actor,
+                "event_id": event.event_id,
+                "actor": event.actor,
                 "endpoint_id": endpoint_id,
                 "status": "pending",
                 "due_at": now,
@@ -97,7 +148,8 @@ async def add_event(
                 "attempts": 0,
                 "created_at": now,
             }
-            for endpoint_id in endpoint_ids
+            for event in events
+            for endpoint_id in event.endpoint_ids
         ],
     )
 
