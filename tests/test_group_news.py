@@ -26,7 +26,7 @@ from intentledger.engine import mandates, queries
 from intentledger.engine.batch_dispatch import pre_submit
 from intentledger.engine.intake import Intent, accept
 from intentledger.engine.settlement_queue import Sent, answered_now, record_together
-from intentledger.store import batches
+from intentledger.store import ids as id_lists
 from intentledger.store.batches import BatchLedger
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import merchant_events, webhook_deliveries
@@ -212,11 +212,11 @@ async def test_a_group_announces_each_mandate_once_in_statements_its_size_does_n
             assert data == await shown(engine, object_id)
 
 
-@pytest.mark.parametrize("per_read", [1, 2, batches.IDS_PER_READ])
+@pytest.mark.parametrize("per_read", [1, 2, id_lists.IDS_PER_READ])
 async def test_parts_of_many_are_each_operations_parts_read_alone(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, per_read: int
 ) -> None:
-    monkeypatch.setattr(batches, "IDS_PER_READ", per_read)
+    monkeypatch.setattr(id_lists, "IDS_PER_READ", per_read)
     scene = Scene(engine)
     refunded = await paid(scene)
     refunds = [await refund(scene, refunded, f"r-{i}", 100) for i in range(2)]

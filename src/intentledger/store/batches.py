@@ -23,19 +23,17 @@ from sqlalchemy import (
     Table,
     TextClause,
     Update,
-    any_,
     bindparam,
     insert,
     select,
     text,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql.elements import BindParameter
 
 from intentledger.domain.states import NextAction, State
+from intentledger.store.ids import IDS, among_ids, id_reads
 from intentledger.store.ledger import ConcurrentUpdate, Ledger, OperationWrite
 from intentledger.store.records import (
     AttemptRecord,
@@ -58,12 +56,7 @@ from intentledger.store.tables import (
 
 # The batch's reads and locks are built once: building a statement and its
 # cache key on every call was most of SQLAlchemy's share of a worker's CPU.
-# Their ids are one parameter (`_among_ids`), whatever their number.
-_IDS = "ids"
-
-
-def _ids() -> BindParameter[Any]:
-    return bindparam(_IDS, expanding=True)
+# Their ids are one parameter (`among_ids`), whatever their number.
 
 
 @cache
@@ -93,17 +86,6 @@ def _claim_statement(is_postgres: bool) -> Update:
 _under_mandate = operations.alias("under_mandate")
 
 
-def _among_ids(column: Any, is_postgres: bool) -> Any:
-    """`column` is one of the `ids` parameter's values. On PostgreSQL that is one
-    array parameter: the statement's text is then the same whatever the number
-    of ids, so psycopg prepares it once per connection. An expanding IN list is
-    a new statement for every count, parsed and planned again each time (a
-    group of 7 answers and one of 8 share nothing). SQLite has no arrays."""
-    if is_postgres:
-        return column == any_(bindparam(_IDS, type_=ARRAY(column.type)))
-    return column.in_(_ids())
-
-
 @dataclass(frozen=True)
 class _LockStatements:
     # Locks the operations in one statement if none of them has a mandate (an
@@ -123,10 +105,10 @@ def _lock_statements(is_postgres: bool) -> _LockStatements:
     return _LockStatements(
         without_mandates=select(operations)
         .where(
-            _among_ids(operations.c.operation_id, is_postgres),
+            among_ids(operations.c.operation_id, is_postgres),
             ~select(_under_mandate.c.operation_id)
             .where(
-                _among_ids(_under_mandate.c.operation_id, is_postgres),
+                among_ids(_under_mandate.c.operation_id, is_postgres),
                 _under_mandate.c.mandate_id.is_not(None),
             )
             .exists(),
@@ -135,20 +117,20 @@ def _lock_statements(is_postgres: bool) -> _LockStatements:
         .with_for_update(of=operations),
         mandates_of=select(operations.c.mandate_id)
         .where(
-            _among_ids(operations.c.operation_id, is_postgres),
+            among_ids(operations.c.operation_id, is_postgres),
             operations.c.mandate_id.is_not(None),
         )
         .distinct(),
         mandates=select(mandates)
-        .where(_among_ids(mandates.c.mandate_id, is_postgres))
+        .where(among_ids(mandates.c.mandate_id, is_postgres))
         .order_by(mandates.c.mandate_id)
         .with_for_update(),
         operations=select(operations)
-        .where(_among_ids(operations.c.operation_id, is_postgres))
+        .where(among_ids(operations.c.operation_id, is_postgres))
         .order_by(operations.c.operation_id)
         .with_for_update(),
         outbox_rows=select(outbox.c.id, outbox.c.lease_owner, outbox.c.due_at, outbox.c.done_at)
-        .where(_among_ids(outbox.c.id, is_postgres))
+        .where(among_ids(outbox.c.id, is_postgres))
         .order_by(outbox.c.id)
         .with_for_update(),
     )
@@ -168,22 +150,17 @@ def _parts_statements(is_postgres: bool) -> _PartsStatements:
     operation's parts, for many."""
     read = observations_with_detail
     return _PartsStatements(
-        operations=select(operations).where(_among_ids(operations.c.operation_id, is_postgres)),
+        operations=select(operations).where(among_ids(operations.c.operation_id, is_postgres)),
         attempts=select(attempts)
-        .where(_among_ids(attempts.c.operation_id, is_postgres))
+        .where(among_ids(attempts.c.operation_id, is_postgres))
         .order_by(attempts.c.operation_id, attempts.c.number),
         submit_results=select(read)
-        .where(_among_ids(read.c.operation_id, is_postgres), read.c.kind == "submit_result")
+        .where(among_ids(read.c.operation_id, is_postgres), read.c.kind == "submit_result")
         .order_by(read.c.id),
         refunds=select(operations)
-        .where(_among_ids(operations.c.parent_operation_id, is_postgres))
+        .where(among_ids(operations.c.parent_operation_id, is_postgres))
         .order_by(operations.c.created_at, operations.c.operation_id),
     )
-
-
-# Ids one read of many takes at most: SQLite binds each of an IN list's values
-# as its own parameter, and a statement takes a bounded number of them.
-IDS_PER_READ = 500
 
 
 @dataclass(frozen=True)
@@ -240,24 +217,20 @@ class BatchLedger:
 
     async def parts_of(self, operation_ids: Iterable[str]) -> dict[str, OperationParts]:
         """Each existing operation of `operation_ids` with its parts, in four reads
-        per `IDS_PER_READ` ids however many there are (Ledger's `get_operation`,
+        however many there are, up to `IDS_PER_READ` (Ledger's `get_operation`,
         `attempts_of`, `submit_results_of` and `refunds_of` are four per operation)."""
-        ids = sorted(set(operation_ids))
         statements = _parts_statements(self._is_postgres)
         parts: dict[str, OperationParts] = {}
-        for start in range(0, len(ids), IDS_PER_READ):
-            chunk = {"ids": ids[start : start + IDS_PER_READ]}
-            for row in await self.conn.execute(statements.operations, chunk):
+        for read in id_reads(operation_ids):
+            for row in await self.conn.execute(statements.operations, read):
                 parts[row.operation_id] = OperationParts(OperationRecord.of(row), [], [], [])
-            for row in await self.conn.execute(statements.attempts, chunk):
+            for row in await self.conn.execute(statements.attempts, read):
                 parts[row.operation_id].attempts.append(AttemptRecord.of(row))
-            for row in await self.conn.execute(statements.submit_results, chunk):
+            for row in await self.conn.execute(statements.submit_results, read):
                 parts[row.operation_id].submit_results.append(ObservationWithDetailRecord.of(row))
-            payments = [
-                i for i in chunk["ids"] if i in parts and parts[i].operation.kind == "payment"
-            ]
+            payments = [i for i in read[IDS] if i in parts and parts[i].operation.kind == "payment"]
             if payments:
-                for row in await self.conn.execute(statements.refunds, {"ids": payments}):
+                for row in await self.conn.execute(statements.refunds, {IDS: payments}):
                     parts[row.parent_operation_id].refunds.append(OperationRecord.of(row))
         return parts
 

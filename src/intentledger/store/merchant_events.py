@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Any
 
-from sqlalchemy import Column, insert, select, update
+from sqlalchemy import Column, Select, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from intentledger.store.ids import among_ids, id_reads
 from intentledger.store.records import MandateRecord, WebhookEndpointRecord
 from intentledger.store.tables import (
     cards,
@@ -21,21 +23,38 @@ from intentledger.store.tables import (
 )
 
 
+@dataclass(frozen=True)
+class _Statements:
+    listening: Select[Any]
+    owners_listening: Select[Any]
+    mandates: Select[Any]
+
+
+@cache
+def _statements(is_postgres: bool) -> _Statements:
+    """Built once: a group record asks `listening` every time, and building a
+    select and its cache key cost about as much CPU as its round trip."""
+    live = webhook_endpoints.c.deleted_at.is_(None)
+    return _Statements(
+        listening=select(webhook_endpoints).where(
+            among_ids(webhook_endpoints.c.actor, is_postgres), live
+        ),
+        owners_listening=select(mandates.c.mandate_id, webhook_endpoints)
+        .join(mandates, mandates.c.actor == webhook_endpoints.c.actor)
+        .where(among_ids(mandates.c.mandate_id, is_postgres), live),
+        mandates=select(mandates).where(among_ids(mandates.c.mandate_id, is_postgres)),
+    )
+
+
 async def listening_endpoints(
     conn: AsyncConnection, actors: Iterable[str]
 ) -> dict[str, list[WebhookEndpointRecord]]:
     """The live endpoints of each of `actors` that has any."""
-    wanted = sorted(set(actors))
-    if not wanted:
-        return {}
-    rows = await conn.execute(
-        select(webhook_endpoints).where(
-            webhook_endpoints.c.actor.in_(wanted), webhook_endpoints.c.deleted_at.is_(None)
-        )
-    )
+    statement = _statements(conn.dialect.name == "postgresql").listening
     found: dict[str, list[WebhookEndpointRecord]] = {}
-    for row in rows:
-        found.setdefault(row.actor, []).append(WebhookEndpointRecord.of(row))
+    for read in id_reads(actors):
+        for row in await conn.execute(statement, read):
+            found.setdefault(row.actor, []).append(WebhookEndpointRecord.of(row))
     return found
 
 
@@ -51,27 +70,15 @@ async def endpoints_of_card_owner(
     return await _endpoints_of_owner(conn, cards.c.actor, cards.c.card_id, card_id)
 
 
-# Mandates one read takes at most (SQLite binds each of an IN list's values).
-MANDATES_PER_READ = 500
-
-
 async def endpoints_of_mandate_owners(
     conn: AsyncConnection, mandate_ids: Iterable[str]
 ) -> dict[str, list[WebhookEndpointRecord]]:
     """The live endpoints of each mandate's owner, for the mandates whose owner
-    has any: one read per `MANDATES_PER_READ` mandates."""
-    wanted = sorted(set(mandate_ids))
+    has any: one read, however many mandates (up to `IDS_PER_READ`)."""
+    statement = _statements(conn.dialect.name == "postgresql").owners_listening
     found: dict[str, list[WebhookEndpointRecord]] = {}
-    for start in range(0, len(wanted), MANDATES_PER_READ):
-        rows = await conn.execute(
-            select(mandates.c.mandate_id, webhook_endpoints)
-            .join(mandates, mandates.c.actor == webhook_endpoints.c.actor)
-            .where(
-                mandates.c.mandate_id.in_(wanted[start : start + MANDATES_PER_READ]),
-                webhook_endpoints.c.deleted_at.is_(None),
-            )
-        )
-        for mandate_id, *endpoint in rows:
+    for read in id_reads(mandate_ids):
+        for mandate_id, *endpoint in await conn.execute(statement, read):
             found.setdefault(mandate_id, []).append(WebhookEndpointRecord(*endpoint))
     return found
 
@@ -79,15 +86,12 @@ async def endpoints_of_mandate_owners(
 async def mandates_by_id(
     conn: AsyncConnection, mandate_ids: Iterable[str]
 ) -> dict[str, MandateRecord]:
-    wanted = sorted(set(mandate_ids))
+    statement = _statements(conn.dialect.name == "postgresql").mandates
     found: dict[str, MandateRecord] = {}
-    for start in range(0, len(wanted), MANDATES_PER_READ):
-        rows = await conn.execute(
-            select(mandates).where(
-                mandates.c.mandate_id.in_(wanted[start : start + MANDATES_PER_READ])
-            )
+    for read in id_reads(mandate_ids):
+        found.update(
+            (row.mandate_id, MandateRecord.of(row)) for row in await conn.execute(statement, read)
         )
-        found.update((row.mandate_id, MandateRecord.of(row)) for row in rows)
     return found
 
 
@@ -101,6 +105,10 @@ async def _endpoints_of_owner(
         .where(key == value, webhook_endpoints.c.deleted_at.is_(None))
     )
     return [WebhookEndpointRecord.of(row) for row in result]
+
+
+_INSERT_EVENT = insert(merchant_events)
+_INSERT_DELIVERY = insert(webhook_deliveries)
 
 
 @dataclass(frozen=True)
@@ -122,7 +130,7 @@ async def add_events(conn: AsyncConnection, events: Sequence[NewEvent], now: dat
     if not events:
         return
     await conn.execute(
-        insert(merchant_events),
+        _INSERT_EVENT,
         [
             {
                 "event_id": event.event_id,
@@ -136,7 +144,7 @@ async def add_events(conn: AsyncConnection, events: Sequence[NewEvent], now: dat
         ],
     )
     await conn.execute(
-        insert(webhook_deliveries),
+        _INSERT_DELIVERY,
         [
             {
                 "event_id": event.event_id,

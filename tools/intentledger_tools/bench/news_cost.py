@@ -1,0 +1,185 @@
+"""What a merchant's webhook endpoint costs a group record (issue 39).
+
+python -m intentledger_tools.bench.news_cost --database-url URL [--group 20] [--rounds 20]
+
+A group record settles the answers of many payments in one transaction, and
+every settlement is news a merchant may listen for (`operation.outcome_known`).
+The bench's phases have no endpoint, so none of its figures shows what the
+news costs. This measures one group record of `--group` success answers,
+`--rounds` times, for a merchant with no endpoint and then for one with an
+endpoint taking every event, alternated twice: the statements the group record
+sends, its wall time and the process's CPU per payment (`process_time`), each
+the mean over the rounds. No provider is called: the answers are handed to the
+group record as a provider's call would hand them, after the real claim and
+pre-submit.
+
+It migrates the database and leaves its rows behind (payments, events, an
+endpoint per merchant): give it a throwaway database. The last line is the
+figures as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger import eventloop
+from intentledger.domain.canonical import request_hash
+from intentledger.domain.transport import Classification, ProviderAnswer, Transport, Verdict
+from intentledger.engine import intake
+from intentledger.engine.batch_dispatch import pre_submit
+from intentledger.engine.dispatcher import Dispatcher, DispatchSettings
+from intentledger.engine.settlement_queue import Sent, answered_now, record_together
+from intentledger.engine.webhook_endpoints import new_endpoint_id, new_secret
+from intentledger.providers.sandbox_client import SandboxProvider
+from intentledger.store.batches import BatchLedger
+from intentledger.store.database import create_ledger_engine
+from intentledger.store.migrate import upgrade
+from intentledger.store.webhooks import WebhookStore
+
+ROUTE = "POST /v1/payments"
+LEASE = timedelta(minutes=5)
+WORKER = "news-cost"
+# Nothing listens here: no delivery is attempted, only written.
+UNUSED_URL = "http://127.0.0.1:9/news-cost"
+
+
+def _clock() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _accept(engine: AsyncEngine, actor: str, count: int) -> None:
+    body = {"amount": 1250, "currency": "EUR", "payment_method": "pm_ok", "metadata": {}}
+    for _ in range(count):
+        intent = intake.Intent(
+            actor=actor,
+            route=ROUTE,
+            idempotency_key=secrets.token_hex(8),
+            request_hash=request_hash(actor, ROUTE, body),
+            body=body,
+            provider="sandbox",
+        )
+        await intake.accept(engine, _clock, intent)
+
+
+async def _listen(engine: AsyncEngine, actor: str) -> None:
+    async with engine.begin() as conn:
+        await WebhookStore(conn).insert_endpoint(
+            endpoint_id=new_endpoint_id(),
+            actor=actor,
+            url=UNUSED_URL,
+            events=None,
+            secret=new_secret(),
+            created_at=_clock(),
+        )
+
+
+async def _one_group(dispatcher: Dispatcher, actor: str, size: int) -> tuple[int, float, float]:
+    """Accept `size` payments, claim and pre-submit them, and settle them in one
+    group record: its statements, wall seconds and CPU seconds."""
+    engine = dispatcher.engine
+    await _accept(engine, actor, size)
+    async with engine.begin() as conn:
+        rows = await BatchLedger(conn).claim_outbox_rows(_clock(), LEASE, WORKER, size)
+    prepared, others = await pre_submit(dispatcher, rows)
+    if others or len(prepared) != size:
+        raise RuntimeError(f"expected {size} first attempts, got {len(prepared)} and {len(others)}")
+    sent = [
+        Sent(
+            item,
+            ProviderAnswer(
+                Transport.RESPONSE,
+                status=200,
+                provider_reference=f"ch_{item.row.id}",
+                detail={"id": f"ch_{item.row.id}", "status": "succeeded"},
+                mapped=Classification(Verdict.SUCCEEDED, "charge succeeded"),
+            ),
+            answered_now(),
+        )
+        for item in prepared
+    ]
+    statements = 0
+
+    def count(*_: Any) -> None:
+        nonlocal statements
+        statements += 1
+
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    try:
+        cpu, wall = time.process_time(), time.perf_counter()
+        settled = await record_together(dispatcher, sent)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", count)
+    if len(settled) != size:
+        raise RuntimeError(f"the group record settled {len(settled)} of {size}")
+    return statements, wall, cpu
+
+
+async def measure(database_url: str, group: int, rounds: int) -> dict[str, Any]:
+    upgrade(database_url)
+    engine = create_ledger_engine(database_url)
+    provider = SandboxProvider(UNUSED_URL, timedelta(seconds=1))
+    dispatcher = Dispatcher(
+        engine, provider, _clock, DispatchSettings(LEASE, timedelta(seconds=30)), WORKER
+    )
+    try:
+        silent, listening = f"silent-{secrets.token_hex(4)}", f"listening-{secrets.token_hex(4)}"
+        await _listen(engine, listening)
+        await _one_group(dispatcher, silent, group)  # warm-up: connections, plans
+        await _one_group(dispatcher, listening, group)
+        figures: dict[str, Any] = {"group": group, "rounds": rounds, "passes": []}
+        for actor, label in (
+            (silent, "none"),
+            (listening, "one"),
+            (silent, "none"),
+            (listening, "one"),
+        ):
+            taken = [await _one_group(dispatcher, actor, group) for _ in range(rounds)]
+            statements = sum(t[0] for t in taken) / rounds
+            wall_ms = sum(t[1] for t in taken) / rounds * 1000
+            cpu_ms = sum(t[2] for t in taken) / rounds / group * 1000
+            figures["passes"].append(
+                {
+                    "endpoints": label,
+                    "statements_per_group": statements,
+                    "wall_ms_per_group": round(wall_ms, 2),
+                    "cpu_ms_per_payment": round(cpu_ms, 3),
+                }
+            )
+            print(
+                f"endpoints {label}: {statements:.1f} statements, {wall_ms:.2f} ms a group "
+                f"of {group}, {cpu_ms:.3f} ms of CPU a payment",
+                flush=True,
+            )
+        return figures
+    finally:
+        await provider.aclose()
+        await engine.dispose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m intentledger_tools.bench.news_cost", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--group", type=int, default=20, help="answers per group record")
+    parser.add_argument("--rounds", type=int, default=20, help="group records per pass")
+    args = parser.parse_args(argv)
+    if not 1 <= args.group <= 64 or args.rounds < 1:
+        parser.error("--group must be 1-64 (a group record's largest) and --rounds at least 1")
+    figures = eventloop.run(measure(args.database_url, args.group, args.rounds))
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
