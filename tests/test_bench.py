@@ -89,6 +89,14 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     assert figures["record_delay_grouped_count"] == figures["record_delay_fast"]
     assert 0 < figures["record_delay_p50_ms"] <= figures["record_delay_p99_ms"]
     assert 0 < figures["time_to_outcome_p50_ms"] <= figures["time_to_outcome_p99_ms"]
+    # The same with a merchant's endpoint taking every event: each payment's
+    # settlement or UNKNOWN is one event, and no fast call went UNKNOWN.
+    assert figures["record_delay_merchant_events"] == 0
+    assert figures["record_delay_news_merchant_events"] == 300
+    assert 0 < figures["record_delay_news_merchant_webhooks_delivered"] <= 300
+    assert figures["record_delay_news_fast_unknown"] == 0
+    assert figures["record_delay_news_grouped_count"] == figures["record_delay_news_fast"]
+    assert 0 < figures["record_delay_news_p50_ms"] <= figures["record_delay_news_p99_ms"]
     # CPU per payment over PostgreSQL's, the server being on this machine (issue 39 item 3).
     assert len(figures["dispatch_worker_to_postgres_cpu_rounds"]) == figures["dispatch_rounds"]
     assert figures["dispatch_worker_to_postgres_cpu"] > 0

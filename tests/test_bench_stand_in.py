@@ -84,7 +84,11 @@ def test_a_charge_succeeds_once_per_key_and_is_found_by_its_reference(stand_in: 
             await provider.aclose()
 
     asyncio.run(calls())
-    assert httpx.get(f"{stand_in}/stand-in/calls").json() == {"calls": 3, "hung": 0}
+    assert httpx.get(f"{stand_in}/stand-in/calls").json() == {
+        "calls": 3,
+        "hung": 0,
+        "merchant_webhooks": 0,
+    }
 
 
 def test_the_mixed_stand_in_leaves_its_share_of_keys_hanging_until_the_client_gives_up(
@@ -121,8 +125,24 @@ def test_the_mixed_stand_in_leaves_its_share_of_keys_hanging_until_the_client_gi
 
     with running_stand_in(tmp_path, "--delay-seconds", "0.05", "--hang-share", "0.25") as url:
         asyncio.run(calls(url))
-        assert httpx.get(f"{url}/stand-in/calls").json() == {"calls": 1, "hung": 2}
+        assert httpx.get(f"{url}/stand-in/calls").json() == {
+            "calls": 1,
+            "hung": 2,
+            "merchant_webhooks": 0,
+        }
         assert httpx.get(f"{url}/stand-in/hung").json() == {"references": ["op_hung"] * 2}
+
+
+def test_a_merchant_webhook_is_taken_and_counted(stand_in: str) -> None:
+    for _ in range(2):
+        taken = httpx.post(
+            f"{stand_in}/stand-in/merchant-webhooks",
+            content=b'{"type":"operation.outcome_known"}',
+            headers={"webhook-id": "msg_1"},
+        )
+        assert taken.status_code == 200
+    assert httpx.get(f"{stand_in}/stand-in/calls").json()["merchant_webhooks"] == 2
+    assert httpx.post(f"{stand_in}/stand-in/elsewhere", content=b"{}").status_code == 404
 
 
 def test_a_charge_without_a_key_is_refused_as_the_sandbox_refuses_it(stand_in: str) -> None:

@@ -502,7 +502,7 @@ def transition_states(
     }
 
 
-def _record(dialect: Dialect, table: Table, columns: Iterable[str]) -> str:
+def recordset_columns(dialect: Dialect, table: Table, columns: Iterable[str]) -> str:
     """A `jsonb_to_recordset` column list typed from `table`'s definition, so
     the rows are typed exactly as an INSERT of the same values would type them."""
     return ", ".join(f"{name} {table.c[name].type.compile(dialect=dialect)}" for name in columns)
@@ -535,15 +535,15 @@ def _changes_sql(
             f"""new_attempts AS (
             INSERT INTO attempts ({names})
             SELECT {names} FROM jsonb_to_recordset(CAST(:attempts AS jsonb))
-                AS r({_record(dialect, attempts, attempt_columns)})
+                AS r({recordset_columns(dialect, attempts, attempt_columns)})
         )"""
         )
     if observation_columns:
         fields = [name for name in observation_columns if name != "detail"]
         names = ", ".join(fields)
-        record = _record(dialect, observations, fields)
+        record = recordset_columns(dialect, observations, fields)
         if "detail" in observation_columns:
-            record += f", {_record(dialect, observation_details, ['detail'])}"
+            record += f", {recordset_columns(dialect, observation_details, ['detail'])}"
         steps.append(
             f"""answers AS MATERIALIZED (
             SELECT nextval((SELECT pg_get_serial_sequence('observations', 'id')::regclass))
@@ -561,7 +561,7 @@ def _changes_sql(
         )"""
             )
     assignments = ", ".join(f"{name} = w.{name}" for name in value_columns)
-    written = _record(dialect, operations, ("operation_id", *value_columns))
+    written = recordset_columns(dialect, operations, ("operation_id", *value_columns))
     transition_columns = tuple(c.name for c in transitions.c if c.name != "id")
     transition_names = ", ".join(transition_columns)
     steps.append(
@@ -574,7 +574,7 @@ def _changes_sql(
         ), new_transitions AS (
             INSERT INTO transitions ({transition_names})
             SELECT {transition_names} FROM jsonb_to_recordset(CAST(:transitions AS jsonb))
-                AS t({_record(dialect, transitions, transition_columns)})
+                AS t({recordset_columns(dialect, transitions, transition_columns)})
         )"""
     )
     if finish_outbox_rows:

@@ -9,9 +9,11 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Column, Select, insert, select, update
+from sqlalchemy import Column, Select, TextClause, insert, select, text, update
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from intentledger.store.batches import json_rows, recordset_columns
 from intentledger.store.ids import among_ids, id_reads
 from intentledger.store.records import MandateRecord, WebhookEndpointRecord
 from intentledger.store.tables import (
@@ -109,6 +111,33 @@ async def _endpoints_of_owner(
 
 _INSERT_EVENT = insert(merchant_events)
 _INSERT_DELIVERY = insert(webhook_deliveries)
+_EVENT_FIELDS = ("event_id", "actor", "type", "object_id", "payload")
+_DELIVERY_FIELDS = ("event_id", "actor", "endpoint_id")
+
+
+@cache
+def _add_events_sql(dialect: Dialect) -> TextClause:
+    """`add_events` on PostgreSQL as one statement, whatever the number of events:
+    the events and their deliveries as two JSON parameters, read back typed as
+    an INSERT of the same values types them. The deliveries' foreign key to
+    their events is checked at the statement's end, after both inserts."""
+    events = ", ".join(_EVENT_FIELDS)
+    deliveries = ", ".join(_DELIVERY_FIELDS)
+    return text(
+        f"""WITH new_events AS (
+            INSERT INTO merchant_events ({events}, created_at)
+            SELECT {events}, CAST(:now AS timestamptz)
+            FROM jsonb_to_recordset(CAST(:events AS jsonb))
+                AS e({recordset_columns(dialect, merchant_events, _EVENT_FIELDS)})
+        )
+        INSERT INTO webhook_deliveries
+            ({deliveries}, status, due_at, lease_owner, attempts, created_at)
+        SELECT {deliveries}, 'pending', CAST(:now AS timestamptz), NULL, 0,
+            CAST(:now AS timestamptz)
+        FROM jsonb_to_recordset(CAST(:deliveries AS jsonb))
+            AS d({recordset_columns(dialect, webhook_deliveries, _DELIVERY_FIELDS)}, n integer)
+        ORDER BY n"""
+    )
 
 
 @dataclass(frozen=True)
@@ -124,40 +153,49 @@ class NewEvent:
 
 
 async def add_events(conn: AsyncConnection, events: Sequence[NewEvent], now: datetime) -> None:
-    """The events, and a pending delivery of each to each of its endpoints: two
-    statements however many there are (the deliveries' ids follow the order
-    given, which is the order they were announced in)."""
+    """The events, and a pending delivery of each to each of its endpoints, in the
+    order given (the deliveries' ids follow it): one statement on PostgreSQL and
+    two on SQLite, however many events there are."""
     if not events:
         return
-    await conn.execute(
-        _INSERT_EVENT,
-        [
+    event_rows = [
+        {
+            "event_id": event.event_id,
+            "actor": event.actor,
+            "type": event.type,
+            "object_id": event.object_id,
+            "payload": event.payload,
+        }
+        for event in events
+    ]
+    delivery_rows = [
+        {"event_id": event.event_id, "actor": event.actor, "endpoint_id": endpoint_id}
+        for event in events
+        for endpoint_id in event.endpoint_ids
+    ]
+    if conn.dialect.name == "postgresql":
+        await conn.execute(
+            _add_events_sql(conn.dialect),
             {
-                "event_id": event.event_id,
-                "actor": event.actor,
-                "type": event.type,
-                "object_id": event.object_id,
-                "payload": event.payload,
-                "created_at": now,
-            }
-            for event in events
-        ],
-    )
+                "now": now,
+                "events": json_rows(event_rows),
+                "deliveries": json_rows([{**row, "n": n} for n, row in enumerate(delivery_rows)]),
+            },
+        )
+        return
+    await conn.execute(_INSERT_EVENT, [{**row, "created_at": now} for row in event_rows])
     await conn.execute(
         _INSERT_DELIVERY,
         [
             {
-                "event_id": event.event_id,
-                "actor": event.actor,
-                "endpoint_id": endpoint_id,
+                **row,
                 "status": "pending",
                 "due_at": now,
                 "lease_owner": None,
                 "attempts": 0,
                 "created_at": now,
             }
-            for event in events
-            for endpoint_id in event.endpoint_ids
+            for row in delivery_rows
         ],
     )
 

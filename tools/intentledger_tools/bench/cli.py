@@ -41,9 +41,8 @@ def bench_command(
         typer.Option(
             "--only",
             help="Run only these phases, comma-separated: "
-            "intake, pooler, standby, dispatch, latency_bound, record_delay, scaling, peer, "
-            "peer_dbos, scan, "
-            "growth.",
+            "intake, pooler, standby, dispatch, latency_bound, record_delay, "
+            "record_delay_news, scaling, peer, peer_dbos, scan, growth.",
         ),
     ] = None,
     allow_fast_server: Annotated[

@@ -277,6 +277,19 @@ def table(figures: dict[str, Any]) -> Table:
         "",
         _met(f, "record_delay_p99_ms"),
     )
+    if f.get("record_delay_news_p99_ms") is not None:
+        out.add_row(
+            "the same with a merchant's webhook endpoint taking every event: "
+            f"{f.get('record_delay_news_merchant_events')} events written, "
+            f"{f.get('record_delay_news_merchant_webhooks_delivered')} delivered by the end",
+            " / ".join(
+                _num(f.get(key), " ms")
+                for key in ("record_delay_news_p50_ms", "record_delay_news_p99_ms")
+            ),
+            "",
+            "",
+            "",
+        )
     out.add_row(
         f"time to outcome (acceptance -> outcome), p50 / p99 of the "
         f"{f.get('record_delay_fast')} fast calls; {f.get('record_delay_hung')} hung, "

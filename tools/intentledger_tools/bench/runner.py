@@ -57,6 +57,7 @@ from sqlalchemy.engine import make_url
 
 from intentledger.engine.api_keys import create_api_key
 from intentledger.engine.clock import system_clock
+from intentledger.engine.webhook_endpoints import new_endpoint_id, new_secret
 from intentledger.ports import free_port
 from intentledger.service import SANDBOX_MOUNT
 from intentledger.store.database import create_ledger_engine, libpq_url
@@ -251,6 +252,7 @@ PHASES = (
     "dispatch",
     "latency_bound",
     "record_delay",
+    "record_delay_news",
     "scaling",
     "peer",
     "peer_dbos",
@@ -313,6 +315,13 @@ class OutcomeTimeline(NamedTuple):
     submitting_at: float | None
     outcome_at: float | None
     went_unknown: bool
+
+
+def _news_name(key: str) -> str:
+    """A record-delay figure's name in the phase with news."""
+    if key.startswith("record_delay_"):
+        return "record_delay_news_" + key.removeprefix("record_delay_")
+    return "record_delay_news_" + key
 
 
 def _ms(value: float | None) -> str:
@@ -748,6 +757,7 @@ class Bench:
                 "dispatch": self.dispatch,
                 "latency_bound": self.latency_bound,
                 "record_delay": self.record_delay,
+                "record_delay_news": lambda: self.record_delay(news=True),
                 "scaling": self.scaling,
                 "peer": self.peer,
                 "peer_dbos": self.peer_dbos,
@@ -1583,7 +1593,7 @@ class Bench:
         self.record_stand_in_cost(per_call)
         self.truncate()
 
-    def record_delay(self) -> None:
+    def record_delay(self, news: bool = False) -> None:
         """Time to record (issue 39 item 6): `record_delay_payments` payments sent
         through intake (the API processes, fresh keys) at `record_delay_per_s`, to
         as many workers as the dispatch phase runs, against the stand-in answering
@@ -1601,18 +1611,25 @@ class Bench:
         outcome is the ledger's own timeline (the transitions' instants) of the
         fast calls: every payment but those the stand-in left hanging. Reconciling
         the UNKNOWN ones is left out of the phase (their first check is an hour
-        away), so that they end as the timeout left them."""
+        away), so that they end as the timeout left them.
+
+        With `news` (the `record_delay_news` phase, every figure named so) the
+        merchant has a webhook endpoint taking every event, the stand-in's: each
+        settlement is then news written in the group record's transaction, and
+        the workers deliver it. The bench's other phases have no endpoint."""
         cfg = self.config
         n = cfg.record_delay_payments
         timeout_ms = round(cfg.record_delay_submit_timeout * 1000)
+        phase = "record_delay_news" if news else "record_delay"
         self.say(
-            f"record_delay: {n} payments through intake at {cfg.record_delay_per_s:.0f}/s, "
+            f"{phase}: {n} payments through intake at {cfg.record_delay_per_s:.0f}/s, "
             f"{cfg.workers} workers x {cfg.worker_concurrency}, the stand-in answering after "
             f"{cfg.record_delay_provider_seconds * 1000:.0f} ms but leaving "
             f"{cfg.record_delay_hang_share:.0%} hanging until the {timeout_ms} ms submit timeout"
+            + (", with a merchant's webhook endpoint taking every event" if news else "")
         )
         self.truncate()
-        self.note_background("record_delay")
+        self.note_background(phase)
         metrics_ports = [free_port() for _ in range(cfg.workers)]
         with self.fleet() as fleet, self.api_fleet("api-record-delay-") as apis:
             stand_in = Provider(
@@ -1638,8 +1655,12 @@ class Bench:
                     "1h",
                     "--metrics-port",
                     str(metrics_ports[k]),
+                    # The endpoint is the stand-in's, on loopback over plain http.
+                    *(["--webhook-allow-private"] if news else []),
                 ],
             )
+            if news:
+                self.add_merchant_endpoint(f"{stand_in.url}/stand-in/merchant-webhooks")
             sending_s = n / cfg.record_delay_per_s
             watch = self.watch(
                 {
@@ -1679,6 +1700,10 @@ class Bench:
             ]
             hung = httpx.get(f"{stand_in.url}/stand-in/hung", timeout=10.0).json()["references"]
             answered = stand_in.calls()
+            delivered = httpx.get(f"{stand_in.url}/stand-in/calls", timeout=10.0).json()[
+                "merchant_webhooks"
+            ]
+            events = self.scalar("SELECT count(*) FROM merchant_events")
         grouped, grouped_sum = summed_buckets(
             scrapes, RECORD_DELAY_METRIC, {"kind": "payment", "recorded_by": "grouped"}
         )
@@ -1687,7 +1712,7 @@ class Bench:
         )
         if not grouped:
             raise BenchError(
-                f"record_delay: no worker exposed {RECORD_DELAY_METRIC} for the grouped path"
+                f"{phase}: no worker exposed {RECORD_DELAY_METRIC} for the grouped path"
             )
         timeline = self.outcome_timeline()
         hanging = set(hung)
@@ -1740,10 +1765,16 @@ class Bench:
             "record_delay_fast_succeeded": sum(t.outcome == "succeeded" for t in fast),
             "record_delay_cpu": cpu,
             "record_delay_cpu_ms_per_payment": per_item_ms(cpu, n),
+            # The merchant's news: events written (one per settlement and per
+            # UNKNOWN), and those its endpoint had taken when the phase ended.
+            "record_delay_merchant_events": events,
+            "record_delay_merchant_webhooks_delivered": delivered,
         }
+        if news:
+            figures = {_news_name(key): value for key, value in figures.items()}
         self.figures.update(figures)
         self.say(
-            f"record_delay: answer -> committed outcome p50 {_ms(delay_p50)}, p99 "
+            f"{phase}: answer -> committed outcome p50 {_ms(delay_p50)}, p99 "
             f"{_ms(delay_p99)} ({int(grouped[-1][1])} grouped); acceptance -> outcome of the "
             f"{len(fast)} fast calls p50 {_ms(outcome_p50)}, p99 {_ms(outcome_p99)}; "
             f"{len(hanging)} hung, {hung_unknown} of them UNKNOWN; {fast_unknown} fast ones "
@@ -1751,10 +1782,22 @@ class Bench:
         )
         if fast_unknown or hung_unknown != len(hanging):
             self.say(
-                "[yellow]record_delay: the hanging calls are not exactly the ones that went "
+                f"[yellow]{phase}: the hanging calls are not exactly the ones that went "
                 f"UNKNOWN (logs in {self.workdir})[/yellow]"
             )
         self.truncate()
+
+    def add_merchant_endpoint(self, url: str) -> None:
+        """A webhook endpoint of the bench's merchant taking every event, as the
+        API's `POST /v1/webhook-endpoints` writes it (the API processes are not
+        started allowing private targets, the workers are)."""
+        with self.admin() as conn:
+            conn.execute(
+                "INSERT INTO webhook_endpoints"
+                " (endpoint_id, actor, url, events, secret, created_at)"
+                " VALUES (%s, %s, %s, NULL, %s, now())",
+                (new_endpoint_id(), BENCH_ACTOR, url, new_secret()),
+            )
 
     def await_outcomes(self, total: int, what: str, watched: list[Proc], timeout: float) -> None:
         """Wait until all `total` operations exist and none is ACCEPTED or SUBMITTING;

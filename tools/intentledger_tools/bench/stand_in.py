@@ -18,6 +18,9 @@ reads, under the same `/_sandbox` prefix:
 - `GET /healthz`, and `GET /stand-in/calls`: the charge submits answered so
   far (and those left hanging), for the bench's CPU per call.
 - `GET /stand-in/hung`: the references of the submits left hanging.
+- `POST /stand-in/merchant-webhooks`: a merchant's webhook endpoint, which
+  takes (200) and counts every event delivered to it (`GET /stand-in/calls`
+  says how many).
 
 Every charge succeeds: the phases pay with methods that do. With
 `--hang-share S` (the record-delay phase's mixed provider), a share S of the
@@ -56,6 +59,9 @@ CHARGES = f"{SANDBOX_MOUNT}/v1/charges"
 HEALTHZ = f"{SANDBOX_MOUNT}/healthz"
 CALLS = f"{SANDBOX_MOUNT}/stand-in/calls"
 HUNG = f"{SANDBOX_MOUNT}/stand-in/hung"
+# A merchant's webhook endpoint, for the record-delay phase with news: every
+# event delivered here is taken (200) and counted.
+MERCHANT_WEBHOOKS = f"{SANDBOX_MOUNT}/stand-in/merchant-webhooks"
 # A hanging share is chosen to a hundredth of a percent.
 HANG_SCALE = 10_000
 # A request head bigger than this is not the adapter's: the connection is closed.
@@ -102,6 +108,7 @@ class Charges:
         self.by_reference: dict[str, list[dict[str, object]]] = {}
         self.calls = 0
         self.hung: list[str] = []
+        self.merchant_webhooks = 0
 
     def hang(self, key: str, body: bytes) -> bool:
         """True (and the submit noted) when this key's submit is left hanging."""
@@ -200,8 +207,15 @@ class Responder(asyncio.Protocol):
             status, payload = 200, self.charges.lookup(target)
         elif method == "GET" and path == HEALTHZ:
             status, payload = 200, b'{"status":"ok"}'
+        elif method == "POST" and path == MERCHANT_WEBHOOKS:
+            self.charges.merchant_webhooks += 1
+            status, payload = 200, b"{}"
         elif method == "GET" and path == CALLS:
-            counts = {"calls": self.charges.calls, "hung": len(self.charges.hung)}
+            counts = {
+                "calls": self.charges.calls,
+                "hung": len(self.charges.hung),
+                "merchant_webhooks": self.charges.merchant_webhooks,
+            }
             status, payload = 200, json.dumps(counts).encode()
         elif method == "GET" and path == HUNG:
             status, payload = 200, json.dumps({"references": self.charges.hung}).encode()
