@@ -23,8 +23,11 @@ def test_it_measures_both_merchants_twice_and_the_news_costs_a_fixed_few_stateme
     database_url: str, backend: str
 ) -> None:
     figures = {}
-    for group in (2, 5):
-        done = run("--database-url", database_url, "--group", str(group), "--rounds", "2")
+    for group, deliveries in ((2, "0"), (5, "20")):
+        done = run(
+            *("--database-url", database_url, "--group", str(group), "--rounds", "2"),
+            *("--deliveries", deliveries),
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         figures[group] = json.loads(done.stdout.strip().splitlines()[-1])
     for group, measured in figures.items():
@@ -42,10 +45,23 @@ def test_it_measures_both_merchants_twice_and_the_news_costs_a_fixed_few_stateme
     assert news(2) == news(5) == (5 if backend == "postgresql" else 6)
     if backend == "postgresql":
         assert figures[5]["passes"][0]["statements_per_group"] == 3
+    # The sender delivered every event to the stand-in, each with a few statements.
+    assert "sender" not in figures[2]
+    sender = figures[5]["sender"]
+    assert sender["deliveries"] == 20 and sender["deliveries_per_s"] > 0
+    assert 0 < sender["sender_statements_per_delivery"] < 10
+    assert sender["sender_cpu_ms_per_delivery"] > 0
 
 
-@pytest.mark.parametrize("group", ["0", "65"])
-def test_a_group_no_group_record_takes_is_refused(group: str) -> None:
-    done = run("--database-url", "sqlite:///unused.db", "--group", group)
+@pytest.mark.parametrize(
+    ("args", "refusal"),
+    [
+        (("--group", "0"), "--group must be 1-64"),
+        (("--group", "65"), "--group must be 1-64"),
+        (("--deliveries", "-1"), "--deliveries must be 0 or more"),
+    ],
+)
+def test_what_it_cannot_measure_is_refused(args: tuple[str, str], refusal: str) -> None:
+    done = run("--database-url", "sqlite:///unused.db", *args)
     assert done.returncode == 2
-    assert "--group must be 1-64" in done.stderr
+    assert refusal in done.stderr

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import event, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.documents import mandate_document, operation_document
+from intentledger.documents import json_value, mandate_document, operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.transport import Classification, ProviderAnswer, Transport, Verdict
 from intentledger.engine import mandates, queries
@@ -30,6 +30,7 @@ from intentledger.store import ids as id_lists
 from intentledger.store.batches import BatchLedger
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import merchant_events, webhook_deliveries
+from intentledger.store.webhooks import WebhookStore
 from tests.test_dispatch import ROUTE
 from tests.test_merchant_webhooks_engine import add_endpoint
 from tests.test_recovery_model import SECOND, Scene
@@ -154,9 +155,26 @@ async def test_a_group_announces_each_settled_payment_in_statements_its_size_doe
     large_statements -= (await group("carol", 7))[0]
     assert large_statements == small_statements
     deliveries = await announced(engine)
-    assert sorted((endpoint, object_id) for endpoint, _, object_id, _ in deliveries) == sorted(
-        (endpoint, op_id) for op_id in small + large for endpoint in (everything, outcomes)
-    )
+    # In the order the group settled them (its claim's), each event's
+    # deliveries together, by endpoint id: as one change at a time wrote them.
+    assert [(endpoint, object_id) for endpoint, _, object_id, _ in deliveries] == [
+        (endpoint, op_id) for op_id in small + large for endpoint in sorted((everything, outcomes))
+    ]
+    async with engine.connect() as conn:
+        stamped = (
+            await conn.execute(
+                select(
+                    merchant_events.c.object_id,
+                    merchant_events.c.created_at,
+                    merchant_events.c.payload,
+                )
+            )
+        ).all()
+    for object_id, created_at, payload in stamped:
+        settled_at = (await shown(engine, object_id))["updated_at"]
+        # The event is the group record's: written, and stamped, at its instant.
+        assert json.loads(payload)["timestamp"] == settled_at
+        assert json_value(created_at) == settled_at
     for _, event_type, object_id, data in deliveries:
         assert event_type == "operation.outcome_known"
         assert data == await shown(engine, object_id)
@@ -168,6 +186,9 @@ async def test_a_group_announces_each_mandate_once_in_statements_its_size_does_n
 ) -> None:
     scene = Scene(engine)
     listening = await add_endpoint(engine, scene.clock, "ana", "http://127.0.0.1:9/ana")
+    deleted = await add_endpoint(engine, scene.clock, "ana", "http://127.0.0.1:9/gone")
+    async with engine.begin() as conn:
+        assert await WebhookStore(conn).delete_endpoint("ana", deleted, scene.clock())
     held = [await mandate(scene, "ana", f"md-{i}") for i in range(4)]
     # Bea has mandates too, and no endpoint.
     silent = [await mandate(scene, "bea", f"md-{i}") for i in range(4)]

@@ -53,9 +53,10 @@ async def operations_changed(
     """Announce what each change of a record (`before`, and the values the
     change sets) is news of, if anything. However many changes there are, the
     endpoints of every actor with news are read once, the announced operations
-    as the transaction leaves them in four reads, and the events written in two
-    statements: a group record settling many payments must not pay a round
-    trip per payment for its news (docs/benchmarks.md, "News in a group record")."""
+    as the transaction leaves them in four reads, and the events written with
+    their deliveries in one statement (two on SQLite): a group record settling
+    many payments must not pay a round trip per payment for its news
+    (docs/benchmarks.md, "News in a group record")."""
     news = [
         (before, types)
         for before, changed in changes

@@ -15,6 +15,7 @@ The store persists and loads; it never decides, renders or counts.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -192,6 +193,13 @@ async def follow(
     the changes are one batch's, all the same transition, counted as a group."""
     if not changes:
         return
+    # The mandates' news first, as one change at a time wrote it, each at the
+    # instant of the changes that shifted it (a group's changes share one).
+    shifted = [change for change in changes if change.rows.shift is not None]
+    for now, at_now in itertools.groupby(shifted, key=lambda change: change.now):
+        await announcements.mandates_changed(
+            ledger, [change.rows.shift.mandate_id for change in at_now if change.rows.shift], now
+        )
     for change in changes:
         await _project_card(ledger, change)
         if change.rows.transition is not None and stage is None:
@@ -215,11 +223,6 @@ async def follow(
         ledger_events.transitions(
             ledger.conn, State(first.before.state), first.target, len(changes), stage
         )
-    await announcements.mandates_changed(
-        ledger,
-        [change.rows.shift.mandate_id for change in changes if change.rows.shift is not None],
-        changes[0].now,
-    )
     await announcements.operations_changed(
         ledger, [(change.before, change.values) for change in changes], changes[0].now
     )

@@ -36,6 +36,85 @@ USER_AGENT = "intentledger-webhooks/1"
 # What a lease adds to the attempt's own bound: the database writes around it.
 LEASE_MARGIN = timedelta(seconds=30)
 ERROR_TEXT_LIMIT = 200
+# Attempts that end within this of the first waiting share its transaction,
+# up to RECORD_GROUP of them: a transaction for each cost a delivery more CPU
+# than its POST (docs/benchmarks.md, "News in a group record").
+RECORD_WINDOW = timedelta(milliseconds=2)
+RECORD_GROUP = 64
+
+
+class AttemptRecorder:
+    """Attempts recorded as they end, grouped by when they end: what ends while
+    a group waits its window or commits joins the next group, so a busy sender
+    records many attempts a transaction and an idle one each within the
+    window. A group whose transaction fails is recorded attempt by attempt,
+    so one bad row costs the others nothing."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        owner: str,
+        window: timedelta = RECORD_WINDOW,
+        group: int = RECORD_GROUP,
+    ) -> None:
+        self.engine = engine
+        self.owner = owner
+        self.window = window.total_seconds()
+        self.group = group
+        self._waiting: list[tuple[Claimed, AttemptResult, asyncio.Future[None]]] = []
+        self._committer: asyncio.Task[None] | None = None
+
+    async def record(self, claimed: Claimed, result: AttemptResult) -> None:
+        """Return once the attempt is committed; raise if it could not be (the
+        delivery's lease then runs out and it falls due again)."""
+        recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((claimed, result, recorded))
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_while_waiting())
+        # Shielded: a cancelled delivery must not take its attempt out of a
+        # group that is already writing it.
+        await asyncio.shield(recorded)
+
+    async def _commit_while_waiting(self) -> None:
+        group: list[tuple[Claimed, AttemptResult, asyncio.Future[None]]] = []
+        try:
+            while self._waiting:
+                if len(self._waiting) < self.group:
+                    await asyncio.sleep(self.window)
+                group, self._waiting = self._waiting[: self.group], self._waiting[self.group :]
+                try:
+                    async with self.engine.begin() as conn:
+                        await WebhookStore(conn).record_attempts(
+                            [(claimed, result) for claimed, result, _ in group], self.owner
+                        )
+                except Exception:
+                    log.exception("recording %d webhook attempts failed; each alone", len(group))
+                    await self._each_alone(group)
+                    continue
+                for _, _, recorded in group:
+                    if not recorded.done():
+                        recorded.set_result(None)
+        finally:
+            # Cancelled (the process is going down): what was not committed is
+            # not recorded, and each delivery's lease runs out as it would.
+            for _, _, recorded in [*group, *self._waiting]:
+                if not recorded.done():
+                    recorded.set_exception(RuntimeError("the attempt was not recorded"))
+            self._waiting.clear()
+
+    async def _each_alone(
+        self, group: list[tuple[Claimed, AttemptResult, asyncio.Future[None]]]
+    ) -> None:
+        for claimed, result, recorded in group:
+            try:
+                async with self.engine.begin() as conn:
+                    await WebhookStore(conn).record_attempt(claimed, self.owner, result)
+            except Exception as exc:
+                if not recorded.done():
+                    recorded.set_exception(exc)
+            else:
+                if not recorded.done():
+                    recorded.set_result(None)
 
 
 class WebhookSender:
@@ -75,16 +154,21 @@ class WebhookSender:
             limits=httpx.Limits(max_keepalive_connections=0),
         )
         self._running: set[asyncio.Task[None]] = set()
+        self.recorder = AttemptRecorder(engine, owner)
 
     async def run(self, stop: asyncio.Event, poll_interval: timedelta) -> None:
         """Claim due deliveries into free slots and attempt them, until `stop`."""
+        claimed = 0
         try:
             while not stop.is_set():
-                claimed = 0
                 free = self.concurrency - len(self._running)
+                # After a claim that found work, claim again without looking
+                # first: the look only spares an idle poll the write lock.
+                look_first = claimed == 0
+                claimed = 0
                 if free > 0:
                     try:
-                        claimed = await self.start_due(free)
+                        claimed = await self.start_due(free, look_first=look_first)
                     except Exception:
                         log.exception("claiming webhook deliveries failed; trying again")
                 if claimed == 0 or free <= claimed:
@@ -106,13 +190,15 @@ class WebhookSender:
             with contextlib.suppress(asyncio.CancelledError):
                 await stopping
 
-    async def start_due(self, limit: int) -> int:
-        """Claim up to `limit` due deliveries and start their attempts."""
-        # A read first: an idle poll (most of them) takes no write lock, which
-        # on SQLite would queue behind every payment's transaction.
-        async with self.engine.connect() as conn:
-            if not await WebhookStore(conn).any_due(self.clock()):
-                return 0
+    async def start_due(self, limit: int, *, look_first: bool = True) -> int:
+        """Claim up to `limit` due deliveries and start their attempts. With
+        `look_first`, a read first: an idle poll (most of them) then takes no
+        write lock, which on SQLite would queue behind every payment's
+        transaction."""
+        if look_first:
+            async with self.engine.connect() as conn:
+                if not await WebhookStore(conn).any_due(self.clock()):
+                    return 0
         async with self.engine.begin() as conn:
             batch = await WebhookStore(conn).claim_due(
                 self.clock(), self.lease, self.owner, limit, self.in_flight_per_endpoint
@@ -130,8 +216,7 @@ class WebhookSender:
     async def deliver(self, claimed: Claimed) -> None:
         try:
             result = await self.attempt(claimed)
-            async with self.engine.begin() as conn:
-                await WebhookStore(conn).record_attempt(claimed, self.owner, result)
+            await self.recorder.record(claimed, result)
             self._report(claimed, result)
         except Exception:
             log.exception(

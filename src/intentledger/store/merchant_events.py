@@ -9,7 +9,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Column, Select, TextClause, insert, select, text, update
+from sqlalchemy import Column, Select, TextClause, bindparam, insert, select, text, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -17,6 +17,7 @@ from intentledger.store.batches import json_rows, recordset_columns
 from intentledger.store.ids import among_ids, id_reads
 from intentledger.store.records import MandateRecord, WebhookEndpointRecord
 from intentledger.store.tables import (
+    UTCDateTime,
     cards,
     mandates,
     merchant_events,
@@ -58,12 +59,6 @@ async def listening_endpoints(
         for row in await conn.execute(statement, read):
             found.setdefault(row.actor, []).append(WebhookEndpointRecord.of(row))
     return found
-
-
-async def endpoints_of_mandate_owner(
-    conn: AsyncConnection, mandate_id: str
-) -> list[WebhookEndpointRecord]:
-    return await _endpoints_of_owner(conn, mandates.c.actor, mandates.c.mandate_id, mandate_id)
 
 
 async def endpoints_of_card_owner(
@@ -119,25 +114,25 @@ _DELIVERY_FIELDS = ("event_id", "actor", "endpoint_id")
 def _add_events_sql(dialect: Dialect) -> TextClause:
     """`add_events` on PostgreSQL as one statement, whatever the number of events:
     the events and their deliveries as two JSON parameters, read back typed as
-    an INSERT of the same values types them. The deliveries' foreign key to
-    their events is checked at the statement's end, after both inserts."""
+    an INSERT of the same values types them, and `now` bound as the columns
+    bind it (an instant without a zone is refused). The deliveries' foreign
+    key to their events is checked at the statement's end, after both inserts."""
     events = ", ".join(_EVENT_FIELDS)
     deliveries = ", ".join(_DELIVERY_FIELDS)
     return text(
         f"""WITH new_events AS (
             INSERT INTO merchant_events ({events}, created_at)
-            SELECT {events}, CAST(:now AS timestamptz)
+            SELECT {events}, :now
             FROM jsonb_to_recordset(CAST(:events AS jsonb))
                 AS e({recordset_columns(dialect, merchant_events, _EVENT_FIELDS)})
         )
         INSERT INTO webhook_deliveries
             ({deliveries}, status, due_at, lease_owner, attempts, created_at)
-        SELECT {deliveries}, 'pending', CAST(:now AS timestamptz), NULL, 0,
-            CAST(:now AS timestamptz)
+        SELECT {deliveries}, 'pending', :now, NULL, 0, :now
         FROM jsonb_to_recordset(CAST(:deliveries AS jsonb))
             AS d({recordset_columns(dialect, webhook_deliveries, _DELIVERY_FIELDS)}, n integer)
         ORDER BY n"""
-    )
+    ).bindparams(bindparam("now", type_=UTCDateTime()))
 
 
 @dataclass(frozen=True)

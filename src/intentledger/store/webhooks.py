@@ -5,17 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
-from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy import Integer, Select, Update, bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from intentledger.store.ids import IDS, among_ids
 from intentledger.store.records import (
     ListedDeliveryRecord,
     WebhookAttemptRecord,
     WebhookEndpointRecord,
 )
 from intentledger.store.tables import (
+    UTCDateTime,
     merchant_events,
     webhook_attempts,
     webhook_deliveries,
@@ -47,6 +50,141 @@ class AttemptResult:
     delivered: bool
     # None with `delivered` False: given up.
     next_attempt_at: datetime | None
+
+
+# A delivery an attempt holds (its lease may have run out).
+_LEASED = webhook_deliveries.c.lease_owner.is_not(None) & (webhook_deliveries.c.status == "pending")
+
+
+@cache
+def _candidates(is_postgres: bool) -> Select[Any]:
+    """The due deliveries a claim may take, earliest due first, built once (a
+    busy sender claims as often as an attempt ends). Endpoints already at
+    their limit are left out, so one endpoint with a long backlog cannot fill
+    every claim with rows it may not take (read through the small index of
+    leased rows)."""
+    saturated = (
+        select(webhook_deliveries.c.endpoint_id)
+        .where(_LEASED, webhook_deliveries.c.due_at > bindparam("now"))
+        .group_by(webhook_deliveries.c.endpoint_id)
+        .having(func.count() >= bindparam("in_flight_limit", type_=Integer()))
+    )
+    due = (
+        select(webhook_deliveries.c.id, webhook_deliveries.c.endpoint_id)
+        .where(
+            webhook_deliveries.c.status == "pending",
+            webhook_deliveries.c.due_at <= bindparam("now"),
+            webhook_deliveries.c.endpoint_id.not_in(saturated),
+        )
+        .order_by(webhook_deliveries.c.due_at)
+        .limit(bindparam("candidates", type_=Integer()))
+    )
+    return due.with_for_update(skip_locked=True) if is_postgres else due
+
+
+@dataclass(frozen=True)
+class _ClaimStatements:
+    lock_endpoints: Select[Any]
+    in_flight: Select[Any]
+    lease: Update
+    leased: Select[Any]
+
+
+@cache
+def _claim_statements(is_postgres: bool) -> _ClaimStatements:
+    """The rest of a claim's statements, built once, their keys one parameter."""
+    lock = select(webhook_endpoints.c.endpoint_id, webhook_endpoints.c.deleted_at).where(
+        among_ids(webhook_endpoints.c.endpoint_id, is_postgres)
+    )
+    if is_postgres:
+        # FOR NO KEY UPDATE: claimers of one endpoint exclude each other, but a
+        # payment's transaction inserting a delivery (whose foreign key takes a
+        # key-share lock on the endpoint) never waits for a claim.
+        lock = lock.order_by(webhook_endpoints.c.endpoint_id).with_for_update(key_share=True)
+    return _ClaimStatements(
+        lock_endpoints=lock,
+        in_flight=select(webhook_deliveries.c.endpoint_id, func.count())
+        .where(
+            among_ids(webhook_deliveries.c.endpoint_id, is_postgres),
+            _LEASED,
+            webhook_deliveries.c.due_at > bindparam("now", type_=UTCDateTime()),
+        )
+        .group_by(webhook_deliveries.c.endpoint_id),
+        lease=update(webhook_deliveries)
+        .where(among_ids(webhook_deliveries.c.id, is_postgres))
+        .values(
+            lease_owner=bindparam("owner", type_=webhook_deliveries.c.lease_owner.type),
+            due_at=bindparam("lease_until", type_=webhook_deliveries.c.due_at.type),
+        ),
+        leased=select(
+            webhook_deliveries.c.id,
+            webhook_deliveries.c.attempts,
+            merchant_events.c.event_id,
+            merchant_events.c.created_at,
+            merchant_events.c.payload,
+            webhook_endpoints.c.endpoint_id,
+            webhook_endpoints.c.url,
+            webhook_endpoints.c.secret,
+            webhook_deliveries.c.actor,
+        )
+        .join(merchant_events, merchant_events.c.event_id == webhook_deliveries.c.event_id)
+        .join(
+            webhook_endpoints,
+            webhook_endpoints.c.endpoint_id == webhook_deliveries.c.endpoint_id,
+        )
+        .where(among_ids(webhook_deliveries.c.id, is_postgres))
+        .order_by(webhook_deliveries.c.id),
+    )
+
+
+# The attempt's statements, built once: a worker records one per delivery.
+_INSERT_ATTEMPT = insert(webhook_attempts)
+# Only a delivery `owner` still holds moves on (see `record_attempt`).
+_MOVE_ON = (
+    update(webhook_deliveries)
+    .where(
+        webhook_deliveries.c.id == bindparam("delivery_id"),
+        webhook_deliveries.c.lease_owner == bindparam("owner"),
+        webhook_deliveries.c.status == "pending",
+    )
+    .values(
+        status=bindparam("new_status", type_=webhook_deliveries.c.status.type),
+        due_at=bindparam("new_due_at", type_=webhook_deliveries.c.due_at.type),
+        finished_at=bindparam("new_finished_at", type_=webhook_deliveries.c.finished_at.type),
+        lease_owner=None,
+        attempts=webhook_deliveries.c.attempts + 1,
+    )
+)
+
+
+def _attempt_row(claimed: Claimed, result: AttemptResult) -> dict[str, Any]:
+    return {
+        "delivery_id": claimed.delivery_id,
+        "actor": claimed.actor,
+        "at": result.at,
+        "duration_ms": result.duration_ms,
+        "http_status": result.http_status,
+        "error": result.error,
+        "delivered": result.delivered,
+        "next_attempt_at": result.next_attempt_at,
+    }
+
+
+def _move_on(claimed: Claimed, owner: str, result: AttemptResult) -> dict[str, Any]:
+    """The delivery after the attempt: delivered, given up, or due again."""
+    if result.delivered:
+        status, due_at, finished_at = "delivered", result.at, result.at
+    elif result.next_attempt_at is None:
+        status, due_at, finished_at = "failed", result.at, result.at
+    else:
+        status, due_at, finished_at = "pending", result.next_attempt_at, None
+    return {
+        "delivery_id": claimed.delivery_id,
+        "owner": owner,
+        "new_status": status,
+        "new_due_at": due_at,
+        "new_finished_at": finished_at,
+    }
 
 
 class WebhookStore:
@@ -169,43 +307,18 @@ class WebhookStore:
         claimers cannot deadlock) before their in-flight counts are read: two
         processes cannot both see a free slot and both take it.
         """
-        leased = webhook_deliveries.c.lease_owner.is_not(None) & (
-            webhook_deliveries.c.status == "pending"
-        )
-        # Endpoints already at their limit are left out of the candidates, so one
-        # endpoint with a long backlog cannot fill every claim with rows it may
-        # not take. (Read through the small index of leased rows.)
-        saturated = (
-            select(webhook_deliveries.c.endpoint_id)
-            .where(leased, webhook_deliveries.c.due_at > now)
-            .group_by(webhook_deliveries.c.endpoint_id)
-            .having(func.count() >= in_flight_limit)
-        )
-        due = (
-            select(webhook_deliveries.c.id, webhook_deliveries.c.endpoint_id)
-            .where(
-                webhook_deliveries.c.status == "pending",
-                webhook_deliveries.c.due_at <= now,
-                webhook_deliveries.c.endpoint_id.not_in(saturated),
+        candidates = (
+            await self.conn.execute(
+                _candidates(self._is_postgres),
+                {"now": now, "in_flight_limit": in_flight_limit, "candidates": limit * 4},
             )
-            .order_by(webhook_deliveries.c.due_at)
-            .limit(limit * 4)
-        )
-        if self._is_postgres:
-            due = due.with_for_update(skip_locked=True)
-        candidates = (await self.conn.execute(due)).all()
+        ).all()
         if not candidates:
             return []
         endpoint_ids = sorted({c.endpoint_id for c in candidates})
-        # FOR NO KEY UPDATE: claimers of one endpoint exclude each other, but a
-        # payment's transaction inserting a delivery (whose foreign key takes a
-        # key-share lock on the endpoint) never waits for a claim.
-        lock = select(webhook_endpoints.c.endpoint_id, webhook_endpoints.c.deleted_at).where(
-            webhook_endpoints.c.endpoint_id.in_(endpoint_ids)
-        )
-        if self._is_postgres:
-            lock = lock.order_by(webhook_endpoints.c.endpoint_id).with_for_update(key_share=True)
-        deleted = {row.endpoint_id for row in await self.conn.execute(lock) if row.deleted_at}
+        statements = _claim_statements(self._is_postgres)
+        locked = await self.conn.execute(statements.lock_endpoints, {IDS: endpoint_ids})
+        deleted = {row.endpoint_id for row in locked if row.deleted_at}
         if deleted:
             # A change that read the endpoint before its deletion committed may
             # have queued a delivery after the deletion cancelled the others.
@@ -220,17 +333,7 @@ class WebhookStore:
             )
             candidates = [c for c in candidates if c.endpoint_id not in deleted]
         in_flight: dict[str, int] = dict(
-            (
-                await self.conn.execute(
-                    select(webhook_deliveries.c.endpoint_id, func.count())
-                    .where(
-                        webhook_deliveries.c.endpoint_id.in_(endpoint_ids),
-                        leased,
-                        webhook_deliveries.c.due_at > now,
-                    )
-                    .group_by(webhook_deliveries.c.endpoint_id)
-                )
-            ).all()
+            (await self.conn.execute(statements.in_flight, {IDS: endpoint_ids, "now": now})).all()
         )
         chosen: list[int] = []
         for candidate in candidates:
@@ -242,69 +345,30 @@ class WebhookStore:
         if not chosen:
             return []
         await self.conn.execute(
-            update(webhook_deliveries)
-            .where(webhook_deliveries.c.id.in_(chosen))
-            .values(lease_owner=owner, due_at=now + lease)
+            statements.lease, {IDS: chosen, "owner": owner, "lease_until": now + lease}
         )
-        rows = await self.conn.execute(
-            select(
-                webhook_deliveries.c.id,
-                webhook_deliveries.c.attempts,
-                merchant_events.c.event_id,
-                merchant_events.c.created_at,
-                merchant_events.c.payload,
-                webhook_endpoints.c.endpoint_id,
-                webhook_endpoints.c.url,
-                webhook_endpoints.c.secret,
-                webhook_deliveries.c.actor,
-            )
-            .join(merchant_events, merchant_events.c.event_id == webhook_deliveries.c.event_id)
-            .join(
-                webhook_endpoints,
-                webhook_endpoints.c.endpoint_id == webhook_deliveries.c.endpoint_id,
-            )
-            .where(webhook_deliveries.c.id.in_(chosen))
-            .order_by(webhook_deliveries.c.id)
-        )
+        rows = await self.conn.execute(statements.leased, {IDS: chosen})
         return [Claimed(*row) for row in rows]
 
     async def record_attempt(self, claimed: Claimed, owner: str, result: AttemptResult) -> bool:
         """Keep the attempt, and move the delivery on if `owner` still holds it
         (a lease that ran out may have passed it to another worker, whose
         attempt then decides). True if the delivery moved on."""
-        await self.conn.execute(
-            insert(webhook_attempts).values(
-                delivery_id=claimed.delivery_id,
-                actor=claimed.actor,
-                at=result.at,
-                duration_ms=result.duration_ms,
-                http_status=result.http_status,
-                error=result.error,
-                delivered=result.delivered,
-                next_attempt_at=result.next_attempt_at,
-            )
-        )
-        if result.delivered:
-            status, due_at, finished_at = "delivered", result.at, result.at
-        elif result.next_attempt_at is None:
-            status, due_at, finished_at = "failed", result.at, result.at
-        else:
-            status, due_at, finished_at = "pending", result.next_attempt_at, None
-        moved = await self.conn.execute(
-            update(webhook_deliveries)
-            .where(
-                and_(
-                    webhook_deliveries.c.id == claimed.delivery_id,
-                    webhook_deliveries.c.lease_owner == owner,
-                    webhook_deliveries.c.status == "pending",
-                )
-            )
-            .values(
-                status=status,
-                due_at=due_at,
-                finished_at=finished_at,
-                lease_owner=None,
-                attempts=webhook_deliveries.c.attempts + 1,
-            )
-        )
+        await self.conn.execute(_INSERT_ATTEMPT, _attempt_row(claimed, result))
+        moved = await self.conn.execute(_MOVE_ON, _move_on(claimed, owner, result))
         return bool(moved.rowcount == 1)
+
+    async def record_attempts(
+        self, attempts: Sequence[tuple[Claimed, AttemptResult]], owner: str
+    ) -> None:
+        """`record_attempt` for many, in two statements however many there are
+        (an insert of every attempt, an update of every delivery, each executed
+        for all its rows at once)."""
+        if not attempts:
+            return
+        await self.conn.execute(
+            _INSERT_ATTEMPT, [_attempt_row(claimed, result) for claimed, result in attempts]
+        )
+        await self.conn.execute(
+            _MOVE_ON, [_move_on(claimed, owner, result) for claimed, result in attempts]
+        )

@@ -1,6 +1,7 @@
 """What a merchant's webhook endpoint costs a group record (issue 39).
 
 python -m intentledger_tools.bench.news_cost --database-url URL [--group 20] [--rounds 20]
+                                            [--deliveries 1000]
 
 A group record settles the answers of many payments in one transaction, and
 every settlement is news a merchant may listen for (`operation.outcome_known`).
@@ -13,6 +14,14 @@ the mean over the rounds. No provider is called: the answers are handed to the
 group record as a provider's call would hand them, after the real claim and
 pre-submit.
 
+Then the news's delivery: `--deliveries` events for one endpoint (the
+provider stand-in's merchant-webhook route, in a process of its own), and a
+worker's merchant-webhook sender (`engine/webhook_sender.py`, as `intentledger
+worker` configures it by default) run until every one is delivered: its CPU
+per delivery (`process_time`, the sender alone in this process but for a
+count of what is left every 50 ms), the statements it sent per delivery, and
+deliveries a second. `--deliveries 0` leaves it out.
+
 It migrates the database and leaves its rows behind (payments, events, an
 endpoint per merchant): give it a throwaway database. The last line is the
 figures as one JSON object.
@@ -21,6 +30,7 @@ figures as one JSON object.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import secrets
 import sys
@@ -28,22 +38,29 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger import eventloop
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.transport import Classification, ProviderAnswer, Transport, Verdict
 from intentledger.engine import intake
+from intentledger.engine.announcements import new_event_id
 from intentledger.engine.batch_dispatch import pre_submit
 from intentledger.engine.dispatcher import Dispatcher, DispatchSettings
 from intentledger.engine.settlement_queue import Sent, answered_now, record_together
 from intentledger.engine.webhook_endpoints import new_endpoint_id, new_secret
+from intentledger.ports import free_port
 from intentledger.providers.sandbox_client import SandboxProvider
+from intentledger.service import build_webhook_sender
+from intentledger.settings import Settings
+from intentledger.store import merchant_events
 from intentledger.store.batches import BatchLedger
 from intentledger.store.database import create_ledger_engine
 from intentledger.store.migrate import upgrade
+from intentledger.store.tables import webhook_deliveries
 from intentledger.store.webhooks import WebhookStore
+from intentledger_tools.bench.stand_in import MERCHANT_WEBHOOKS
 
 ROUTE = "POST /v1/payments"
 LEASE = timedelta(minutes=5)
@@ -70,16 +87,18 @@ async def _accept(engine: AsyncEngine, actor: str, count: int) -> None:
         await intake.accept(engine, _clock, intent)
 
 
-async def _listen(engine: AsyncEngine, actor: str) -> None:
+async def _listen(engine: AsyncEngine, actor: str, url: str = UNUSED_URL) -> str:
+    endpoint_id = new_endpoint_id()
     async with engine.begin() as conn:
         await WebhookStore(conn).insert_endpoint(
-            endpoint_id=new_endpoint_id(),
+            endpoint_id=endpoint_id,
             actor=actor,
-            url=UNUSED_URL,
+            url=url,
             events=None,
             secret=new_secret(),
             created_at=_clock(),
         )
+    return endpoint_id
 
 
 async def _one_group(dispatcher: Dispatcher, actor: str, size: int) -> tuple[int, float, float]:
@@ -124,7 +143,126 @@ async def _one_group(dispatcher: Dispatcher, actor: str, size: int) -> tuple[int
     return statements, wall, cpu
 
 
-async def measure(database_url: str, group: int, rounds: int) -> dict[str, Any]:
+# An operation's news as a group record writes it, about its size.
+PAYLOAD = json.dumps(
+    {
+        "type": "operation.outcome_known",
+        "timestamp": "2026-12-05T18:00:00.000000Z",
+        "data": {"id": "op_" + "0" * 24, "state": "OUTCOME_KNOWN", "padding": "x" * 800},
+    }
+)
+
+
+async def _pending(engine: AsyncEngine, endpoint_id: str) -> int:
+    async with engine.connect() as conn:
+        counted = await conn.execute(
+            select(func.count())
+            .select_from(webhook_deliveries)
+            .where(
+                webhook_deliveries.c.endpoint_id == endpoint_id,
+                webhook_deliveries.c.status == "pending",
+            )
+        )
+        return int(counted.scalar_one())
+
+
+async def measure_sender(engine: AsyncEngine, deliveries: int) -> dict[str, Any]:
+    """`deliveries` events delivered to the stand-in by one sender."""
+    port = free_port()
+    stand_in = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "intentledger_tools.bench.stand_in", "--port", str(port)),
+        *("--delay-seconds", "0"),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        # The group records' events went to an address nobody answers: not
+        # the sender's to try.
+        async with engine.begin() as conn:
+            await conn.execute(
+                update(webhook_deliveries)
+                .where(webhook_deliveries.c.status == "pending")
+                .values(status="cancelled", finished_at=_clock())
+            )
+        url = f"http://127.0.0.1:{port}{MERCHANT_WEBHOOKS}"
+        actor = f"receiving-{secrets.token_hex(4)}"
+        endpoint_id = await _listen(engine, actor, url)
+        for start in range(0, deliveries, 50):
+            async with engine.begin() as conn:
+                await merchant_events.add_events(
+                    conn,
+                    [
+                        merchant_events.NewEvent(
+                            new_event_id(),
+                            actor,
+                            "operation.outcome_known",
+                            f"op_{n}",
+                            PAYLOAD,
+                            [endpoint_id],
+                        )
+                        for n in range(start, min(deliveries, start + 50))
+                    ],
+                    _clock(),
+                )
+        settings = Settings(webhook_allow_private=True)
+        sender = build_webhook_sender(settings, engine, _clock, WORKER)
+        await _until_answering(url)
+        statements = 0
+
+        def count(*_: Any) -> None:
+            nonlocal statements
+            statements += 1
+
+        stop = asyncio.Event()
+        cpu, wall = time.process_time(), time.perf_counter()
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        running = asyncio.create_task(sender.run(stop, settings.poll_interval))
+        try:
+            while await _pending(engine, endpoint_id):
+                statements -= 1  # the count just read is the harness's
+                await asyncio.sleep(0.05)
+            statements -= 1
+        finally:
+            stop.set()
+            await running
+            event.remove(engine.sync_engine, "before_cursor_execute", count)
+            await sender.aclose()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        stand_in.kill()
+        await stand_in.wait()
+    figures = {
+        "deliveries": deliveries,
+        "deliveries_per_s": round(deliveries / wall, 1),
+        "sender_cpu_ms_per_delivery": round(cpu / deliveries * 1000, 3),
+        "sender_statements_per_delivery": round(statements / deliveries, 2),
+    }
+    print(
+        f"the sender: {deliveries} deliveries at {figures['deliveries_per_s']}/s, "
+        f"{figures['sender_cpu_ms_per_delivery']} ms of CPU and "
+        f"{figures['sender_statements_per_delivery']} statements a delivery",
+        flush=True,
+    )
+    return figures
+
+
+async def _until_answering(url: str) -> None:
+    """Wait for the stand-in to take connections (ten seconds at most)."""
+    host, port = "127.0.0.1", int(url.split(":")[2].split("/")[0])
+    for _ in range(1000):
+        try:
+            _, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            await asyncio.sleep(0.01)
+            continue
+        writer.close()
+        return
+    raise RuntimeError(f"the stand-in at {url} does not answer")
+
+
+async def measure(
+    database_url: str, group: int, rounds: int, deliveries: int = 0
+) -> dict[str, Any]:
     upgrade(database_url)
     engine = create_ledger_engine(database_url)
     provider = SandboxProvider(UNUSED_URL, timedelta(seconds=1))
@@ -160,6 +298,8 @@ async def measure(database_url: str, group: int, rounds: int) -> dict[str, Any]:
                 f"of {group}, {cpu_ms:.3f} ms of CPU a payment",
                 flush=True,
             )
+        if deliveries:
+            figures["sender"] = await measure_sender(engine, deliveries)
         return figures
     finally:
         await provider.aclose()
@@ -173,10 +313,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--group", type=int, default=20, help="answers per group record")
     parser.add_argument("--rounds", type=int, default=20, help="group records per pass")
+    parser.add_argument(
+        "--deliveries", type=int, default=1000, help="events the sender delivers (0: none)"
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.group <= 64 or args.rounds < 1:
         parser.error("--group must be 1-64 (a group record's largest) and --rounds at least 1")
-    figures = eventloop.run(measure(args.database_url, args.group, args.rounds))
+    if args.deliveries < 0:
+        parser.error("--deliveries must be 0 or more")
+    figures = eventloop.run(measure(args.database_url, args.group, args.rounds, args.deliveries))
     print(json.dumps(figures))
     return 0
 
