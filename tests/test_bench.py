@@ -93,8 +93,7 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     # settlement or UNKNOWN is one event, and no fast call went UNKNOWN.
     assert figures["record_delay_merchant_events"] == 0
     assert figures["record_delay_news_merchant_events"] == 300
-    # (At least once: a POST answered after its attempt's timeout is sent again.)
-    assert figures["record_delay_news_merchant_webhooks_delivered"] > 0
+    assert 0 < figures["record_delay_news_merchant_webhooks_delivered"] <= 300
     assert figures["record_delay_news_fast_unknown"] == 0
     assert figures["record_delay_news_grouped_count"] == figures["record_delay_news_fast"]
     assert 0 < figures["record_delay_news_p50_ms"] <= figures["record_delay_news_p99_ms"]

@@ -1,7 +1,8 @@
 """Merchant webhook attempts are recorded as they end, grouped by when they end,
 on both databases: attempts that end together share one transaction and two
 statements; each moves its delivery on only if its worker still holds it; a
-group whose transaction fails is recorded attempt by attempt."""
+group whose transaction fails is recorded attempt by attempt, once each even
+if its commit landed; each recorded attempt is reported exactly once."""
 
 from __future__ import annotations
 
@@ -68,8 +69,15 @@ async def test_attempts_that_end_together_share_one_transaction(engine: AsyncEng
 
     event.listen(engine.sync_engine, "before_cursor_execute", count)
     try:
-        recorder = AttemptRecorder(engine, "w1", window=timedelta(milliseconds=50))
+        reported: list[int] = []
+        recorder = AttemptRecorder(
+            engine,
+            "w1",
+            lambda claimed, _: reported.append(claimed.delivery_id),
+            window=timedelta(milliseconds=50),
+        )
         await asyncio.gather(*(recorder.record(c, r) for c, r in zip(taken, results, strict=True)))
+        assert sorted(reported) == sorted(c.delivery_id for c in taken)
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", count)
 
@@ -120,10 +128,58 @@ async def test_a_failed_group_records_each_attempt_alone(
 
     monkeypatch.setattr(WebhookStore, "record_attempts", fails)
     done = AttemptResult(clock(), 4, 204, None, True, None)
-    recorder = AttemptRecorder(engine, "w1", window=timedelta(milliseconds=50))
+    reported: list[int] = []
+    recorder = AttemptRecorder(
+        engine,
+        "w1",
+        lambda claimed, _: reported.append(claimed.delivery_id),
+        window=timedelta(milliseconds=50),
+    )
     await asyncio.gather(*(recorder.record(c, done) for c in taken))
     assert [status for status, _, _ in (await statuses(engine)).values()] == ["delivered"] * 3
     assert len(await kept(engine)) == 3
+    assert sorted(reported) == sorted(c.delivery_id for c in taken)
+
+
+async def test_a_group_whose_commit_landed_unheard_is_kept_once(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group's transaction commits but its reply is lost: each attempt is
+    recorded again alone, and must not be kept twice."""
+    clock = ControlledClock()
+    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
+    await pending_deliveries(engine, clock, endpoint_id, 3)
+    taken = await claimed(engine, clock, "w1", 3)
+    record_attempts = WebhookStore.record_attempts
+
+    async def commits_unheard(store: WebhookStore, *args: Any, **kwargs: Any) -> None:
+        await record_attempts(store, *args, **kwargs)
+        await store.conn.commit()
+        raise ConnectionError("the server's reply to COMMIT was lost")
+
+    monkeypatch.setattr(WebhookStore, "record_attempts", commits_unheard)
+    done = AttemptResult(clock(), 4, 204, None, True, None)
+    reported: list[int] = []
+    recorder = AttemptRecorder(
+        engine, "w1", lambda claimed, _: reported.append(claimed.delivery_id)
+    )
+    await asyncio.gather(*(recorder.record(c, done) for c in taken))
+    assert len(await kept(engine)) == 3
+    assert [status for status, _, _ in (await statuses(engine)).values()] == ["delivered"] * 3
+    assert sorted(reported) == sorted(c.delivery_id for c in taken)
+
+
+async def test_a_full_group_commits_without_waiting_its_window(engine: AsyncEngine) -> None:
+    clock = ControlledClock()
+    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
+    await pending_deliveries(engine, clock, endpoint_id, 4)
+    taken = await claimed(engine, clock, "w1", 4)
+    done = AttemptResult(clock(), 4, 204, None, True, None)
+    recorder = AttemptRecorder(engine, "w1", window=timedelta(seconds=60), group=2)
+    # Two groups of two, each full when its second attempt ends.
+    await asyncio.wait_for(asyncio.gather(*(recorder.record(c, done) for c in taken)), 20)
+    await recorder.wait_idle()
+    assert len(await kept(engine)) == 4
 
 
 async def test_an_attempt_that_cannot_be_recorded_raises_to_its_delivery(

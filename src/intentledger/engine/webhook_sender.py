@@ -17,6 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
 import httpx
@@ -36,85 +37,118 @@ USER_AGENT = "intentledger-webhooks/1"
 # What a lease adds to the attempt's own bound: the database writes around it.
 LEASE_MARGIN = timedelta(seconds=30)
 ERROR_TEXT_LIMIT = 200
-# Attempts that end within this of the first waiting share its transaction,
-# up to RECORD_GROUP of them: a transaction for each cost a delivery more CPU
-# than its POST (docs/benchmarks.md, "News in a group record").
+# The first attempt to end waits at most this for others to share its
+# transaction, RECORD_GROUP at most: a transaction for each cost a delivery
+# more CPU than its POST (docs/benchmarks.md, "News in a group record").
 RECORD_WINDOW = timedelta(milliseconds=2)
 RECORD_GROUP = 64
 
+# Told of each attempt once it is recorded.
+Recorded = Callable[[Claimed, AttemptResult], None]
+
+
+@dataclass
+class _Ended:
+    claimed: Claimed
+    result: AttemptResult
+    # time.monotonic() when the attempt ended: the window runs from here.
+    ended: float
+    recorded: asyncio.Future[None]
+
 
 class AttemptRecorder:
-    """Attempts recorded as they end, grouped by when they end: what ends while
-    a group waits its window or commits joins the next group, so a busy sender
-    records many attempts a transaction and an idle one each within the
-    window. A group whose transaction fails is recorded attempt by attempt,
-    so one bad row costs the others nothing."""
+    """Attempts recorded as they end, grouped by when they end: the first to
+    end waits at most the window for company (what ends while a group commits
+    has waited already), so a busy sender records many attempts a transaction
+    and an idle one each within the window. A group whose transaction fails
+    is recorded attempt by attempt, so one bad row costs the others nothing.
+    `on_recorded` is told of each attempt once it is committed, whatever
+    became of the task that made it."""
 
     def __init__(
         self,
         engine: AsyncEngine,
         owner: str,
+        on_recorded: Recorded = lambda claimed, result: None,
         window: timedelta = RECORD_WINDOW,
         group: int = RECORD_GROUP,
     ) -> None:
         self.engine = engine
         self.owner = owner
+        self.on_recorded = on_recorded
         self.window = window.total_seconds()
         self.group = group
-        self._waiting: list[tuple[Claimed, AttemptResult, asyncio.Future[None]]] = []
+        self._waiting: list[_Ended] = []
+        self._full = asyncio.Event()
         self._committer: asyncio.Task[None] | None = None
 
     async def record(self, claimed: Claimed, result: AttemptResult) -> None:
         """Return once the attempt is committed; raise if it could not be (the
         delivery's lease then runs out and it falls due again)."""
-        recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((claimed, result, recorded))
+        ended = _Ended(
+            claimed, result, time.monotonic(), asyncio.get_running_loop().create_future()
+        )
+        self._waiting.append(ended)
+        if len(self._waiting) >= self.group:
+            self._full.set()
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit_while_waiting())
         # Shielded: a cancelled delivery must not take its attempt out of a
         # group that is already writing it.
-        await asyncio.shield(recorded)
+        await asyncio.shield(ended.recorded)
+
+    async def wait_idle(self) -> None:
+        """Until every attempt handed over is recorded or refused."""
+        if self._committer is not None:
+            await asyncio.gather(self._committer, return_exceptions=True)
 
     async def _commit_while_waiting(self) -> None:
-        group: list[tuple[Claimed, AttemptResult, asyncio.Future[None]]] = []
+        group: list[_Ended] = []
         try:
             while self._waiting:
-                if len(self._waiting) < self.group:
-                    await asyncio.sleep(self.window)
+                waited = time.monotonic() - self._waiting[0].ended
+                if waited < self.window and len(self._waiting) < self.group:
+                    self._full.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._full.wait(), self.window - waited)
                 group, self._waiting = self._waiting[: self.group], self._waiting[self.group :]
                 try:
                     async with self.engine.begin() as conn:
                         await WebhookStore(conn).record_attempts(
-                            [(claimed, result) for claimed, result, _ in group], self.owner
+                            [(e.claimed, e.result) for e in group], self.owner
                         )
                 except Exception:
                     log.exception("recording %d webhook attempts failed; each alone", len(group))
                     await self._each_alone(group)
                     continue
-                for _, _, recorded in group:
-                    if not recorded.done():
-                        recorded.set_result(None)
+                for ended in group:
+                    self._recorded(ended)
         finally:
             # Cancelled (the process is going down): what was not committed is
             # not recorded, and each delivery's lease runs out as it would.
-            for _, _, recorded in [*group, *self._waiting]:
-                if not recorded.done():
-                    recorded.set_exception(RuntimeError("the attempt was not recorded"))
+            for ended in [*group, *self._waiting]:
+                if not ended.recorded.done():
+                    ended.recorded.set_exception(RuntimeError("the attempt was not recorded"))
             self._waiting.clear()
 
-    async def _each_alone(
-        self, group: list[tuple[Claimed, AttemptResult, asyncio.Future[None]]]
-    ) -> None:
-        for claimed, result, recorded in group:
+    async def _each_alone(self, group: list[_Ended]) -> None:
+        for ended in group:
             try:
                 async with self.engine.begin() as conn:
-                    await WebhookStore(conn).record_attempt(claimed, self.owner, result)
+                    # Once: the group's COMMIT may have landed with its reply lost.
+                    await WebhookStore(conn).record_attempt(
+                        ended.claimed, self.owner, ended.result, unless_kept=True
+                    )
             except Exception as exc:
-                if not recorded.done():
-                    recorded.set_exception(exc)
+                if not ended.recorded.done():
+                    ended.recorded.set_exception(exc)
             else:
-                if not recorded.done():
-                    recorded.set_result(None)
+                self._recorded(ended)
+
+    def _recorded(self, ended: _Ended) -> None:
+        if not ended.recorded.done():
+            ended.recorded.set_result(None)
+            self.on_recorded(ended.claimed, ended.result)
 
 
 class WebhookSender:
@@ -154,33 +188,35 @@ class WebhookSender:
             limits=httpx.Limits(max_keepalive_connections=0),
         )
         self._running: set[asyncio.Task[None]] = set()
-        self.recorder = AttemptRecorder(engine, owner)
+        self.recorder = AttemptRecorder(engine, owner, self._report)
 
     async def run(self, stop: asyncio.Event, poll_interval: timedelta) -> None:
         """Claim due deliveries into free slots and attempt them, until `stop`."""
-        claimed = 0
+        # Whether the next claim looks for due work first: only after an idle
+        # poll. After a claim that found work, or once an attempt has ended
+        # (freeing a slot while its endpoint's backlog waits), work is likely
+        # due, and the look would be one more round trip a delivery.
+        look_first = True
         try:
             while not stop.is_set():
-                free = self.concurrency - len(self._running)
-                # After a claim that found work, claim again without looking
-                # first: the look only spares an idle poll the write lock.
-                look_first = claimed == 0
                 claimed = 0
+                free = self.concurrency - len(self._running)
                 if free > 0:
                     try:
                         claimed = await self.start_due(free, look_first=look_first)
                     except Exception:
                         log.exception("claiming webhook deliveries failed; trying again")
+                look_first = False
                 if claimed == 0 or free <= claimed:
-                    await self._pause(stop, poll_interval)
+                    look_first = not await self._pause(stop, poll_interval)
         finally:
             await self.wait_idle()
 
-    async def _pause(self, stop: asyncio.Event, interval: timedelta) -> None:
-        """Until `stop`, a slot frees, or `interval` passes."""
+    async def _pause(self, stop: asyncio.Event, interval: timedelta) -> bool:
+        """Until `stop`, a slot frees, or `interval` passes: whether a slot freed."""
         stopping = asyncio.create_task(stop.wait())
         try:
-            await asyncio.wait(
+            done, _ = await asyncio.wait(
                 {stopping, *self._running},
                 timeout=interval.total_seconds(),
                 return_when=asyncio.FIRST_COMPLETED,
@@ -189,12 +225,12 @@ class WebhookSender:
             stopping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await stopping
+        return bool(done - {stopping})
 
     async def start_due(self, limit: int, *, look_first: bool = True) -> int:
         """Claim up to `limit` due deliveries and start their attempts. With
-        `look_first`, a read first: an idle poll (most of them) then takes no
-        write lock, which on SQLite would queue behind every payment's
-        transaction."""
+        `look_first`, a read first: on PostgreSQL an idle poll (most of them)
+        then takes no row locks and writes nothing."""
         if look_first:
             async with self.engine.connect() as conn:
                 if not await WebhookStore(conn).any_due(self.clock()):
@@ -212,12 +248,12 @@ class WebhookSender:
     async def wait_idle(self) -> None:
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
+        await self.recorder.wait_idle()
 
     async def deliver(self, claimed: Claimed) -> None:
         try:
-            result = await self.attempt(claimed)
-            await self.recorder.record(claimed, result)
-            self._report(claimed, result)
+            # Counted and logged by the recorder once committed (`_report`).
+            await self.recorder.record(claimed, await self.attempt(claimed))
         except Exception:
             log.exception(
                 "webhook delivery %s: attempt not recorded; its lease will run out",

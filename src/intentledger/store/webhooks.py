@@ -350,25 +350,44 @@ class WebhookStore:
         rows = await self.conn.execute(statements.leased, {IDS: chosen})
         return [Claimed(*row) for row in rows]
 
-    async def record_attempt(self, claimed: Claimed, owner: str, result: AttemptResult) -> bool:
+    async def record_attempt(
+        self, claimed: Claimed, owner: str, result: AttemptResult, *, unless_kept: bool = False
+    ) -> bool:
         """Keep the attempt, and move the delivery on if `owner` still holds it
         (a lease that ran out may have passed it to another worker, whose
-        attempt then decides). True if the delivery moved on."""
-        await self.conn.execute(_INSERT_ATTEMPT, _attempt_row(claimed, result))
+        attempt then decides). True if the delivery moved on. `unless_kept`:
+        keep it only if no attempt of the delivery ended at the same instant
+        (a retry of a write whose commit may have landed)."""
+        if not unless_kept or not await self._attempt_kept(claimed, result):
+            await self.conn.execute(_INSERT_ATTEMPT, _attempt_row(claimed, result))
         moved = await self.conn.execute(_MOVE_ON, _move_on(claimed, owner, result))
         return bool(moved.rowcount == 1)
+
+    async def _attempt_kept(self, claimed: Claimed, result: AttemptResult) -> bool:
+        found = await self.conn.execute(
+            select(webhook_attempts.c.id).where(
+                webhook_attempts.c.delivery_id == claimed.delivery_id,
+                webhook_attempts.c.actor == claimed.actor,
+                webhook_attempts.c.at == result.at,
+            )
+        )
+        return found.first() is not None
 
     async def record_attempts(
         self, attempts: Sequence[tuple[Claimed, AttemptResult]], owner: str
     ) -> None:
-        """`record_attempt` for many, in two statements however many there are
-        (an insert of every attempt, an update of every delivery, each executed
-        for all its rows at once)."""
+        """`record_attempt` for many, in two calls however many there are (an
+        insert of every attempt, an update of every delivery, each handed its
+        rows at once; the server runs it once a row). The deliveries in key
+        order, so two recorders updating the same two (their leases having
+        passed from one to the other) cannot deadlock; a claim skips what is
+        locked."""
         if not attempts:
             return
+        ordered = sorted(attempts, key=lambda attempt: attempt[0].delivery_id)
         await self.conn.execute(
-            _INSERT_ATTEMPT, [_attempt_row(claimed, result) for claimed, result in attempts]
+            _INSERT_ATTEMPT, [_attempt_row(claimed, result) for claimed, result in ordered]
         )
         await self.conn.execute(
-            _MOVE_ON, [_move_on(claimed, owner, result) for claimed, result in attempts]
+            _MOVE_ON, [_move_on(claimed, owner, result) for claimed, result in ordered]
         )

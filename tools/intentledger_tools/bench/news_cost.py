@@ -19,8 +19,8 @@ provider stand-in's merchant-webhook route, in a process of its own), and a
 worker's merchant-webhook sender (`engine/webhook_sender.py`, as `intentledger
 worker` configures it by default) run until every one is delivered: its CPU
 per delivery (`process_time`, the sender alone in this process but for a
-count of what is left every 50 ms), the statements it sent per delivery, and
-deliveries a second. `--deliveries 0` leaves it out.
+count of what is left every 50 ms), the statements it sent per delivery (on
+an engine of its own), and deliveries a second. `--deliveries 0` leaves it out.
 
 It migrates the database and leaves its rows behind (payments, events, an
 endpoint per merchant): give it a throwaway database. The last line is the
@@ -205,7 +205,6 @@ async def measure_sender(engine: AsyncEngine, deliveries: int) -> dict[str, Any]
                     _clock(),
                 )
         settings = Settings(webhook_allow_private=True)
-        sender = build_webhook_sender(settings, engine, _clock, WORKER)
         await _until_answering(url)
         statements = 0
 
@@ -213,20 +212,28 @@ async def measure_sender(engine: AsyncEngine, deliveries: int) -> dict[str, Any]
             nonlocal statements
             statements += 1
 
+        # The sender's engine is its own: the harness counts what is left on
+        # another, so every statement counted is the sender's.
+        sending = create_ledger_engine(str(engine.url.render_as_string(hide_password=False)))
+        sender = build_webhook_sender(settings, sending, _clock, WORKER)
+        # Ample for the stand-in, which answers at once: a sender that stops
+        # delivering fails the measurement instead of retrying for days.
+        deadline = time.monotonic() + 60 + deliveries / 10
         stop = asyncio.Event()
         cpu, wall = time.process_time(), time.perf_counter()
-        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        event.listen(sending.sync_engine, "before_cursor_execute", count)
         running = asyncio.create_task(sender.run(stop, settings.poll_interval))
         try:
-            while await _pending(engine, endpoint_id):
-                statements -= 1  # the count just read is the harness's
+            while left := await _pending(engine, endpoint_id):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the sender left {left} of {deliveries} undelivered")
                 await asyncio.sleep(0.05)
-            statements -= 1
         finally:
             stop.set()
             await running
-            event.remove(engine.sync_engine, "before_cursor_execute", count)
+            event.remove(sending.sync_engine, "before_cursor_execute", count)
             await sender.aclose()
+            await sending.dispose()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     finally:
         stand_in.kill()
