@@ -3,7 +3,8 @@ settles, and says what one record at a time would say.
 
 A merchant with a webhook endpoint turned every payment a group record settled
 into four reads and two inserts inside the group's transaction: a group of 20
-went from 3 statements to 123 (docs/benchmarks.md, "News in a group record").
+went from 3 statements to 123 (docs/benchmarks.md, "News in a group record,
+and the merchant webhooks' sender").
 On both databases, with answers handed to the group record directly (no
 provider is called): the statements of groups of two sizes are counted, and
 every event is held to what GET shows for its object once the group committed.

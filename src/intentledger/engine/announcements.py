@@ -56,7 +56,8 @@ async def operations_changed(
     as the transaction leaves them in four reads, and the events written with
     their deliveries in one statement (two on SQLite): a group record settling
     many payments must not pay a round trip per payment for its news
-    (docs/benchmarks.md, "News in a group record")."""
+    (docs/benchmarks.md, "News in a group record, and the merchant webhooks'
+    sender")."""
     news = [
         (before, types)
         for before, changed in changes

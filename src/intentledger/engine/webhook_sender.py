@@ -39,7 +39,8 @@ LEASE_MARGIN = timedelta(seconds=30)
 ERROR_TEXT_LIMIT = 200
 # The first attempt to end waits at most this for others to share its
 # transaction, RECORD_GROUP at most: a transaction for each cost a delivery
-# more CPU than its POST (docs/benchmarks.md, "News in a group record").
+# more CPU than its POST (docs/benchmarks.md, "News in a group record, and
+# the merchant webhooks' sender").
 RECORD_WINDOW = timedelta(milliseconds=2)
 RECORD_GROUP = 64
 
