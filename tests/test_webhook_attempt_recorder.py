@@ -28,6 +28,25 @@ async def claimed(engine: AsyncEngine, clock: ControlledClock, owner: str, n: in
         return await WebhookStore(conn).claim_due(clock(), LEASE, owner, n, n)
 
 
+async def leased(
+    engine: AsyncEngine, n: int, owner: str = "w1"
+) -> tuple[ControlledClock, list[Claimed]]:
+    """`n` events of an endpoint of ana's, each delivery leased by `owner`."""
+    clock = ControlledClock()
+    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
+    await pending_deliveries(engine, clock, endpoint_id, n)
+    return clock, await claimed(engine, clock, owner, n)
+
+
+def reporting(engine: AsyncEngine, **options: Any) -> tuple[AttemptRecorder, list[int]]:
+    """A recorder of w1's attempts, and the deliveries it reported, in order."""
+    reported: list[int] = []
+    recorder = AttemptRecorder(
+        engine, "w1", lambda claimed, _: reported.append(claimed.delivery_id), **options
+    )
+    return recorder, reported
+
+
 async def statuses(engine: AsyncEngine) -> dict[int, tuple[str, int, str | None]]:
     async with engine.connect() as conn:
         rows = await conn.execute(
@@ -54,10 +73,7 @@ async def kept(engine: AsyncEngine) -> list[tuple[int, int | None, bool]]:
 
 
 async def test_attempts_that_end_together_share_one_transaction(engine: AsyncEngine) -> None:
-    clock = ControlledClock()
-    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
-    await pending_deliveries(engine, clock, endpoint_id, 5)
-    taken = await claimed(engine, clock, "w1", 5)
+    clock, taken = await leased(engine, 5)
     delivered = AttemptResult(clock(), 4, 204, None, True, None)
     refused = AttemptResult(clock(), 9, 500, None, False, clock() + 10 * SECOND)
     given_up = AttemptResult(clock(), 7, None, "ConnectError: refused", False, None)
@@ -69,13 +85,7 @@ async def test_attempts_that_end_together_share_one_transaction(engine: AsyncEng
 
     event.listen(engine.sync_engine, "before_cursor_execute", count)
     try:
-        reported: list[int] = []
-        recorder = AttemptRecorder(
-            engine,
-            "w1",
-            lambda claimed, _: reported.append(claimed.delivery_id),
-            window=timedelta(milliseconds=50),
-        )
+        recorder, reported = reporting(engine, window=timedelta(milliseconds=50))
         await asyncio.gather(*(recorder.record(c, r) for c, r in zip(taken, results, strict=True)))
         assert sorted(reported) == sorted(c.delivery_id for c in taken)
     finally:
@@ -98,10 +108,7 @@ async def test_attempts_that_end_together_share_one_transaction(engine: AsyncEng
 async def test_an_attempt_whose_lease_passed_on_is_kept_but_moves_nothing(
     engine: AsyncEngine,
 ) -> None:
-    clock = ControlledClock()
-    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
-    await pending_deliveries(engine, clock, endpoint_id, 2)
-    first, second = await claimed(engine, clock, "slow-worker", 2)
+    clock, (first, second) = await leased(engine, 2, "slow-worker")
     clock.advance(LEASE + SECOND)
     [again] = await claimed(engine, clock, "w2", 1)
     assert again.delivery_id == first.delivery_id
@@ -118,23 +125,14 @@ async def test_an_attempt_whose_lease_passed_on_is_kept_but_moves_nothing(
 async def test_a_failed_group_records_each_attempt_alone(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = ControlledClock()
-    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
-    await pending_deliveries(engine, clock, endpoint_id, 3)
-    taken = await claimed(engine, clock, "w1", 3)
+    clock, taken = await leased(engine, 3)
 
     async def fails(*_: Any, **__: Any) -> None:
         raise RuntimeError("the group's transaction fails")
 
     monkeypatch.setattr(WebhookStore, "record_attempts", fails)
     done = AttemptResult(clock(), 4, 204, None, True, None)
-    reported: list[int] = []
-    recorder = AttemptRecorder(
-        engine,
-        "w1",
-        lambda claimed, _: reported.append(claimed.delivery_id),
-        window=timedelta(milliseconds=50),
-    )
+    recorder, reported = reporting(engine, window=timedelta(milliseconds=50))
     await asyncio.gather(*(recorder.record(c, done) for c in taken))
     assert [status for status, _, _ in (await statuses(engine)).values()] == ["delivered"] * 3
     assert len(await kept(engine)) == 3
@@ -146,10 +144,7 @@ async def test_a_group_whose_commit_landed_unheard_is_kept_once(
 ) -> None:
     """The group's transaction commits but its reply is lost: each attempt is
     recorded again alone, and must not be kept twice."""
-    clock = ControlledClock()
-    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
-    await pending_deliveries(engine, clock, endpoint_id, 3)
-    taken = await claimed(engine, clock, "w1", 3)
+    clock, taken = await leased(engine, 3)
     record_attempts = WebhookStore.record_attempts
 
     async def commits_unheard(store: WebhookStore, *args: Any, **kwargs: Any) -> None:
@@ -159,10 +154,7 @@ async def test_a_group_whose_commit_landed_unheard_is_kept_once(
 
     monkeypatch.setattr(WebhookStore, "record_attempts", commits_unheard)
     done = AttemptResult(clock(), 4, 204, None, True, None)
-    reported: list[int] = []
-    recorder = AttemptRecorder(
-        engine, "w1", lambda claimed, _: reported.append(claimed.delivery_id)
-    )
+    recorder, reported = reporting(engine)
     await asyncio.gather(*(recorder.record(c, done) for c in taken))
     assert len(await kept(engine)) == 3
     assert [status for status, _, _ in (await statuses(engine)).values()] == ["delivered"] * 3
@@ -170,10 +162,7 @@ async def test_a_group_whose_commit_landed_unheard_is_kept_once(
 
 
 async def test_a_full_group_commits_without_waiting_its_window(engine: AsyncEngine) -> None:
-    clock = ControlledClock()
-    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
-    await pending_deliveries(engine, clock, endpoint_id, 4)
-    taken = await claimed(engine, clock, "w1", 4)
+    clock, taken = await leased(engine, 4)
     done = AttemptResult(clock(), 4, 204, None, True, None)
     recorder = AttemptRecorder(engine, "w1", window=timedelta(seconds=60), group=2)
     # Two groups of two, each full when its second attempt ends.
@@ -185,10 +174,7 @@ async def test_a_full_group_commits_without_waiting_its_window(engine: AsyncEngi
 async def test_an_attempt_that_cannot_be_recorded_raises_to_its_delivery(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = ControlledClock()
-    endpoint_id = await add_endpoint(engine, clock, "ana", "http://127.0.0.1:9/x")
-    await pending_deliveries(engine, clock, endpoint_id, 1)
-    [taken] = await claimed(engine, clock, "w1", 1)
+    clock, [taken] = await leased(engine, 1)
 
     async def fails(*_: Any, **__: Any) -> None:
         raise RuntimeError("the database is gone")
