@@ -161,14 +161,33 @@ async def test_a_group_whose_commit_landed_unheard_is_kept_once(
     assert sorted(reported) == sorted(c.delivery_id for c in taken)
 
 
-async def test_a_full_group_commits_without_waiting_its_window(engine: AsyncEngine) -> None:
+async def test_a_group_that_fills_while_it_waits_commits_without_waiting_its_window(
+    engine: AsyncEngine,
+) -> None:
     clock, taken = await leased(engine, 4)
     done = AttemptResult(clock(), 4, 204, None, True, None)
     recorder = AttemptRecorder(engine, "w1", window=timedelta(seconds=60), group=2)
-    # Two groups of two, each full when its second attempt ends.
-    await asyncio.wait_for(asyncio.gather(*(recorder.record(c, done) for c in taken)), 20)
+    for first, second in (taken[:2], taken[2:]):
+        # The first waits for company; the second fills the group, which
+        # commits at once rather than at the end of the minute.
+        waiting = asyncio.ensure_future(recorder.record(first, done))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await asyncio.wait_for(asyncio.gather(waiting, recorder.record(second, done)), 20)
     await recorder.wait_idle()
     assert len(await kept(engine)) == 4
+
+
+async def test_a_report_that_fails_costs_the_group_nothing(engine: AsyncEngine) -> None:
+    clock, taken = await leased(engine, 3)
+
+    def fails(claimed: Claimed, _: AttemptResult) -> None:
+        raise RuntimeError("a metric could not be counted")
+
+    recorder = AttemptRecorder(engine, "w1", fails, window=timedelta(milliseconds=50))
+    done = AttemptResult(clock(), 4, 204, None, True, None)
+    await asyncio.gather(*(recorder.record(c, done) for c in taken))
+    assert [status for status, _, _ in (await statuses(engine)).values()] == ["delivered"] * 3
 
 
 async def test_an_attempt_that_cannot_be_recorded_raises_to_its_delivery(

@@ -111,7 +111,8 @@ class AttemptRecorder:
                 if waited < self.window and len(self._waiting) < self.group:
                     self._full.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._full.wait(), self.window - waited)
+                        async with asyncio.timeout(self.window - waited):
+                            await self._full.wait()
                 group, self._waiting = self._waiting[: self.group], self._waiting[self.group :]
                 try:
                     async with self.engine.begin() as conn:
@@ -149,7 +150,12 @@ class AttemptRecorder:
     def _recorded(self, ended: _Ended) -> None:
         if not ended.recorded.done():
             ended.recorded.set_result(None)
-            self.on_recorded(ended.claimed, ended.result)
+            try:
+                self.on_recorded(ended.claimed, ended.result)
+            except Exception:
+                # Committed all the same: the others of its group must not be
+                # told otherwise, nor the groups after it go unwritten.
+                log.exception("reporting webhook delivery %s failed", ended.claimed.delivery_id)
 
 
 class WebhookSender:
