@@ -116,6 +116,14 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     assert all(figures[key] > 0 for key in floors), {key: figures[key] for key in floors}
     assert figures["floor_payments"] == 992 and figures["floor_http_calls"] == 1_000
     assert figures["intake_api_to_postgres_cpu"] > 0
+    # Beside it, intake's HTTP floor: our server stack answering as an intent is
+    # answered, after intake's median latency, with nothing of ours on the path.
+    assert figures["intake_http_floor_per_s"] > 0
+    assert figures["intake_http_floor_answer_bytes"] > 100
+    assert figures["intake_http_floor_delay_ms"] > 0
+    assert figures["intake_http_floor_cpu_ms_per_request"] > 0
+    assert figures["intake_api_over_http_floor"] > 0
+    assert figures["intake_http_floor_to_postgres_cpu"] > 0
     assert len(figures["scaling_1_2_4"]) == 3 and all(r > 0 for r in figures["scaling_1_2_4"])
     assert figures["growth_intake_ratio"] > 0 and figures["growth_scan_ratio"] > 0
     assert len(figures["growth_scan_s"]) == len(figures["growth_intake_per_s"]) == 3

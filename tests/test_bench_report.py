@@ -256,3 +256,24 @@ def test_the_libraries_floor_shows_beside_the_workers_cpu_when_measured() -> Non
     assert "floor 0.305 ms" in shown
     assert "0.2155 ms / 0.1533 ms / 0.0895 ms" in shown
     assert "PostgreSQL 0.3 ms" in shown and "1.0167" in shown
+
+
+def test_intakes_http_floor_shows_beside_the_apis_cpu_when_measured() -> None:
+    def rendered(extra: dict[str, Any]) -> str:
+        console = Console(file=io.StringIO(), width=400)
+        console.print(table(with_goals({**figures(), **extra})))
+        return console.file.getvalue()  # type: ignore[attr-defined]
+
+    assert "HTTP floor" not in rendered({})
+    shown = rendered(
+        {
+            "intake_cpu_ms_per_intent": {"api": 0.27, "postgres": 0.13},
+            "intake_http_floor_delay_ms": 7.25,
+            "intake_http_floor_cpu_ms_per_request": 0.0811,
+            "intake_api_over_http_floor": 3.3292,
+            "intake_http_floor_to_postgres_cpu": 0.6238,
+        }
+    )
+    assert "after 7.25 ms" in shown
+    assert "0.27 ms" in shown and "floor 0.0811 ms" in shown
+    assert "3.3292; 0.6238" in shown

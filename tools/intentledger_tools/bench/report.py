@@ -341,6 +341,18 @@ def table(figures: dict[str, Any]) -> Table:
         "",
         _met(f, "intake_api_to_postgres_cpu"),
     )
+    if f.get("intake_http_floor_cpu_ms_per_request") is not None:
+        api = (f.get("intake_cpu_ms_per_intent") or {}).get("api")
+        out.add_row(
+            "API's CPU per intent over intake's HTTP floor: our server stack answering "
+            f"after {_num(f.get('intake_http_floor_delay_ms'), ' ms')} with nothing of ours "
+            "(bench/http_floor.py); the floor over PostgreSQL's CPU per intent",
+            _num(api, " ms"),
+            f"floor {_num(f.get('intake_http_floor_cpu_ms_per_request'), ' ms')}",
+            f"{_num(f.get('intake_api_over_http_floor'))}; "
+            f"{_num(f.get('intake_http_floor_to_postgres_cpu'))}",
+            "— (not judged: API minus floor is ours)",
+        )
     out.add_row(
         f"claim {f.get('scan_due')} due: {_num(f.get('scan_small_rows'))} vs "
         f"{_num(f.get('scan_big_rows'))} rows",

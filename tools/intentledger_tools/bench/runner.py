@@ -74,6 +74,7 @@ from intentledger_tools.bench.capture import (
     payment_body,
 )
 from intentledger_tools.bench.emptying import empty_tables
+from intentledger_tools.bench.http_floor import HEALTHZ as HTTP_FLOOR_HEALTHZ
 from intentledger_tools.bench.pgbouncer import running_pgbouncer
 from intentledger_tools.bench.processes import (
     Fleet,
@@ -965,6 +966,7 @@ class Bench:
         theirs: list[tuple[PgbenchResult, dict[str, Any]]] = []
         with self.api_fleet() as apis:
             self.wrk_load(apis, cfg.warmup_seconds)
+            answer_bytes = self.answer_size(apis)
             for turn, step in turns(2, cfg.rounds_in_turn):
                 if step == 0:
                     self.truncate()
@@ -1004,6 +1006,89 @@ class Bench:
             api_rss_mb=rss,
             api_processes=cfg.api_processes,
             intake_connections=cfg.connections,
+        )
+        self.http_floor(
+            statistics.median(run.p50_ms for run in ours),
+            answer_bytes,
+            seconds,
+            api_ms_per_intent=cpu.get("api", 0.0) * 1000 / ok,
+            server_ms_per_intent=cpu["postgres"] * 1000 / ok if cpu.get("postgres") else None,
+        )
+
+    def answer_size(self, apis: ApiFleet) -> int:
+        """The bytes of a new intent's answer, asked of the first API process."""
+        body = {k: v for k, v in payment_body("pm_ok").items() if k != "metadata"}
+        answer = httpx.post(
+            f"http://127.0.0.1:{apis.ports[0]}/v1/payments",
+            json=body,
+            headers={
+                "Authorization": f"Bearer {apis.token}",
+                "Idempotency-Key": f"floor-size-{secrets.token_hex(4)}",
+            },
+            timeout=30.0,
+        )
+        if answer.status_code != 202:
+            raise BenchError(f"intake: a payment was answered {answer.status_code}, not 202")
+        return len(answer.content)
+
+    def http_floor(
+        self,
+        delay_ms: float,
+        answer_bytes: int,
+        seconds: float,
+        *,
+        api_ms_per_intent: float,
+        server_ms_per_intent: float | None,
+    ) -> None:
+        """Intake's HTTP floor beside the API's CPU (bench/http_floor.py): as many
+        floor processes as API processes, loaded by the same wrk script and
+        connections for one round's `seconds`, each answer after intake's median
+        latency `delay_ms` with an intent answer's `answer_bytes`. Not judged: the
+        API's CPU less this floor is ours."""
+        cfg = self.config
+        ports = [free_port() for _ in range(cfg.api_processes)]
+        with self.fleet() as fleet:
+            floors = [
+                fleet.start(
+                    f"http-floor{n}",
+                    "intentledger_tools.bench.http_floor",
+                    [
+                        "--port",
+                        str(port),
+                        "--delay-ms",
+                        f"{delay_ms:.3f}",
+                        "--answer-bytes",
+                        str(answer_bytes),
+                    ],
+                )
+                for n, port in enumerate(ports)
+            ]
+            for proc, port in zip(floors, ports, strict=True):
+                proc.wait_http(f"http://127.0.0.1:{port}{HTTP_FLOOR_HEALTHZ}")
+            split = [
+                cfg.connections // len(ports) + (n < cfg.connections % len(ports))
+                for n in range(len(ports))
+            ]
+            target = ApiFleet(self.libpq, ports, floors, "http-floor", split)
+            self.wrk_load(target, cfg.warmup_seconds)
+            watch = self.watch({"http_floor": [proc.pid for proc in floors]})
+            ok, errors, elapsed, _, _ = self.wrk_load(target, seconds)
+            cpu = watch.stop()
+            for proc in floors:
+                proc.check_alive()
+        if errors or not ok:
+            raise BenchError(f"intake's HTTP floor: {errors} of {ok + errors} requests failed")
+        floor_ms = cpu.get("http_floor", 0.0) * 1000 / ok
+        self.figures.update(
+            intake_http_floor_delay_ms=round(delay_ms, 2),
+            intake_http_floor_answer_bytes=answer_bytes,
+            intake_http_floor_per_s=round(ok / elapsed, 1),
+            intake_http_floor_cpu=cpu,
+            intake_http_floor_cpu_ms_per_request=round(floor_ms, 4),
+            intake_api_over_http_floor=api_ms_per_intent / floor_ms if floor_ms else None,
+            intake_http_floor_to_postgres_cpu=(
+                floor_ms / server_ms_per_intent if server_ms_per_intent else None
+            ),
         )
 
     def pgbench_intake(
