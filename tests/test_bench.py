@@ -115,6 +115,10 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     ]
     assert all(figures[key] > 0 for key in floors), {key: figures[key] for key in floors}
     assert figures["floor_payments"] == 992 and figures["floor_http_calls"] == 1_000
+    # And the pure work of as many first attempts, in groups of the record's size.
+    assert figures["dispatch_domain_cpu_ms_per_payment"] > 0
+    assert figures["dispatch_domain_group"] >= 1
+    assert figures["dispatch_floor_and_domain_to_postgres_cpu"] > 0
     assert figures["intake_api_to_postgres_cpu"] > 0
     # Beside it, intake's HTTP floor: our server stack answering as an intent is
     # answered, after intake's median latency, with nothing of ours on the path.

@@ -256,6 +256,15 @@ def test_the_libraries_floor_shows_beside_the_workers_cpu_when_measured() -> Non
     assert "floor 0.305 ms" in shown
     assert "0.2155 ms / 0.1533 ms / 0.0895 ms" in shown
     assert "PostgreSQL 0.3 ms" in shown and "1.0167" in shown
+    assert "pure work" not in shown
+    shown = rendered(
+        {
+            "dispatch_domain_cpu_ms_per_payment": 0.0774,
+            "dispatch_domain_group": 19,
+            "dispatch_floor_and_domain_to_postgres_cpu": 0.8917,
+        }
+    )
+    assert "groups of 19" in shown and "0.0774 ms" in shown and "0.8917" in shown
 
 
 def test_intakes_http_floor_shows_beside_the_apis_cpu_when_measured() -> None:

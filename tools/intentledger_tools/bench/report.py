@@ -334,6 +334,17 @@ def table(figures: dict[str, Any]) -> Table:
             _num(f.get("dispatch_library_floor_to_postgres_cpu")),
             "— (not judged: beside the goal above)",
         )
+    if f.get("dispatch_domain_cpu_ms_per_payment") is not None:
+        out.add_row(
+            "the pure work per payment of a batched first attempt, no I/O "
+            f"(bench/domain_cost.py, groups of {f.get('dispatch_domain_group')}); the floor "
+            "and it over PostgreSQL's CPU per payment in the rounds: the least the workers' "
+            "ratio could read",
+            _num(f.get("dispatch_domain_cpu_ms_per_payment"), " ms"),
+            "",
+            _num(f.get("dispatch_floor_and_domain_to_postgres_cpu")),
+            "— (not judged: beside the goal above)",
+        )
     out.add_row(
         "CPU per intent over PostgreSQL's: API processes (intake)",
         _num(f.get("intake_api_to_postgres_cpu")),

@@ -73,6 +73,7 @@ from intentledger_tools.bench.capture import (
     capture_intake,
     payment_body,
 )
+from intentledger_tools.bench.domain_cost import RESULT_PREFIX as DOMAIN_RESULT
 from intentledger_tools.bench.emptying import empty_tables
 from intentledger_tools.bench.http_floor import HEALTHZ as HTTP_FLOOR_HEALTHZ
 from intentledger_tools.bench.pgbouncer import running_pgbouncer
@@ -1362,18 +1363,33 @@ class Bench:
             dispatch_batch_pgbench_stalled=batch_stalled,
         )
         self.record_stand_in_cost(per_call)
-        self.library_floors(batched.clients, cpu.get("workers", 0.0) * 1000 / (n * rounds))
+        self.library_floors(
+            batched.clients,
+            cpu.get("workers", 0.0) * 1000 / (n * rounds),
+            cpu["postgres"] * 1000 / (n * rounds) if cpu.get("postgres") else None,
+            max(1, round(statistics.median(g for _, g in presubmits))),
+        )
         self.truncate()
 
-    def library_floors(self, clients: int, workers_ms_per_payment: float) -> None:
+    def library_floors(
+        self,
+        clients: int,
+        workers_ms_per_payment: float,
+        server_ms_per_payment: float | None,
+        record_group: int,
+    ) -> None:
         """What the libraries we must use cost in CPU per payment doing only a
         payment's work (bench/library_floor.py): the batch script replayed by
         one process through psycopg alone and through SQLAlchemy Core, with
         `clients` connections (the batch baseline's faster count), over about
         as many payments as the phase; and the charge calls made with plain
         aiohttp at the workers' concurrency against a stand-in answering at
-        once. Not judged: beside `dispatch_worker_to_postgres_cpu`, how much of
-        the workers' CPU per payment is the libraries' and how much ours."""
+        once. Then the pure work of a payment's batched first attempt, in
+        groups of `record_group` (bench/domain_cost.py), and both together
+        over the server's CPU per payment in the phase's rounds
+        (`server_ms_per_payment`): the least `dispatch_worker_to_postgres_cpu`
+        could read with nothing else of ours. Not judged: beside it, how much
+        of the workers' CPU per payment is the libraries' and how much ours."""
         cfg = self.config
         assert self.batch_capture is not None
         batch = self.batch_capture.batch
@@ -1443,6 +1459,14 @@ class Bench:
             dispatch_worker_over_library_floor=workers_ms_per_payment / floor if floor else None,
             dispatch_library_floor_to_postgres_cpu=floor / server if server else None,
         )
+        domain = self.domain_cost(payments, record_group)
+        self.figures.update(
+            dispatch_domain_cpu_ms_per_payment=domain,
+            dispatch_domain_group=record_group,
+            dispatch_floor_and_domain_to_postgres_cpu=(
+                (floor + domain) / server_ms_per_payment if server_ms_per_payment else None
+            ),
+        )
         self.say(
             "dispatch: the libraries' floor per payment: psycopg "
             f"{_cpu_ms(figures['floor_psycopg_cpu_ms_per_payment'])} (server "
@@ -1451,6 +1475,34 @@ class Bench:
             f"aiohttp {_cpu_ms(http)} per call; the floor "
             f"{_cpu_ms(floor)} against the workers' {_cpu_ms(workers_ms_per_payment)}"
         )
+
+    def domain_cost(self, payments: int, group: int) -> float:
+        """The pure work's CPU milliseconds per payment, measured by a process of
+        its own (bench/domain_cost.py)."""
+        self.say(
+            f"dispatch: the pure work of {payments} first attempts in groups of {group}, "
+            "with no I/O"
+        )
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "intentledger_tools.bench.domain_cost",
+                "--payments",
+                str(payments),
+                "--group",
+                str(group),
+            ],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=self.config.baseline_timeout,
+            stdin=subprocess.DEVNULL,
+        )
+        lines = [line for line in done.stdout.splitlines() if line.startswith(DOMAIN_RESULT)]
+        if done.returncode != 0 or not lines:
+            raise BenchError(f"the pure work's measure failed: {done.stderr[-2000:]}")
+        return float(json.loads(lines[-1].removeprefix(DOMAIN_RESULT))["us_per_payment"]) / 1000
 
     def run_library_floor(
         self, fleet: Fleet, name: str, args: list[str]
