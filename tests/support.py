@@ -30,14 +30,20 @@ def wait_until(
 
 
 class Process:
-    """A real `intentledger` OS process, its output kept in a log file."""
+    """A real `intentledger` OS process (or `command`'s), its output kept in a log file."""
 
-    def __init__(self, args: Sequence[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        env: dict[str, str],
+        log: Path,
+        command: Sequence[str] = tuple(INTENTLEDGER),
+    ) -> None:
         self.args = list(args)
         self.log = log
         self._log_file = log.open("ab")
         self.popen = subprocess.Popen(
-            [*INTENTLEDGER, *args],
+            [*command, *args],
             env={**os.environ, **env},
             stdout=self._log_file,
             stderr=subprocess.STDOUT,

@@ -117,8 +117,16 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     assert figures["floor_payments"] == 992 and figures["floor_http_calls"] == 1_000
     # And the pure work of as many first attempts, in groups of the record's size.
     assert figures["dispatch_domain_cpu_ms_per_payment"] > 0
-    assert figures["dispatch_domain_group"] >= 1
-    assert figures["dispatch_floor_and_domain_to_postgres_cpu"] > 0
+    assert figures["dispatch_domain_claim"] >= 1 and figures["dispatch_domain_group"] >= 1
+    # Over the server's CPU per payment in the stand-in rounds, in milliseconds both.
+    server_ms = figures["dispatch_cpu"]["postgres"] * 1000 / figures["dispatch_payments"]
+    bound = (
+        figures["dispatch_library_floor_cpu_ms_per_payment"]
+        + (figures["dispatch_domain_cpu_ms_per_payment"])
+    )
+    assert figures["dispatch_floor_and_domain_to_postgres_cpu"] == pytest.approx(
+        bound / server_ms, rel=0.01
+    )
     assert figures["intake_api_to_postgres_cpu"] > 0
     # Beside it, intake's HTTP floor: our server stack answering as an intent is
     # answered, after intake's median latency, with nothing of ours on the path.
@@ -126,8 +134,18 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     assert figures["intake_http_floor_answer_bytes"] > 100
     assert figures["intake_http_floor_delay_ms"] > 0
     assert figures["intake_http_floor_cpu_ms_per_request"] > 0
-    assert figures["intake_api_over_http_floor"] > 0
-    assert figures["intake_http_floor_to_postgres_cpu"] > 0
+    assert figures["intake_http_floor_at_once_cpu_ms_per_request"] > 0
+    assert figures["intake_http_floor_p50_ms"] > 0
+    # Each side per intent or per request, from the same CPU the rounds watched.
+    floor_ms = figures["intake_http_floor_cpu_ms_per_request"]
+    api_ms, server_ms = (
+        figures["intake_cpu"][role] * 1000 / figures["intake_requests"]
+        for role in ("api", "postgres")
+    )
+    assert figures["intake_api_over_http_floor"] == pytest.approx(api_ms / floor_ms, rel=0.01)
+    assert figures["intake_http_floor_to_postgres_cpu"] == pytest.approx(
+        floor_ms / server_ms, rel=0.01
+    )
     assert len(figures["scaling_1_2_4"]) == 3 and all(r > 0 for r in figures["scaling_1_2_4"])
     assert figures["growth_intake_ratio"] > 0 and figures["growth_scan_ratio"] > 0
     assert len(figures["growth_scan_s"]) == len(figures["growth_intake_per_s"]) == 3

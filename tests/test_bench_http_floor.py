@@ -17,6 +17,7 @@ import pytest
 
 from intentledger.ports import free_port
 from intentledger_tools.bench.http_floor import HEALTHZ, answer_body
+from tests.support import Process
 
 MODULE = "intentledger_tools.bench.http_floor"
 
@@ -24,28 +25,18 @@ MODULE = "intentledger_tools.bench.http_floor"
 @contextmanager
 def running_floor(tmp_path: Path, *options: str) -> Iterator[str]:
     port = free_port()
-    log = (tmp_path / "http-floor.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", MODULE, "--port", str(port), *options],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
     url = f"http://127.0.0.1:{port}"
+    proc = Process(
+        ["--port", str(port), *options],
+        {},
+        tmp_path / "http-floor.log",
+        command=[sys.executable, "-m", MODULE],
+    )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}{HEALTHZ}", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "floor did not start"
-            time.sleep(0.05)
+        proc.wait_healthy(f"{url}{HEALTHZ}")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
+        proc.stop()
 
 
 def test_the_answer_is_json_of_exactly_the_asked_size() -> None:
@@ -61,7 +52,7 @@ def test_a_payment_request_is_answered_202_as_an_intent_after_the_delay(
     tmp_path: Path,
 ) -> None:
     with (
-        running_floor(tmp_path, "--delay-ms", "150", "--answer-bytes", "321") as url,
+        running_floor(tmp_path, "--delay-ms", "1500", "--answer-bytes", "321") as url,
         httpx.Client(base_url=url, timeout=10) as client,
     ):
         started = time.monotonic()
@@ -74,11 +65,11 @@ def test_a_payment_request_is_answered_202_as_an_intent_after_the_delay(
         assert answer.status_code == 202
         assert len(answer.content) == 321
         assert answer.headers["content-type"] == "application/json"
-        assert took >= 0.15
-        # The kept-alive connection is answered again, health at once.
+        assert took >= 1.5
+        # The kept-alive connection is answered again, health without the wait.
         started = time.monotonic()
         assert client.get(HEALTHZ).status_code == 200
-        assert time.monotonic() - started < 0.15
+        assert time.monotonic() - started < 1.0
 
 
 def test_bad_options_are_refused_before_serving(tmp_path: Path) -> None:

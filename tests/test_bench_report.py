@@ -31,6 +31,13 @@ def figures(fsync: str = "on", synchronous_commit: str = "on") -> dict[str, Any]
     }
 
 
+def rendered(extra: dict[str, Any]) -> str:
+    """The report's table of goals' figures and `extra`, as text."""
+    console = Console(file=io.StringIO(), width=400)
+    console.print(table(with_goals({**figures(), **extra})))
+    return console.file.getvalue()  # type: ignore[attr-defined]
+
+
 def test_a_durable_server_has_its_goals_judged() -> None:
     judged = with_goals(figures())
     assert judged["server_durable"] is True
@@ -235,11 +242,6 @@ def test_a_cpu_ratio_is_over_the_servers_cpu_and_judged_by_the_median_of_rounds(
 
 
 def test_the_libraries_floor_shows_beside_the_workers_cpu_when_measured() -> None:
-    def rendered(extra: dict[str, Any]) -> str:
-        console = Console(file=io.StringIO(), width=400)
-        console.print(table(with_goals({**figures(), **extra})))
-        return console.file.getvalue()  # type: ignore[attr-defined]
-
     assert "libraries' floor" not in rendered({})
     shown = rendered(
         {
@@ -260,29 +262,28 @@ def test_the_libraries_floor_shows_beside_the_workers_cpu_when_measured() -> Non
     shown = rendered(
         {
             "dispatch_domain_cpu_ms_per_payment": 0.0774,
+            "dispatch_domain_claim": 24,
             "dispatch_domain_group": 19,
             "dispatch_floor_and_domain_to_postgres_cpu": 0.8917,
         }
     )
-    assert "groups of 19" in shown and "0.0774 ms" in shown and "0.8917" in shown
+    assert "pre-submits of 24, groups of 19" in shown
+    assert "0.0774 ms" in shown and "0.8917" in shown
 
 
 def test_intakes_http_floor_shows_beside_the_apis_cpu_when_measured() -> None:
-    def rendered(extra: dict[str, Any]) -> str:
-        console = Console(file=io.StringIO(), width=400)
-        console.print(table(with_goals({**figures(), **extra})))
-        return console.file.getvalue()  # type: ignore[attr-defined]
-
     assert "HTTP floor" not in rendered({})
     shown = rendered(
         {
-            "intake_cpu_ms_per_intent": {"api": 0.27, "postgres": 0.13},
+            "intake_cpu": {"api": 5.4, "postgres": 2.6},
+            "intake_requests": 20_000,
             "intake_http_floor_delay_ms": 7.25,
             "intake_http_floor_cpu_ms_per_request": 0.0811,
+            "intake_http_floor_at_once_cpu_ms_per_request": 0.0466,
             "intake_api_over_http_floor": 3.3292,
             "intake_http_floor_to_postgres_cpu": 0.6238,
         }
     )
     assert "after 7.25 ms" in shown
-    assert "0.27 ms" in shown and "floor 0.0811 ms" in shown
+    assert "0.27 ms" in shown and "floor 0.0811 ms (at once 0.0466 ms)" in shown
     assert "3.3292; 0.6238" in shown

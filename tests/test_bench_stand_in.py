@@ -4,7 +4,6 @@ needs: a real stand-in process, called through the real adapter."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -22,33 +21,24 @@ from intentledger.providers.sandbox_client import SandboxProvider
 from intentledger.service import SANDBOX_MOUNT
 from intentledger_tools.bench.runner import turns
 from intentledger_tools.bench.stand_in import hangs
+from tests.support import Process
 
 
 @contextmanager
 def running_stand_in(tmp_path: Path, *options: str) -> Iterator[str]:
     port = free_port()
-    log = (tmp_path / "stand-in.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "intentledger_tools.bench.stand_in", "--port", str(port), *options],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
     url = f"http://127.0.0.1:{port}{SANDBOX_MOUNT}"
+    proc = Process(
+        ["--port", str(port), *options],
+        {},
+        tmp_path / "stand-in.log",
+        command=[sys.executable, "-m", "intentledger_tools.bench.stand_in"],
+    )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "stand-in did not start"
-            time.sleep(0.05)
+        proc.wait_healthy(f"{url}/healthz")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
+        proc.stop()
 
 
 @pytest.fixture

@@ -337,9 +337,10 @@ def table(figures: dict[str, Any]) -> Table:
     if f.get("dispatch_domain_cpu_ms_per_payment") is not None:
         out.add_row(
             "the pure work per payment of a batched first attempt, no I/O "
-            f"(bench/domain_cost.py, groups of {f.get('dispatch_domain_group')}); the floor "
-            "and it over PostgreSQL's CPU per payment in the rounds: the least the workers' "
-            "ratio could read",
+            f"(bench/domain_cost.py, pre-submits of {f.get('dispatch_domain_claim')}, "
+            f"groups of {f.get('dispatch_domain_group')}); the floor and it over "
+            "PostgreSQL's CPU per payment in the rounds: the workers' ratio if they did "
+            "nothing else",
             _num(f.get("dispatch_domain_cpu_ms_per_payment"), " ms"),
             "",
             _num(f.get("dispatch_floor_and_domain_to_postgres_cpu")),
@@ -353,13 +354,17 @@ def table(figures: dict[str, Any]) -> Table:
         _met(f, "intake_api_to_postgres_cpu"),
     )
     if f.get("intake_http_floor_cpu_ms_per_request") is not None:
-        api = (f.get("intake_cpu_ms_per_intent") or {}).get("api")
+        requests = f.get("intake_requests")
+        api_s = (f.get("intake_cpu") or {}).get("api")
+        api = api_s * 1000 / requests if api_s is not None and requests else None
         out.add_row(
             "API's CPU per intent over intake's HTTP floor: our server stack answering "
             f"after {_num(f.get('intake_http_floor_delay_ms'), ' ms')} with nothing of ours "
-            "(bench/http_floor.py); the floor over PostgreSQL's CPU per intent",
+            "(bench/http_floor.py; at once beside it); the floor over PostgreSQL's CPU "
+            "per intent",
             _num(api, " ms"),
-            f"floor {_num(f.get('intake_http_floor_cpu_ms_per_request'), ' ms')}",
+            f"floor {_num(f.get('intake_http_floor_cpu_ms_per_request'), ' ms')} "
+            f"(at once {_num(f.get('intake_http_floor_at_once_cpu_ms_per_request'), ' ms')})",
             f"{_num(f.get('intake_api_over_http_floor'))}; "
             f"{_num(f.get('intake_http_floor_to_postgres_cpu'))}",
             "— (not judged: API minus floor is ours)",

@@ -356,6 +356,20 @@ class ApiFleet:
     connections: list[int]  # wrk connections per process
 
 
+def connection_split(connections: int, ports: list[int]) -> list[int]:
+    """wrk's connections to each of `ports`, as even as they divide."""
+    return [connections // len(ports) + (n < connections % len(ports)) for n in range(len(ports))]
+
+
+class FloorRun(NamedTuple):
+    """One measured load of intake's HTTP floor."""
+
+    rate: float
+    p50_ms: float
+    cpu: dict[str, float]
+    cpu_ms_per_request: float
+
+
 @dataclass(frozen=True)
 class GrowthLedger:
     """One size of the growth phase: a database of its own on the bench's server."""
@@ -885,11 +899,7 @@ class Bench:
             ]
             for api, port in zip(apis, ports, strict=True):
                 api.wait_http(f"http://127.0.0.1:{port}/healthz")
-            split = [
-                cfg.connections // len(ports) + (n < cfg.connections % len(ports))
-                for n in range(len(ports))
-            ]
-            yield ApiFleet(libpq, ports, apis, api_token, split)
+            yield ApiFleet(libpq, ports, apis, api_token, connection_split(cfg.connections, ports))
 
     def wrk_load(self, apis: ApiFleet, seconds: float) -> tuple[int, int, float, float, float]:
         """wrk against every process of `apis` for `seconds`, fresh keys: the answers
@@ -962,6 +972,7 @@ class Bench:
             f"{cfg.rounds_in_turn} rounds in turn"
         )
         self.truncate()
+        self.note_background("intake")
         seconds = max(1, round(cfg.intake_seconds / cfg.rounds_in_turn))
         ours: list[IntakeRun] = []
         theirs: list[tuple[PgbenchResult, dict[str, Any]]] = []
@@ -976,6 +987,8 @@ class Bench:
                 else:
                     theirs.append(self.pgbench_intake(seconds))
         ok, _, elapsed, p50, p99, cpu, rss = summed(ours)
+        if not ok:
+            raise BenchError(f"intake: no request was answered (logs in {self.workdir})")
         api_over_server = [cpu_over_postgres(run.cpu, "api") for run in ours]
         baseline_tps = sum(result.tps for result, _ in theirs) / len(theirs)
         baseline_transactions = sum(result.transactions for result, _ in theirs)
@@ -1044,8 +1057,34 @@ class Bench:
         """Intake's HTTP floor beside the API's CPU (bench/http_floor.py): as many
         floor processes as API processes, loaded by the same wrk script and
         connections for one round's `seconds`, each answer after intake's median
-        latency `delay_ms` with an intent answer's `answer_bytes`. Not judged: the
-        API's CPU less this floor is ours."""
+        latency `delay_ms` with an intent answer's `answer_bytes`; then the same
+        answered at once, to show what the wait adds. Not judged: the API's CPU
+        less this floor is ours."""
+        self.say(
+            f"intake: the HTTP floor, answering after {delay_ms:.2f} ms and at once, "
+            f"{answer_bytes} bytes"
+        )
+        waited = self.floor_run(delay_ms, answer_bytes, seconds)
+        at_once = self.floor_run(0.0, answer_bytes, seconds)
+        floor_ms = waited.cpu_ms_per_request
+        self.figures.update(
+            intake_http_floor_delay_ms=round(delay_ms, 2),
+            intake_http_floor_answer_bytes=answer_bytes,
+            intake_http_floor_per_s=round(waited.rate, 1),
+            intake_http_floor_p50_ms=round(waited.p50_ms, 2),
+            intake_http_floor_cpu=waited.cpu,
+            intake_http_floor_cpu_ms_per_request=round(floor_ms, 4),
+            intake_http_floor_at_once_per_s=round(at_once.rate, 1),
+            intake_http_floor_at_once_cpu=at_once.cpu,
+            intake_http_floor_at_once_cpu_ms_per_request=round(at_once.cpu_ms_per_request, 4),
+            intake_api_over_http_floor=api_ms_per_intent / floor_ms if floor_ms else None,
+            intake_http_floor_to_postgres_cpu=(
+                floor_ms / server_ms_per_intent if server_ms_per_intent else None
+            ),
+        )
+
+    def floor_run(self, delay_ms: float, answer_bytes: int, seconds: float) -> FloorRun:
+        """One load of fresh HTTP floor processes: warmed up, then measured."""
         cfg = self.config
         ports = [free_port() for _ in range(cfg.api_processes)]
         with self.fleet() as fleet:
@@ -1066,31 +1105,18 @@ class Bench:
             ]
             for proc, port in zip(floors, ports, strict=True):
                 proc.wait_http(f"http://127.0.0.1:{port}{HTTP_FLOOR_HEALTHZ}")
-            split = [
-                cfg.connections // len(ports) + (n < cfg.connections % len(ports))
-                for n in range(len(ports))
-            ]
-            target = ApiFleet(self.libpq, ports, floors, "http-floor", split)
+            target = ApiFleet(
+                self.libpq, ports, floors, "http-floor", connection_split(cfg.connections, ports)
+            )
             self.wrk_load(target, cfg.warmup_seconds)
             watch = self.watch({"http_floor": [proc.pid for proc in floors]})
-            ok, errors, elapsed, _, _ = self.wrk_load(target, seconds)
+            ok, errors, elapsed, p50, _ = self.wrk_load(target, seconds)
             cpu = watch.stop()
             for proc in floors:
                 proc.check_alive()
         if errors or not ok:
             raise BenchError(f"intake's HTTP floor: {errors} of {ok + errors} requests failed")
-        floor_ms = cpu.get("http_floor", 0.0) * 1000 / ok
-        self.figures.update(
-            intake_http_floor_delay_ms=round(delay_ms, 2),
-            intake_http_floor_answer_bytes=answer_bytes,
-            intake_http_floor_per_s=round(ok / elapsed, 1),
-            intake_http_floor_cpu=cpu,
-            intake_http_floor_cpu_ms_per_request=round(floor_ms, 4),
-            intake_api_over_http_floor=api_ms_per_intent / floor_ms if floor_ms else None,
-            intake_http_floor_to_postgres_cpu=(
-                floor_ms / server_ms_per_intent if server_ms_per_intent else None
-            ),
-        )
+        return FloorRun(ok / elapsed, p50, cpu, cpu.get("http_floor", 0.0) * 1000 / ok)
 
     def pgbench_intake(
         self,
@@ -1367,6 +1393,7 @@ class Bench:
             batched.clients,
             cpu.get("workers", 0.0) * 1000 / (n * rounds),
             cpu["postgres"] * 1000 / (n * rounds) if cpu.get("postgres") else None,
+            max(1, round(statistics.median(p for p, _ in presubmits))),
             max(1, round(statistics.median(g for _, g in presubmits))),
         )
         self.truncate()
@@ -1376,6 +1403,7 @@ class Bench:
         clients: int,
         workers_ms_per_payment: float,
         server_ms_per_payment: float | None,
+        claim: int,
         record_group: int,
     ) -> None:
         """What the libraries we must use cost in CPU per payment doing only a
@@ -1385,11 +1413,13 @@ class Bench:
         as many payments as the phase; and the charge calls made with plain
         aiohttp at the workers' concurrency against a stand-in answering at
         once. Then the pure work of a payment's batched first attempt, in
-        groups of `record_group` (bench/domain_cost.py), and both together
-        over the server's CPU per payment in the phase's rounds
-        (`server_ms_per_payment`): the least `dispatch_worker_to_postgres_cpu`
-        could read with nothing else of ours. Not judged: beside it, how much
-        of the workers' CPU per payment is the libraries' and how much ours."""
+        pre-submits of `claim` and group records of `record_group` (the
+        rounds' medians; bench/domain_cost.py), and both together over the
+        server's CPU per payment in the phase's stand-in rounds taken together
+        (`server_ms_per_payment`): what `dispatch_worker_to_postgres_cpu`
+        would read if the worker did nothing but its libraries' floor and its
+        domain. Not judged: beside it, how much of the workers' CPU per
+        payment is the libraries' and how much ours."""
         cfg = self.config
         assert self.batch_capture is not None
         batch = self.batch_capture.batch
@@ -1459,9 +1489,10 @@ class Bench:
             dispatch_worker_over_library_floor=workers_ms_per_payment / floor if floor else None,
             dispatch_library_floor_to_postgres_cpu=floor / server if server else None,
         )
-        domain = self.domain_cost(payments, record_group)
+        domain = self.domain_cost(payments, claim, record_group)
         self.figures.update(
-            dispatch_domain_cpu_ms_per_payment=domain,
+            dispatch_domain_cpu_ms_per_payment=round(domain, 4),
+            dispatch_domain_claim=claim,
             dispatch_domain_group=record_group,
             dispatch_floor_and_domain_to_postgres_cpu=(
                 (floor + domain) / server_ms_per_payment if server_ms_per_payment else None
@@ -1476,29 +1507,38 @@ class Bench:
             f"{_cpu_ms(floor)} against the workers' {_cpu_ms(workers_ms_per_payment)}"
         )
 
-    def domain_cost(self, payments: int, group: int) -> float:
-        """The pure work's CPU milliseconds per payment, measured by a process of
-        its own (bench/domain_cost.py)."""
+    def domain_cost(self, payments: int, claim: int, group: int) -> float:
+        """The pure work's CPU milliseconds per payment, in pre-submits of `claim`
+        and group records of `group`, measured by a process of its own
+        (bench/domain_cost.py)."""
         self.say(
-            f"dispatch: the pure work of {payments} first attempts in groups of {group}, "
-            "with no I/O"
+            f"dispatch: the pure work of {payments} first attempts, pre-submits of {claim} "
+            f"and group records of {group}, with no I/O"
         )
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "intentledger_tools.bench.domain_cost",
-                "--payments",
-                str(payments),
-                "--group",
-                str(group),
-            ],
-            capture_output=True,
-            text=True,
-            env=self.env,
-            timeout=self.config.baseline_timeout,
-            stdin=subprocess.DEVNULL,
-        )
+        argv = [
+            sys.executable,
+            "-m",
+            "intentledger_tools.bench.domain_cost",
+            "--payments",
+            str(payments),
+            "--claim",
+            str(claim),
+            "--group",
+            str(group),
+        ]
+        try:
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                env=self.env,
+                timeout=self.config.baseline_timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise BenchError(
+                f"the pure work's measure took over {self.config.baseline_timeout} s"
+            ) from exc
         lines = [line for line in done.stdout.splitlines() if line.startswith(DOMAIN_RESULT)]
         if done.returncode != 0 or not lines:
             raise BenchError(f"the pure work's measure failed: {done.stderr[-2000:]}")
