@@ -39,6 +39,7 @@ class Process:
         log: Path,
         command: Sequence[str] = tuple(INTENTLEDGER),
     ) -> None:
+        self.command = list(command)
         self.args = list(args)
         self.log = log
         self._log_file = log.open("ab")
@@ -60,7 +61,8 @@ class Process:
     def wait_healthy(self, url: str, timeout: float = 30.0) -> None:
         def healthy() -> bool:
             if self.popen.poll() is not None:
-                raise AssertionError(f"{self.args[0]} exited early:\n{self.output()}")
+                what = " ".join(self.args[:1] if self.command == INTENTLEDGER else self.command)
+                raise AssertionError(f"{what} exited early:\n{self.output()}")
             try:
                 return httpx.get(url, timeout=1.0).status_code == 200
             except httpx.HTTPError:

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.evidence import Limits
-from intentledger.engine import changes
+from intentledger.engine import batch_dispatch, changes, dispatcher, settlement_queue
 from intentledger.store.ledger import OperationWrite
 from intentledger.store.records import OperationRecord
 from intentledger_tools.bench import domain_cost
@@ -105,9 +105,9 @@ async def test_the_pure_work_makes_the_changes_the_batched_path_makes(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real claim, pre-submit and group record, on a ledger, against the pure
-    work fed the records they read: the same changes, but for the instants, the
-    worker's name and the provider's reference. A step the batched path gains
-    that changes what it writes shows here."""
+    work fed the records they read: the same changes, attempts and observation
+    rows, but for the instants, the worker's name, the provider's reference and
+    words. A step the batched path gains that changes what it writes shows here."""
     made: list[list[changes.OperationChange]] = []
     real_alike = changes.alike
 
@@ -116,11 +116,31 @@ async def test_the_pure_work_makes_the_changes_the_batched_path_makes(
         return real_alike(planned)
 
     monkeypatch.setattr(changes, "alike", kept)
+    # The attempt rows the pre-submit writes and the observation rows the group
+    # record writes, whoever makes them.
+    rows: dict[str, list[Any]] = {"attempt": [], "observation": []}
+
+    def keeping(kind: str, make: Any) -> Any:
+        def made_and_kept(*args: Any, **kwargs: Any) -> Any:
+            out = make(*args, **kwargs)
+            rows[kind].append(out[0] if kind == "attempt" else out)
+            return out
+
+        return made_and_kept
+
+    for module in (batch_dispatch, domain_cost):
+        monkeypatch.setattr(module, "begin_attempt", keeping("attempt", dispatcher.begin_attempt))
+    observed = keeping("observation", dispatcher.submit_result)
+    for module in (settlement_queue, domain_cost):
+        monkeypatch.setattr(module, "submit_result", observed)
     scene = Scene(engine)
     for n in range(3):
         await pay(scene, "alice", f"domain-cost-{n}")
     await settle_as_a_group(scene, 3)
     (presubmitted, settled), made[:] = made, []
+    real_rows = {kind: list(kept_rows) for kind, kept_rows in rows.items()}
+    for kept_rows in rows.values():
+        kept_rows.clear()
     accepted = [tuple(change.before.as_dict().values()) for change in presubmitted]
     submitting = [tuple(change.before.as_dict().values()) for change in settled]
     assert record(submitting, pre_submit(accepted), Limits(timedelta(hours=1))) == 3
@@ -148,5 +168,20 @@ async def test_the_pure_work_makes_the_changes_the_batched_path_makes(
             transition["reason"] = "the adapter's reason"
         return (change.target, plain(dict(change.values)), transition, change.rows.shift)
 
+    def readable(row: Any) -> Any:
+        # An observation's reason and detail are the adapter's reading and the
+        # provider's body, in their own words (the test's answer is not the
+        # sandbox's); that there is some of each is what must agree.
+        read = plain(dict(row))
+        for words in ("reason", "detail"):
+            if read.get(words):
+                read[words] = "the provider's words"
+        return read
+
     assert [shape(c) for c in pure_presubmitted] == [shape(c) for c in presubmitted]
     assert [shape(c) for c in pure_settled] == [shape(c) for c in settled]
+    for kind in ("attempt", "observation"):
+        assert len(rows[kind]) == len(real_rows[kind]) == 3, kind
+        assert [readable(row) for row in rows[kind]] == [
+            readable(row) for row in real_rows[kind]
+        ], kind

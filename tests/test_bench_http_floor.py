@@ -65,7 +65,8 @@ def test_a_payment_request_is_answered_202_as_an_intent_after_the_delay(
         assert answer.status_code == 202
         assert len(answer.content) == 321
         assert answer.headers["content-type"] == "application/json"
-        assert took >= 1.5
+        # Less the loop's timer granularity (libuv's clock counts whole milliseconds).
+        assert took >= 1.5 - 0.005
         # The kept-alive connection is answered again, health without the wait.
         started = time.monotonic()
         assert client.get(HEALTHZ).status_code == 200

@@ -1090,7 +1090,7 @@ class Bench:
         with self.fleet() as fleet:
             floors = [
                 fleet.start(
-                    f"http-floor{n}",
+                    f"http-floor-{'waiting' if delay_ms else 'at-once'}{n}",
                     "intentledger_tools.bench.http_floor",
                     [
                         "--port",
