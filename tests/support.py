@@ -10,10 +10,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
+
+from intentledger.ports import free_port
 
 INTENTLEDGER = [sys.executable, "-m", "intentledger.cli"]
 
@@ -84,6 +86,20 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.kill()
         self._log_file.close()
+
+
+@contextlib.contextmanager
+def serving_module(module: str, log: Path, health: str, *options: str) -> Iterator[str]:
+    """`python -m module --port P *options`, a server of the tests' own, until it
+    answers 200 at `health`; yields its base URL and stops it after."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = Process(["--port", str(port), *options], {}, log, command=[sys.executable, "-m", module])
+    try:
+        proc.wait_healthy(f"{url}{health}")
+        yield url
+    finally:
+        proc.stop()
 
 
 class Forwarder:

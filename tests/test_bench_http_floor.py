@@ -7,8 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
@@ -17,26 +16,13 @@ import pytest
 
 from intentledger.ports import free_port
 from intentledger_tools.bench.http_floor import HEALTHZ, answer_body
-from tests.support import Process
+from tests.support import serving_module
 
 MODULE = "intentledger_tools.bench.http_floor"
 
 
-@contextmanager
-def running_floor(tmp_path: Path, *options: str) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = Process(
-        ["--port", str(port), *options],
-        {},
-        tmp_path / "http-floor.log",
-        command=[sys.executable, "-m", MODULE],
-    )
-    try:
-        proc.wait_healthy(f"{url}{HEALTHZ}")
-        yield url
-    finally:
-        proc.stop()
+def running_floor(tmp_path: Path, *options: str) -> AbstractContextManager[str]:
+    return serving_module(MODULE, tmp_path / "http-floor.log", HEALTHZ, *options)
 
 
 def test_the_answer_is_json_of_exactly_the_asked_size() -> None:

@@ -4,7 +4,6 @@ needs: a real stand-in process, called through the real adapter."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,30 +14,20 @@ import httpx
 import pytest
 
 from intentledger.domain.transport import Transport, Verdict
-from intentledger.ports import free_port
 from intentledger.providers.base import ProviderLookup, ProviderRequest
 from intentledger.providers.sandbox_client import SandboxProvider
 from intentledger.service import SANDBOX_MOUNT
 from intentledger_tools.bench.runner import turns
 from intentledger_tools.bench.stand_in import hangs
-from tests.support import Process
+from tests.support import serving_module
 
 
 @contextmanager
 def running_stand_in(tmp_path: Path, *options: str) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}{SANDBOX_MOUNT}"
-    proc = Process(
-        ["--port", str(port), *options],
-        {},
-        tmp_path / "stand-in.log",
-        command=[sys.executable, "-m", "intentledger_tools.bench.stand_in"],
-    )
-    try:
-        proc.wait_healthy(f"{url}/healthz")
-        yield url
-    finally:
-        proc.stop()
+    module = "intentledger_tools.bench.stand_in"
+    health = f"{SANDBOX_MOUNT}/healthz"
+    with serving_module(module, tmp_path / "stand-in.log", health, *options) as url:
+        yield f"{url}{SANDBOX_MOUNT}"
 
 
 @pytest.fixture
