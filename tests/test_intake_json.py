@@ -8,12 +8,13 @@ import json
 from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from starlette.responses import JSONResponse
 
 from intentledger.api.app import AcceptedIntent
-from intentledger.documents import operation_document
+from intentledger.documents import new_payment_document, operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.states import NextAction, State
 from intentledger.engine.intake import Intent, operation_values
@@ -31,9 +32,10 @@ TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
     metadata=st.dictionaries(TEXT, TEXT, max_size=4),
     amount=st.integers(1, 99_999_999),
     micros=st.integers(0, 999_999),
+    mandate_id=st.none() | TEXT,
 )
 def test_intake_rows_and_answer_say_what_the_stdlib_said(
-    reference: str, metadata: dict[str, str], amount: int, micros: int
+    reference: str, metadata: dict[str, str], amount: int, micros: int, mandate_id: str | None
 ) -> None:
     body = {
         "amount": amount,
@@ -41,6 +43,7 @@ def test_intake_rows_and_answer_say_what_the_stdlib_said(
         "payment_method": "pm_ok",
         "reference": reference,
         "metadata": metadata,
+        **({} if mandate_id is None else {"mandate_id": mandate_id}),
     }
     intent = Intent("ana", ROUTE, "k-é", request_hash("ana", ROUTE, body), body, "sandbox")
     now = datetime(2026, 12, 1, 20, 0, tzinfo=UTC) + timedelta(microseconds=micros)
@@ -51,6 +54,40 @@ def test_intake_rows_and_answer_say_what_the_stdlib_said(
     assert answer.body == stdlib.body
     assert (answer.status_code, answer.raw_headers) == (stdlib.status_code, stdlib.raw_headers)
     assert answer.background is None
+    # The answer intake sends, written from the values (new_payment_document).
+    assert new_payment_document(rows[0]) is None  # the row carries its transition's source
+    values = operation_values(intent, now)
+    assert new_payment_document(values) is not None
+    sent = AcceptedIntent.of(values)
+    written = JSONResponse(operation_document(values), status_code=202)
+    assert (sent.body, sent.status_code, sent.raw_headers) == (
+        written.body,
+        written.status_code,
+        written.raw_headers,
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        # Each makes the values no longer a just-accepted payment's: the
+        # answer is then `operation_document`'s, whatever it holds.
+        {"created_at": datetime(2026, 12, 1, 22, 0, tzinfo=timezone(timedelta(hours=2)))},
+        {"updated_at": datetime(2026, 12, 1, 20, 0, 1, tzinfo=UTC)},
+        {"state": State.OUTCOME_KNOWN, "outcome": "succeeded", "provider_reference": "ch_1"},
+        {"kind": "refund", "parent_operation_id": "op_1"},
+        {"first_attempt_at": datetime(2026, 12, 1, 20, 0, 2, tzinfo=UTC)},
+        {"key_age_at_decision": timedelta(hours=1)},
+    ],
+)
+def test_any_other_operation_is_answered_by_its_whole_document(change: dict[str, object]) -> None:
+    body = {"amount": 1250, "currency": "EUR", "payment_method": "pm_ok", "metadata": {}}
+    intent = Intent("ana", ROUTE, "k-1", request_hash("ana", ROUTE, body), body, "sandbox")
+    values = {**operation_values(intent, datetime(2026, 12, 1, 20, 0, tzinfo=UTC)), **change}
+    assert new_payment_document(values) is None
+    sent = AcceptedIntent.of(values)
+    written = JSONResponse(operation_document(values), status_code=202)
+    assert (sent.body, sent.raw_headers) == (written.body, written.raw_headers)
 
 
 @given(

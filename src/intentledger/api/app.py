@@ -30,7 +30,7 @@ from intentledger.api.resource_routes import router as resource_router
 from intentledger.api.schemas import PaymentRequest, payment_body
 from intentledger.api.webhook_endpoint_routes import router as webhook_endpoint_router
 from intentledger.api.webhook_routes import router as webhook_router
-from intentledger.documents import event_documents, operation_document
+from intentledger.documents import event_documents, new_payment_document, operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.replay_window import DEFAULT_REPLAY_WINDOW
 from intentledger.domain.retention import (
@@ -45,13 +45,14 @@ from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.intake import Intent
 from intentledger.engine.sync_writes import SyncWriter
 from intentledger.providers.base import KINDS, Webhooks
+from intentledger.store.records import OperationRecord
 from intentledger.web.auth import authenticate
 from intentledger.web.problems import (
     Problem,
     install_problem_handlers,
     invalid_body_response,
 )
-from intentledger.web.validation import valid_idempotency_key
+from intentledger.web.validation import first_field, valid_idempotency_key
 
 PAYMENTS_PATH = "/v1/payments"
 PAYMENTS_ROUTE = "POST " + PAYMENTS_PATH
@@ -94,7 +95,7 @@ async def create_payment(request: Request) -> JSONResponse:
     cost about a seventh of an API process's CPU per intent (docs/benchmarks.md
     step 20)."""
     principal = await authenticate(request)
-    key = valid_idempotency_key(request.headers.get("Idempotency-Key"))
+    key = valid_idempotency_key(first_field(request.scope["headers"], b"idempotency-key"))
     raw = await read_json_object(request)
     try:
         payment = PaymentRequest.model_validate(raw)
@@ -116,7 +117,7 @@ async def create_payment(request: Request) -> JSONResponse:
     if result.replayed:
         document = await _load_document(request.app.state.engine, result.operation.operation_id)  # type: ignore[union-attr]
         return JSONResponse(document, headers={"Idempotent-Replayed": "true"})
-    return AcceptedIntent(operation_document(result.operation))
+    return AcceptedIntent.of(result.operation)
 
 
 class AcceptedIntent(JSONResponse):
@@ -131,11 +132,28 @@ class AcceptedIntent(JSONResponse):
     "CPU per intent, profiled")."""
 
     def __init__(self, content: Any) -> None:
+        self._answer(self.render(content))
+
+    @classmethod
+    def of(cls, operation: OperationRecord | dict[str, Any]) -> AcceptedIntent:
+        """The answer to the intent that made `operation`. A payment's document
+        is written from its values, its instants by orjson (`new_payment_document`):
+        about a third of the CPU of `operation_document` and then orjson."""
+        document = (
+            None if isinstance(operation, OperationRecord) else new_payment_document(operation)
+        )
+        if document is None:
+            return cls(operation_document(operation))
+        answer = cls.__new__(cls)
+        answer._answer(orjson.dumps(document, option=orjson.OPT_UTC_Z))
+        return answer
+
+    def _answer(self, body: bytes) -> None:
         self.status_code = 202
         self.background = None
-        self.body = self.render(content)
+        self.body = body
         self.raw_headers = [
-            (b"content-length", str(len(self.body)).encode("latin-1")),
+            (b"content-length", str(len(body)).encode("latin-1")),
             (b"content-type", b"application/json"),
         ]
 

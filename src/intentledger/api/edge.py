@@ -34,12 +34,11 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from intentledger.deadline import Deadline
-from intentledger.web.auth import authenticate
+from intentledger.web.auth import authenticate_scope
 from intentledger.web.problems import Problem, problem_response
 
 MAX_BODY_BYTES = 64 * 1024
@@ -80,13 +79,11 @@ async def admit(scope: Scope, receive: Receive, body_timeout: float) -> Receive:
     """Every check above, for one /v1 request: raises the Problem that refuses
     it, or returns the `receive` its route reads the body from. The intake
     route calls it directly (api/app.py: LedgerApp); the rest through EdgeGuard."""
-    _refuse_repeated(scope["headers"])
     headers = _headers(scope)
     _refuse_unknown_path(scope["path"])
-    request = Request(scope, receive)
     if not scope["path"].startswith(SIGNED_PREFIX):
         # Stored in the request's state: routes get it from there (auth.py).
-        await authenticate(request)
+        await authenticate_scope(scope)
     if scope["method"] not in BODY_METHODS:
         return receive
     body = await _read_body(headers, receive, body_timeout)
@@ -109,20 +106,29 @@ def refusal(problem: Problem, scope: Scope) -> Response:
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
-    return {name.lower(): value for name, value in scope["headers"]}
+    """The head's fields by lower-case name (a repeated one's last value), in one
+    pass that refuses a repeated `Idempotency-Key` or `Authorization`."""
+    headers: dict[bytes, bytes] = {}
+    for name, value in scope["headers"]:
+        name = name.lower()
+        if name in headers and name in SINGLETON_HEADERS:
+            raise _ambiguity(scope["headers"])
+        headers[name] = value
+    return headers
 
 
-def _refuse_repeated(raw: list[tuple[bytes, bytes]]) -> None:
+def _ambiguity(raw: list[tuple[bytes, bytes]]) -> Problem:
+    """The refusal of a head that repeats a singleton field: it names the first
+    of `SINGLETON_HEADERS` the head repeats."""
     names = [name.lower() for name, _ in raw]
-    for singleton in SINGLETON_HEADERS:
-        if names.count(singleton) > 1:
-            header = singleton.decode().title()
-            raise Problem(
-                400,
-                "ambiguous-header",
-                "Bad Request",
-                f"{header} was sent more than once: send it once",
-            )
+    repeated = next(singleton for singleton in SINGLETON_HEADERS if names.count(singleton) > 1)
+    header = repeated.decode().title()
+    return Problem(
+        400,
+        "ambiguous-header",
+        "Bad Request",
+        f"{header} was sent more than once: send it once",
+    )
 
 
 def _refuse_unknown_path(path: str) -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import Request
+from starlette.types import Scope
 
 from intentledger.engine.api_keys import Principal, hash_token, principal_of_hash
 from intentledger.web.problems import Problem, database_unavailable, unavailable_problem
+from intentledger.web.validation import first_field
 
 # A known key is looked up in the database at most once per this many seconds
 # per API process. There is no key revocation today, but a key removed from
@@ -56,9 +59,9 @@ class PrincipalCache:
             del self._entries[next(iter(self._entries))]
 
 
-def _principal_cache(request: Request) -> PrincipalCache:
+def _principal_cache(app: Any) -> PrincipalCache:
     """The app's own cache (per app, so separate apps never share entries)."""
-    state = request.app.state
+    state = app.state
     cache: PrincipalCache | None = getattr(state, "principal_cache", None)
     if cache is None:
         cache = state.principal_cache = PrincipalCache()
@@ -82,22 +85,28 @@ async def authenticate(request: Request) -> Principal:
     """The request's principal. The API's edge (api/edge.py) authenticates every /v1
     request before its body is read and keeps the answer in the request's
     state; a route asking again gets that answer."""
-    known: Principal | None = request.scope.get("state", {}).get(PRINCIPAL_STATE)
+    return await authenticate_scope(request.scope)
+
+
+async def authenticate_scope(scope: Scope) -> Principal:
+    """`authenticate` for a request not yet wrapped in a `Request`: the edge's
+    and intake's way, which read the head as uvicorn hands it over."""
+    state = scope.setdefault("state", {})
+    known: Principal | None = state.get(PRINCIPAL_STATE)
     if known is not None:
         return known
-    principal = await _look_up(request)
-    request.scope.setdefault("state", {})[PRINCIPAL_STATE] = principal
+    principal = await _look_up(scope["app"], first_field(scope["headers"], b"authorization"))
+    state[PRINCIPAL_STATE] = principal
     return principal
 
 
-async def _look_up(request: Request) -> Principal:
-    header = request.headers.get("authorization")
+async def _look_up(app: Any, header: str | None) -> Principal:
     if header is None:
         raise _unauthorized("missing Authorization: Bearer <token> header")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise _unauthorized("the Authorization header must be 'Bearer <token>'")
-    principal = await principal_of(request, token.strip())
+    principal = await _principal_of_token(app, token.strip())
     if principal is None:
         raise _unauthorized("unknown or revoked token")
     return principal
@@ -106,13 +115,17 @@ async def _look_up(request: Request) -> Principal:
 async def principal_of(request: Request, token: str) -> Principal | None:
     """The key's principal, or None for a token no key has (or a revoked one):
     the bearer header's check, and the console's for its signed-in cookie."""
+    return await _principal_of_token(request.app, token)
+
+
+async def _principal_of_token(app: Any, token: str) -> Principal | None:
     token_hash = hash_token(token)
-    cache = _principal_cache(request)
+    cache = _principal_cache(app)
     principal = cache.get(token_hash)
     if principal is not None:
         return principal
     try:
-        principal = await principal_of_hash(request.app.state.engine, token_hash)
+        principal = await principal_of_hash(app.state.engine, token_hash)
     except Exception as exc:
         # Raised before any route runs (the edge, and intake's own path,
         # authenticate first): answered here as the routes' handlers would,

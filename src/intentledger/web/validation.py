@@ -10,6 +10,16 @@ SF_STRING = re.compile(r'"[\x21\x23-\x5b\x5d-\x7e]+"')
 VISIBLE_ASCII_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
+def first_field(raw: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of the head's field `name` (lower case), read as
+    Starlette's `Headers.get` reads it (Latin-1), from the head as the server
+    hands it over: without building a `Headers` for one field."""
+    for field, value in raw:
+        if field.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
 def valid_idempotency_key(value: str | None) -> str:
     """1-255 visible ASCII characters (0x21-0x7E), (docs/design.md#idempotency-keys)."""
     if value is None:
