@@ -299,15 +299,26 @@ def parse_json(body: bytes, content_type: bytes | None) -> Any:
 
 
 def _check_shape(value: Any) -> None:
-    """Depth and text: walked without recursion, so no input can exhaust the stack."""
+    """Depth and text: walked without recursion, so no input can exhaust the stack.
+    Only containers wait their turn; the text in one is checked as it is met,
+    which spares intake's flat objects a stack entry per value."""
     pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
         item, depth = pending.pop()
-        if isinstance(item, str):
+        if isinstance(item, str):  # only a top-level value gets here
             if "\x00" in item:
-                raise _malformed("text may not contain the NUL character (\\u0000)")
+                raise _nul()
         elif isinstance(item, dict | list):
             if depth > MAX_JSON_DEPTH:
                 raise _malformed(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
             children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
-            pending.extend((child, depth + 1) for child in children)
+            for child in children:
+                if isinstance(child, str):
+                    if "\x00" in child:
+                        raise _nul()
+                elif isinstance(child, dict | list):
+                    pending.append((child, depth + 1))
+
+
+def _nul() -> Problem:
+    return _malformed("text may not contain the NUL character (\\u0000)")
