@@ -20,8 +20,10 @@ from intentledger.domain.states import NextAction, State
 from intentledger.engine.intake import Intent, operation_values
 from intentledger.store.batches import _json_answer_rows, json_rows
 from intentledger.store.intake import json_intake_rows
+from intentledger.store.records import OperationRecord
 
 ROUTE = "POST /v1/payments"
+LONDON_WINTER = datetime(2026, 12, 1, 20, 0, tzinfo=ZoneInfo("Europe/London"))
 # Any Unicode a validated request may carry (no lone surrogates: the canonical
 # hash refuses them before intake), control characters and quotes included.
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
@@ -73,6 +75,9 @@ def test_intake_rows_and_answer_say_what_the_stdlib_said(
         # Each makes the values no longer a just-accepted payment's: the
         # answer is then `operation_document`'s, whatever it holds.
         {"created_at": datetime(2026, 12, 1, 22, 0, tzinfo=timezone(timedelta(hours=2)))},
+        # The same instant, one object for both, in a zone of offset 0 that is
+        # not `UTC` itself: told by its zone alone.
+        {"created_at": LONDON_WINTER, "updated_at": LONDON_WINTER},
         {"updated_at": datetime(2026, 12, 1, 20, 0, 1, tzinfo=UTC)},
         {"state": State.OUTCOME_KNOWN, "outcome": "succeeded", "provider_reference": "ch_1"},
         {"kind": "refund", "parent_operation_id": "op_1"},
@@ -81,13 +86,35 @@ def test_intake_rows_and_answer_say_what_the_stdlib_said(
     ],
 )
 def test_any_other_operation_is_answered_by_its_whole_document(change: dict[str, object]) -> None:
-    body = {"amount": 1250, "currency": "EUR", "payment_method": "pm_ok", "metadata": {}}
-    intent = Intent("ana", ROUTE, "k-1", request_hash("ana", ROUTE, body), body, "sandbox")
-    values = {**operation_values(intent, datetime(2026, 12, 1, 20, 0, tzinfo=UTC)), **change}
+    values = {**_accepted_values(), **change}
     assert new_payment_document(values) is None
     sent = AcceptedIntent.of(values)
     written = JSONResponse(operation_document(values), status_code=202)
     assert (sent.body, sent.raw_headers) == (written.body, written.raw_headers)
+
+
+def test_without_one_of_intakes_fields_an_answer_takes_the_whole_document() -> None:
+    values = _accepted_values()
+    del values["duplicate_detected"]
+    assert new_payment_document(values) is None
+    assert AcceptedIntent.of(values).body == JSONResponse(operation_document(values)).body
+
+
+def test_a_record_read_back_answers_as_its_values_do() -> None:
+    """A group that failed after its commit answers its intent with the record
+    read back (engine/group_intake.py: `own_write`), which takes
+    `operation_document`: the same bytes as the answer written from the values."""
+    values = _accepted_values()
+    record = OperationRecord(
+        **{name: values.get(name) for name in OperationRecord.__match_args__} | {"live_keys": 0}
+    )
+    assert AcceptedIntent.of(record).body == AcceptedIntent.of(values).body
+
+
+def _accepted_values() -> dict[str, object]:
+    body = {"amount": 1250, "currency": "EUR", "payment_method": "pm_ok", "metadata": {}}
+    intent = Intent("ana", ROUTE, "k-1", request_hash("ana", ROUTE, body), body, "sandbox")
+    return operation_values(intent, datetime(2026, 12, 1, 20, 0, tzinfo=UTC))
 
 
 @given(

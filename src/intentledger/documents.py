@@ -126,7 +126,8 @@ def operation_document(
 
 
 # What `engine.intake.operation_values` gives a new intent. Values with any other
-# field (a refund's parent, evidence, a decision's times) take `operation_document`.
+# field (a refund's parent, evidence, a decision's times), or without one of
+# these, take `operation_document`.
 _NEW_INTENT_FIELDS = frozenset(
     {
         "operation_id",
@@ -166,7 +167,7 @@ def new_payment_document(values: Mapping[str, Any]) -> dict[str, Any] | None:
         and values.get("updated_at") is now
         and values.get("kind") == "payment"
         and values.get("state") == State.ACCEPTED
-        and values.keys() <= _NEW_INTENT_FIELDS
+        and values.keys() == _NEW_INTENT_FIELDS
     ):
         return None
     operation_id = values["operation_id"]

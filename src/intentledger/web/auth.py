@@ -112,13 +112,8 @@ async def _look_up(app: Any, header: str | None) -> Principal:
     return principal
 
 
-async def principal_of(request: Request, token: str) -> Principal | None:
-    """The key's principal, or None for a token no key has (or a revoked one):
-    the bearer header's check, and the console's for its signed-in cookie."""
-    return await _principal_of_token(request.app, token)
-
-
 async def _principal_of_token(app: Any, token: str) -> Principal | None:
+    """The key's principal, or None for a token no key has (or a revoked one)."""
     token_hash = hash_token(token)
     cache = _principal_cache(app)
     principal = cache.get(token_hash)

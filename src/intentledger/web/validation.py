@@ -11,11 +11,12 @@ VISIBLE_ASCII_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 def first_field(raw: list[tuple[bytes, bytes]], name: bytes) -> str | None:
-    """The first value of the head's field `name` (lower case), read as
-    Starlette's `Headers.get` reads it (Latin-1), from the head as the server
-    hands it over: without building a `Headers` for one field."""
+    """The first value of the head's field `name`, as Starlette's `Headers.get`
+    reads it (names compared as they are: ASGI servers send them in lower
+    case; values decoded as Latin-1), without building a `Headers` for one
+    field."""
     for field, value in raw:
-        if field.lower() == name:
+        if field == name:
             return value.decode("latin-1")
     return None
 
