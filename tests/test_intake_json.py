@@ -17,7 +17,7 @@ from intentledger.api.app import AcceptedIntent
 from intentledger.documents import new_payment_document, operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.states import NextAction, State
-from intentledger.engine.intake import Intent, operation_values
+from intentledger.engine.intake import IntakeResult, Intent, operation_values
 from intentledger.store.batches import _json_answer_rows, json_rows
 from intentledger.store.intake import json_intake_rows
 from intentledger.store.records import OperationRecord
@@ -60,7 +60,7 @@ def test_intake_rows_and_answer_say_what_the_stdlib_said(
     assert new_payment_document(rows[0]) is None  # the row carries its transition's source
     values = operation_values(intent, now)
     assert new_payment_document(values) is not None
-    sent = AcceptedIntent.of(values)
+    sent = AcceptedIntent.of(IntakeResult(values, replayed=False))
     written = JSONResponse(operation_document(values), status_code=202)
     assert (sent.body, sent.status_code, sent.raw_headers) == (
         written.body,
@@ -88,7 +88,7 @@ def test_intake_rows_and_answer_say_what_the_stdlib_said(
 def test_any_other_operation_is_answered_by_its_whole_document(change: dict[str, object]) -> None:
     values = {**_accepted_values(), **change}
     assert new_payment_document(values) is None
-    sent = AcceptedIntent.of(values)
+    sent = AcceptedIntent.of(IntakeResult(values, replayed=False))
     written = JSONResponse(operation_document(values), status_code=202)
     assert (sent.body, sent.raw_headers) == (written.body, written.raw_headers)
 
@@ -97,7 +97,10 @@ def test_without_one_of_intakes_fields_an_answer_takes_the_whole_document() -> N
     values = _accepted_values()
     del values["duplicate_detected"]
     assert new_payment_document(values) is None
-    assert AcceptedIntent.of(values).body == JSONResponse(operation_document(values)).body
+    assert (
+        AcceptedIntent.of(IntakeResult(values, replayed=False)).body
+        == JSONResponse(operation_document(values)).body
+    )
 
 
 def test_a_record_read_back_answers_as_its_values_do() -> None:
@@ -108,7 +111,10 @@ def test_a_record_read_back_answers_as_its_values_do() -> None:
     record = OperationRecord(
         **{name: values.get(name) for name in OperationRecord.__match_args__} | {"live_keys": 0}
     )
-    assert AcceptedIntent.of(record).body == AcceptedIntent.of(values).body
+    assert (
+        AcceptedIntent.of(IntakeResult(record, replayed=False)).body
+        == AcceptedIntent.of(IntakeResult(values, replayed=False)).body
+    )
 
 
 def _accepted_values() -> dict[str, object]:

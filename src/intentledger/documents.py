@@ -9,6 +9,7 @@ from typing import Any
 from intentledger.domain.evidence import recorded_executions
 from intentledger.domain.refunds import captured_by, payment_refund_totals
 from intentledger.domain.states import State
+from intentledger.store.intake import ACCEPT_GROUP_COLUMNS
 from intentledger.store.records import (
     AttemptRecord,
     CardRecord,
@@ -125,32 +126,11 @@ def operation_document(
     return document
 
 
-# What `engine.intake.operation_values` gives a new intent. Values with any other
-# field (a refund's parent, evidence, a decision's times), or without one of
-# these, take `operation_document`.
-_NEW_INTENT_FIELDS = frozenset(
-    {
-        "operation_id",
-        "idempotency_key",
-        "state",
-        "request_context",
-        "next_action",
-        "actor",
-        "route",
-        "kind",
-        "request_hash",
-        "provider",
-        "amount",
-        "currency",
-        "mandate_id",
-        "parent_operation_id",
-        "version",
-        "duplicate_detected",
-        "outcome_contradicted",
-        "created_at",
-        "updated_at",
-    }
-)
+# What `engine.intake.operation_values` gives a new intent: the columns intake's
+# writer reads (a test holds the two together). Values with any other field (a
+# refund's parent, evidence, a decision's times), or without one of these,
+# take `operation_document`.
+_NEW_INTENT_FIELDS = frozenset(ACCEPT_GROUP_COLUMNS)
 
 
 def new_payment_document(values: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -42,10 +42,9 @@ from intentledger.engine import queries
 from intentledger.engine.api_keys import Principal
 from intentledger.engine.clock import Clock
 from intentledger.engine.group_intake import IntakeGroups
-from intentledger.engine.intake import Intent
+from intentledger.engine.intake import IntakeResult, Intent
 from intentledger.engine.sync_writes import SyncWriter
 from intentledger.providers.base import KINDS, Webhooks
-from intentledger.store.records import OperationRecord
 from intentledger.web.auth import authenticate
 from intentledger.web.problems import (
     Problem,
@@ -117,7 +116,7 @@ async def create_payment(request: Request) -> JSONResponse:
     if result.replayed:
         document = await _load_document(request.app.state.engine, result.operation.operation_id)  # type: ignore[union-attr]
         return JSONResponse(document, headers={"Idempotent-Replayed": "true"})
-    return AcceptedIntent.of(result.operation)
+    return AcceptedIntent.of(result)
 
 
 class AcceptedIntent(JSONResponse):
@@ -135,13 +134,13 @@ class AcceptedIntent(JSONResponse):
         self._answer(self.render(content))
 
     @classmethod
-    def of(cls, operation: OperationRecord | dict[str, Any]) -> AcceptedIntent:
-        """The answer to the intent that made `operation`. A payment's document
-        is written from its values, its instants by orjson (`new_payment_document`):
-        about a third of the CPU of `operation_document` and then orjson."""
-        document = (
-            None if isinstance(operation, OperationRecord) else new_payment_document(operation)
-        )
+    def of(cls, result: IntakeResult) -> AcceptedIntent:
+        """The answer to the intent that made `result`'s operation. A payment's
+        document is written from its values, its instants by orjson
+        (`new_payment_document`): about a third of the CPU of
+        `operation_document` and then orjson."""
+        operation = result.operation
+        document = new_payment_document(operation) if isinstance(operation, dict) else None
         if document is None:
             return cls(operation_document(operation))
         answer = cls.__new__(cls)
