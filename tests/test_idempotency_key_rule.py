@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+from starlette.datastructures import Headers
 
 from intentledger.web.problems import Problem
-from intentledger.web.validation import SF_STRING, valid_idempotency_key
+from intentledger.web.validation import SF_STRING, first_field, valid_idempotency_key
 
 
 def rule_as_written(value: str) -> str | None:
@@ -45,3 +46,23 @@ def test_the_key_is_what_the_rule_as_written_says(value: str) -> None:
         assert refused.value.slug == "idempotency-key-invalid"
     else:
         assert valid_idempotency_key(value) == expected
+
+
+# Heads as a server might hand them over: names in any case, repeated or not.
+HEAD = st.lists(
+    st.tuples(
+        st.sampled_from([b"idempotency-key", b"Idempotency-Key", b"authorization", b"host"]),
+        st.binary(max_size=8),
+    ),
+    max_size=6,
+)
+
+
+@given(HEAD)
+def test_a_field_is_read_as_starlettes_headers_read_it(raw: list[tuple[bytes, bytes]]) -> None:
+    """The edge, authentication and intake read the key and the token with
+    `first_field` instead of building Starlette's `Headers`: the same value
+    (the first, Latin-1), and names compared as given, as `Headers.get`
+    compares them."""
+    for name in ("idempotency-key", "authorization", "host"):
+        assert first_field(raw, name.encode()) == Headers(raw=raw).get(name)

@@ -103,10 +103,12 @@ def test_without_one_of_intakes_fields_an_answer_takes_the_whole_document() -> N
     )
 
 
-def test_a_record_read_back_answers_as_its_values_do() -> None:
+def test_a_record_takes_the_whole_document_and_writes_what_its_values_do() -> None:
     """A group that failed after its commit answers its intent with the record
-    read back (engine/group_intake.py: `own_write`), which takes
-    `operation_document`: the same bytes as the answer written from the values."""
+    read back (engine/group_intake.py: `own_write`): a record is never written
+    by `new_payment_document`. Made here from the same values, it writes the
+    same bytes. (Read back from PostgreSQL, its `request_context` has jsonb's
+    key order: the same JSON, other bytes.)"""
     values = _accepted_values()
     record = OperationRecord(
         **{name: values.get(name) for name in OperationRecord.__match_args__} | {"live_keys": 0}

@@ -137,7 +137,7 @@ class AcceptedIntent(JSONResponse):
     def of(cls, result: IntakeResult) -> AcceptedIntent:
         """The answer to the intent that made `result`'s operation. A payment's
         document is written from its values, its instants by orjson
-        (`new_payment_document`): about a third of the CPU of
+        (`new_payment_document`): less than half the CPU of
         `operation_document` and then orjson."""
         operation = result.operation
         document = new_payment_document(operation) if isinstance(operation, dict) else None

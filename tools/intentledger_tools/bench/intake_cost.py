@@ -12,12 +12,13 @@ the intent and the answer is written. The group's statement answers at once,
 as if PostgreSQL had committed. C intents are sent at a time, so the committer
 forms groups of up to C.
 
-Left out: the statement's round trip through psycopg, and everything the
-floor counts. The same calls made to an app that answers 202 at once give the
-driver's own cost, which is subtracted. Unlike the bench's phases, this runs
-on one core with nothing beside it, so its figure is lower than the API's
-share of a loaded machine; it is for comparing the code with itself, in
-seconds rather than a bench run.
+Left out: the statement's round trip through psycopg (its parameters are
+made, as the real statement makes them), and everything the floor counts.
+The same calls made to an app that answers 202 at once give the driver's
+own cost, which is subtracted. Unlike the bench's phases, nothing
+of the bench runs beside it (whatever else the machine does still may), so
+its figure is lower than the API's share of a loaded machine; it is for
+comparing the code with itself, in seconds rather than a bench run.
 
 Every intent must be answered 202 with a new operation, or the run fails. The
 result is one line, `intake_cost {json}`: intents, concurrency, and the CPU
@@ -43,7 +44,7 @@ from intentledger.api.app import PAYMENTS_PATH, create_api
 from intentledger.engine.api_keys import Principal, hash_token
 from intentledger.engine.clock import system_clock
 from intentledger.engine.group_intake import IntakeGroups
-from intentledger.store.intake import Accepted
+from intentledger.store.intake import Accepted, accept_group_parameters
 from intentledger.web.auth import PrincipalCache
 from intentledger_tools.bench.capture import BENCH_ACTOR, payment_body
 
@@ -58,12 +59,14 @@ App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
 class CommittedAtOnce:
     """The group statement (store/group_statement.py) as if every key were new
-    and PostgreSQL answered without delay: one turn of the loop, then every
-    operation claimed."""
+    and PostgreSQL answered without delay: the statement's parameters made as
+    it makes them (our code, in the API process), one turn of the loop, then
+    every operation claimed."""
 
     async def accept_group(
         self, accepted: Sequence[Accepted], reason: str, now: datetime
     ) -> set[str]:
+        accept_group_parameters(accepted, reason, now)
         await asyncio.sleep(0)
         return {str(values["operation_id"]) for values, _source in accepted}
 
