@@ -36,9 +36,18 @@ async def test_a_starved_worker_claims_fewer_rows_and_makes_no_unknown(
 
     async def hog() -> None:
         # 200 ms of our own work in every 205: every call that finishes meanwhile
-        # finds the loop lagging far past 50 ms.
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
+        # finds the loop lagging far past 50 ms. At least 2 s, and on until the
+        # limit is halved (or 20 s): on a loaded machine the worker's first calls
+        # may finish only seconds in, and a call that finishes after the hog
+        # teaches the limit nothing. A limit that ignores the lag is never
+        # halved, whatever the hog's length.
+        started = time.monotonic()
+        while time.monotonic() - started < 20.0:
+            if (
+                time.monotonic() - started >= 2.0
+                and min(limits, default=CONCURRENCY) <= CONCURRENCY // 2
+            ):
+                break
             time.sleep(0.2)
             await asyncio.sleep(0.005)
 

@@ -175,23 +175,27 @@ async def test_free_slots_are_claimed_at_once_beside_calls_that_hang(
     engine: AsyncEngine, sandbox: str
 ) -> None:
     """Three of four slots held by hanging calls: the fourth takes the quick
-    payments one after the other without waiting for a poll (1 s here) each."""
+    payments one after the other without waiting for a poll (3 s here) each."""
     clock = MovableClock()
     hanging = [await accept(engine, clock, "pm_blackhole", key=f"h{i}") for i in range(3)]
     quick = [await accept(engine, clock, "pm_ok", key=f"q{i}") for i in range(4)]
-    worker = make_worker(engine, sandbox, clock, timeout=3.0)
+    # The hanging calls hold their slots past the bound below: a worker that
+    # waited for a poll would claim the second quick payment at 3 s and the
+    # last only when the hanging calls gave up at 6 s.
+    worker = make_worker(engine, sandbox, clock, timeout=6.0)
     stop = asyncio.Event()
     started = time.monotonic()
     running = asyncio.create_task(
-        run_worker(worker, stop, 4, timedelta(seconds=1), timedelta(minutes=1), batch=4)
+        run_worker(worker, stop, 4, timedelta(seconds=3), timedelta(minutes=1), batch=4)
     )
     try:
-        # A poll per free slot would take 3 s or more.
-        await until_states(engine, quick, "OUTCOME_KNOWN", within=2.0)
+        # At once: four quick calls in turn, well inside one poll (a loaded
+        # machine has taken 2 s over them).
+        await until_states(engine, quick, "OUTCOME_KNOWN", within=4.0)
     finally:
         stop.set()
         await asyncio.wait_for(running, 15)
-    assert time.monotonic() - started >= 3.0  # the hanging calls ran their course
+    assert time.monotonic() - started >= 6.0  # the hanging calls ran their course
     assert await states(engine, hanging) == ["UNKNOWN"] * 3
 
 
