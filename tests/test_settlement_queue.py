@@ -185,17 +185,29 @@ async def test_free_slots_are_claimed_at_once_beside_calls_that_hang(
     worker = make_worker(engine, sandbox, clock, timeout=6.0)
     stop = asyncio.Event()
     started = time.monotonic()
+    most_in_flight = 0
+
+    async def watch() -> None:
+        nonlocal most_in_flight
+        while not stop.is_set():
+            most_in_flight = max(most_in_flight, worker.in_flight)
+            await asyncio.sleep(0.005)
+
     running = asyncio.create_task(
         run_worker(worker, stop, 4, timedelta(seconds=3), timedelta(minutes=1), batch=4)
     )
+    watching = asyncio.create_task(watch())
     try:
-        # At once: four quick calls in turn, well inside one poll (a loaded
-        # machine has taken 2 s over them).
+        # Four quick calls in turn take a fraction of a second (a loaded
+        # machine has taken 2 s); a worker that waited for the poll before a
+        # second quick claim and again before a third would take 6 s or more.
+        # (One lost wake-up, 3 s, would pass: the bound catches two.)
         await until_states(engine, quick, "OUTCOME_KNOWN", within=4.0)
     finally:
         stop.set()
-        await asyncio.wait_for(running, 15)
+        await asyncio.wait_for(asyncio.gather(running, watching), 15)
     assert time.monotonic() - started >= 6.0  # the hanging calls ran their course
+    assert most_in_flight <= 4  # a free slot is taken, never more than the slots
     assert await states(engine, hanging) == ["UNKNOWN"] * 3
 
 
