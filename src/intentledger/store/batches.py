@@ -66,7 +66,7 @@ def _claim_statement(is_postgres: bool) -> Update:
     due = (
         select(outbox.c.id)
         .where(outbox.c.done_at.is_(None), outbox.c.due_at <= bindparam("now"))
-        .order_by(outbox.c.due_at)
+        .order_by(outbox.c.due_at, outbox.c.id)
         .limit(bindparam("claim_limit", type_=Integer()))
     )
     if is_postgres:

@@ -513,12 +513,13 @@ class Ledger:
     async def claim_outbox_row(
         self, now: datetime, lease: timedelta, owner: str
     ) -> OutboxRecord | None:
-        """Lease one due row. Its due time moves to the lease's end, so if the
-        holder dies the row falls due again by itself (at-least-once delivery)."""
+        """Lease one due row, the earliest due (of equal due times, the first
+        made). Its due time moves to the lease's end, so if the holder dies the
+        row falls due again by itself (at-least-once delivery)."""
         due = (
             select(outbox.c.id)
             .where(outbox.c.done_at.is_(None), outbox.c.due_at <= now)
-            .order_by(outbox.c.due_at)
+            .order_by(outbox.c.due_at, outbox.c.id)
             .limit(1)
         )
         if self._is_postgres:
@@ -575,6 +576,9 @@ class Ledger:
         result = await self.conn.execute(
             select(operations.c.operation_id)
             .where(operations.c.state == State.SUBMITTING, operations.c.updated_at <= cutoff)
+            # The longest stale first, and always in one order: unordered,
+            # PostgreSQL hands rows out as they lie on disk.
+            .order_by(operations.c.updated_at, operations.c.operation_id)
             .limit(limit)
         )
         return [row.operation_id for row in result]

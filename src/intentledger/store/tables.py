@@ -440,9 +440,11 @@ outbox = Table(
     PrimaryKeyConstraint("id", "actor"),
     _of_operation(),
     ForeignKeyConstraint(["decision_id", "actor"], ["decisions.id", "decisions.actor"]),
+    # Equal due times are claimed in the order the rows were made (migration 0021).
     Index(
         "ix_outbox_pending_due",
         "due_at",
+        "id",
         sqlite_where=text("done_at IS NULL"),
         postgresql_where=text("done_at IS NULL"),
     ),
@@ -535,9 +537,11 @@ webhook_deliveries = Table(
     ForeignKeyConstraint(
         ["endpoint_id", "actor"], ["webhook_endpoints.endpoint_id", "webhook_endpoints.actor"]
     ),
+    # Equal due times are claimed in the order the rows were made (migration 0021).
     Index(
         "ix_webhook_deliveries_pending_due",
         "due_at",
+        "id",
         sqlite_where=text("status = 'pending'"),
         postgresql_where=text("status = 'pending'"),
     ),

@@ -58,7 +58,8 @@ _LEASED = webhook_deliveries.c.lease_owner.is_not(None) & (webhook_deliveries.c.
 
 @cache
 def _candidates(is_postgres: bool) -> Select[Any]:
-    """The due deliveries a claim may take, earliest due first, built once (a
+    """The due deliveries a claim may take, earliest due first (of equal due
+    times, the first made), built once (a
     busy sender claims as often as an attempt ends). Endpoints already at
     their limit are left out, so one endpoint with a long backlog cannot fill
     every claim with rows it may not take (read through the small index of
@@ -76,7 +77,7 @@ def _candidates(is_postgres: bool) -> Select[Any]:
             webhook_deliveries.c.due_at <= bindparam("now"),
             webhook_deliveries.c.endpoint_id.not_in(saturated),
         )
-        .order_by(webhook_deliveries.c.due_at)
+        .order_by(webhook_deliveries.c.due_at, webhook_deliveries.c.id)
         .limit(bindparam("candidates", type_=Integer()))
     )
     return due.with_for_update(skip_locked=True) if is_postgres else due
