@@ -125,8 +125,9 @@ async def test_the_sweeper_takes_the_longest_stale_first(
     falling = itertools.count(99, -1)
     monkeypatch.setattr(intake, "new_operation_id", lambda: f"op_{next(falling):024x}")
     made = await accept_payments(engine, 5)
-    # All SUBMITTING: the last made has waited longest, then two that waited
-    # alike (their ids decide), then the rest.
+    # All SUBMITTING, each rewritten in the order made, so the last made (which
+    # has waited longest) lies last; then two that waited alike (their ids
+    # decide, against the order made), then the rest.
     since = {
         made[4]: NOW - timedelta(minutes=9),
         made[0]: NOW - timedelta(minutes=7),
@@ -141,19 +142,6 @@ async def test_the_sweeper_takes_the_longest_stale_first(
                 .where(operations.c.operation_id == operation_id)
                 .values(state=State.SUBMITTING, updated_at=since[operation_id])
             )
-    # Rewrite the longest stale again, unchanged, so that its version lies last.
-    async with engine.begin() as conn:
-        await conn.execute(
-            update(operations)
-            .where(operations.c.operation_id == made[4])
-            .values(updated_at=since[made[4]] + MICROSECOND)
-        )
-        await conn.execute(
-            update(operations)
-            .where(operations.c.operation_id == made[4])
-            .values(updated_at=since[made[4]])
-        )
-
     async with engine.connect() as conn:
         stale = await Ledger(conn).stale_submitting(NOW - timedelta(minutes=3), 3)
     assert stale == [made[4], made[2], made[0]]

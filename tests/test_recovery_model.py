@@ -431,12 +431,21 @@ async def read_ledger(engine: AsyncEngine) -> Snapshot:
         async def fetch(query: Any) -> list[Any]:
             return list((await conn.execute(query)).all())
 
-        ops = await fetch(select(operations))
+        # Ordered by what the model chose (not by random ids, nor as the rows
+        # lie on disk), so that two runs of one example read alike (hypothesis
+        # replays them) and a failure names the same operation first.
+        ops = await fetch(
+            select(operations).order_by(
+                operations.c.created_at, operations.c.idempotency_key, operations.c.operation_id
+            )
+        )
         tried = await fetch(select(attempts).order_by(attempts.c.operation_id, attempts.c.number))
         decided = await fetch(select(decisions).order_by(decisions.c.id))
         moved = await fetch(select(transitions).order_by(transitions.c.id))
-        pending = await fetch(select(outbox).where(outbox.c.done_at.is_(None)))
-        held = await fetch(select(mandates_table))
+        pending = await fetch(
+            select(outbox).where(outbox.c.done_at.is_(None)).order_by(outbox.c.id)
+        )
+        held = await fetch(select(mandates_table).order_by(mandates_table.c.mandate_id))
     return Snapshot(
         {op.operation_id: op for op in ops},
         _grouped(tried),

@@ -47,13 +47,15 @@ Examples: INTENTLEDGER_MODEL_EXAMPLES (default 60 per database) and
 INTENTLEDGER_MODEL_STEPS (default 30) for deeper runs.
 
 Hypothesis replays an example's choices to shrink it and requires the replay to
-take the same path. So operations are named in the order they are made (their
-ids are random in the service), and the engine reads rows in a total order: a
-claim takes equal due times by id, the sweeper the stale by age then id. On
-PostgreSQL an order left open follows where row versions lie on disk, which
-VACUUM changes at its own moments: CI once saw a replay diverge so. The
-PostgreSQL run vacuums its database in a loop beside the model, so that such
-an order fails the run at once (it did on the code before these orders).
+take the same path. On PostgreSQL an order a query leaves open follows where
+row versions lie on disk, which VACUUM changes at its own moments: CI once saw
+a replay diverge so. So what the model runs reads rows in a total order (a
+claim takes equal due times by id, the sweeper the stale by age then id, the
+model's own reads by id), operations are named in the order they are made
+(their ids are random in the service), and the PostgreSQL run vacuums the
+ledger's tables in a loop beside the model, so that an order left open fails
+most runs rather than one in many (the code before these orders failed each of
+three).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ from intentledger.engine.operator import OperatorAction
 from intentledger.engine.reconciler import operation_lookup
 from intentledger.engine.refusal import Refusal
 from intentledger.providers.base import ProviderLookup, ProviderRequest, WebhookEvent
-from intentledger.providers.http import ProviderResponse, observe
+from intentledger.providers.http import ProviderResponse, call_deadline, observe
 from intentledger.providers.stripe import (
     REFERENCE_KEY,
     StripeProvider,
@@ -131,6 +133,8 @@ T = TypeVar("T")
 # and up to an hour behind during an outage; the model takes the hour, so that
 # looks, a person's new key and the audit after it all fall inside it.
 LAG = timedelta(hours=1)
+LOOKUP_TIMEOUT = timedelta(seconds=60)
+DECLARED_TIMEOUT = timedelta(seconds=2)
 SECOND = timedelta(seconds=1)
 AMOUNT = 500
 TOTAL_LIMIT = 1000  # room for two payments: a new key must find room
@@ -296,10 +300,14 @@ class ScriptedProvider:
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         port = self._runner.addresses[0][1]
-        # Lookups that time out are the `fails` mode's: a real timeout on a
-        # loaded machine would make a replay of the same choices take another path.
+        # Only the `fails` mode makes a lookup fail: a real timeout on a loaded
+        # machine would make a replay of the same choices take another path. The
+        # adapter declares the search's lag plus its call's deadline; the model
+        # keeps the lag a 2 s call declares, so that the long timeout does not
+        # widen the window in which a look counts as inside the lag.
+        declared = self.lag + call_deadline(DECLARED_TIMEOUT) - call_deadline(LOOKUP_TIMEOUT)
         self.stripe = StripeProvider(
-            "sk_test_model", f"http://127.0.0.1:{port}", timedelta(seconds=60), self.lag
+            "sk_test_model", f"http://127.0.0.1:{port}", LOOKUP_TIMEOUT, declared
         )
 
     async def _search(self, request: web.Request) -> web.Response:
@@ -812,25 +820,38 @@ MODEL_SETTINGS = settings(
 
 @contextmanager
 def vacuumed_in_a_loop(database_url: str) -> Iterator[None]:
-    """VACUUM the database every 50 ms while the model runs. It frees room
-    where the next row versions then lie, as autovacuum and other sessions do
-    at their own moments: an order left to the disk then differs between two
-    runs of one example's choices, and hypothesis says so at once
-    (FlakyStrategyDefinition), in this run rather than once in a while."""
+    """VACUUM the ledger's tables every 50 ms while the model runs. It frees
+    room where the next row versions then lie, as autovacuum does at its own
+    moments: an order left to the disk then differs between two runs of one
+    example's choices, which hypothesis reports (FlakyStrategyDefinition) in
+    most runs rather than once in a while. The loop failing fails the test:
+    a guard that stopped unseen would guard nothing."""
     stop = threading.Event()
+    passes = 0
+    failure: list[BaseException] = []
+    tables = ", ".join(t.name for t in metadata.sorted_tables)
 
     def vacuum() -> None:
-        with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
-            while not stop.wait(0.05):
-                conn.execute("VACUUM")
+        nonlocal passes
+        try:
+            with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
+                while not stop.wait(0.05):
+                    conn.execute(f"VACUUM {tables}")  # type: ignore[arg-type]
+                    passes += 1
+        except BaseException as exc:
+            failure.append(exc)
 
-    vacuuming = threading.Thread(target=vacuum, name="model-vacuum")
+    vacuuming = threading.Thread(target=vacuum, name="model-vacuum", daemon=True)
     vacuuming.start()
     try:
         yield
     finally:
         stop.set()
-        vacuuming.join()
+        vacuuming.join(timeout=60)
+    assert not vacuuming.is_alive(), "a VACUUM still running a minute after the model"
+    if failure:
+        raise AssertionError("the model's VACUUM loop failed") from failure[0]
+    assert passes > 0, "the model ran with no VACUUM beside it"
 
 
 @pytest.fixture

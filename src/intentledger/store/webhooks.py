@@ -59,11 +59,10 @@ _LEASED = webhook_deliveries.c.lease_owner.is_not(None) & (webhook_deliveries.c.
 @cache
 def _candidates(is_postgres: bool) -> Select[Any]:
     """The due deliveries a claim may take, earliest due first (of equal due
-    times, the first made), built once (a
-    busy sender claims as often as an attempt ends). Endpoints already at
-    their limit are left out, so one endpoint with a long backlog cannot fill
-    every claim with rows it may not take (read through the small index of
-    leased rows)."""
+    times, the first made), built once (a busy sender claims as often as an
+    attempt ends). Endpoints already at their limit are left out, so one
+    endpoint with a long backlog cannot fill every claim with rows it may not
+    take (read through the small index of leased rows)."""
     saturated = (
         select(webhook_deliveries.c.endpoint_id)
         .where(_LEASED, webhook_deliveries.c.due_at > bindparam("now"))
