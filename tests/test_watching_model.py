@@ -55,7 +55,7 @@ model's own reads by id), operations are named in the order they are made
 (their ids are random in the service), and the PostgreSQL run vacuums the
 ledger's tables in a loop beside the model, so that an order left open fails
 most runs rather than one in many (the code before these orders failed each of
-three).
+five).
 """
 
 from __future__ import annotations
