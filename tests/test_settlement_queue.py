@@ -21,6 +21,8 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.domain.concurrency_limit import LimitSettings
+from intentledger.engine import worker as worker_module
 from intentledger.engine.batch_dispatch import pre_submit
 from intentledger.engine.settlement_queue import Sent, answered_now
 from intentledger.engine.worker import Worker, run_worker
@@ -174,11 +176,23 @@ async def test_a_stopping_worker_records_every_answer_it_waits_for(
     assert worker.in_flight == 0
 
 
+def fixed_limit(max_limit: int) -> LimitSettings:
+    """The concurrency limit's settings with no room to move: it stays at the
+    worker's configured concurrency."""
+    return LimitSettings(max_limit=max_limit, min_limit=max_limit)
+
+
 async def test_free_slots_are_claimed_at_once_beside_calls_that_hang(
-    engine: AsyncEngine, sandbox: str
+    engine: AsyncEngine, sandbox: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Three of four slots held by hanging calls: the fourth takes the quick
     payments one after the other without waiting for a poll (3 s here) each."""
+    # Four slots throughout. On a loaded machine (make test's other process
+    # beside it) the loop lagged past 50 ms and the adaptive limit halved to 2,
+    # as it should: then the hanging calls held every slot and the last quick
+    # payments waited for them, which is the limit's test to judge
+    # (tests/test_adaptive_worker.py), not this one's.
+    monkeypatch.setattr(worker_module, "LimitSettings", fixed_limit)
     clock = MovableClock()
     hanging = [await accept(engine, clock, "pm_blackhole", key=f"h{i}") for i in range(3)]
     quick = [await accept(engine, clock, "pm_ok", key=f"q{i}") for i in range(4)]
@@ -189,11 +203,14 @@ async def test_free_slots_are_claimed_at_once_beside_calls_that_hang(
     stop = asyncio.Event()
     started = time.monotonic()
     most_in_flight = 0
+    limits: set[int] = set()
 
     async def watch() -> None:
         nonlocal most_in_flight
         while not stop.is_set():
             most_in_flight = max(most_in_flight, worker.in_flight)
+            if worker.slots is not None:
+                limits.add(worker.slots.slots)
             await asyncio.sleep(0.005)
 
     running = asyncio.create_task(
@@ -211,6 +228,7 @@ async def test_free_slots_are_claimed_at_once_beside_calls_that_hang(
         await asyncio.wait_for(asyncio.gather(running, watching), 15)
     assert time.monotonic() - started >= 6.0  # the hanging calls ran their course
     assert most_in_flight <= 4  # a free slot is taken, never more than the slots
+    assert limits == {4}  # the limit held still
     assert await states(engine, hanging) == ["UNKNOWN"] * 3
 
 
