@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,3 +105,63 @@ def test_eager_accept_picks_the_loop_and_nothing_else(monkeypatch: pytest.Monkey
     ]
     with pytest.raises(ValueError, match="eager_accept chooses the loop"):
         eventloop.serve(None, eager_accept=True, loop="uvloop")
+
+
+def test_the_frozen_start_is_never_walked_and_what_comes_after_is_still_collected() -> None:
+    """In a process of its own, as a worker or server calls it: what the imports
+    made is out of the collector's walks; a cycle made afterwards is still freed."""
+    script = """
+import gc, weakref
+import intentledger.cli
+from intentledger import eventloop
+
+class Node:
+    pass
+
+before = Node()
+before.me = before
+eventloop.freeze_what_starts_with_the_process()
+assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()
+assert all(gc.get_count()[g] == 0 for g in (1, 2)), gc.get_count()
+after = Node()
+after.me = after
+freed_after = weakref.ref(after)
+kept_before = weakref.ref(before)
+del after, before
+gc.collect()
+assert freed_after() is None, "a cycle made after the freeze was not collected"
+assert kept_before() is not None, "a frozen object was walked"
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "runs"),
+    [
+        (["worker", "--provider-url", "http://127.0.0.1:9/_sandbox"], "run"),
+        (["serve", "--no-workers", "--port", "1"], "serve"),
+    ],
+)
+def test_the_worker_and_the_server_freeze_their_start_before_they_run(
+    command: list[str], runs: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert CliRunner().invoke(cli.app, ["migrate", "--database-url", url]).exit_code == 0
+    calls: list[str] = []
+    monkeypatch.setattr(
+        eventloop, "freeze_what_starts_with_the_process", lambda: calls.append("freeze")
+    )
+
+    def ran(main: Any = None, **_options: Any) -> None:
+        if asyncio.iscoroutine(main):
+            main.close()
+        calls.append(runs)
+
+    monkeypatch.setattr(eventloop, runs, ran)
+    result = CliRunner().invoke(cli.app, [*command, "--database-url", url])
+    assert result.exit_code == 0, result.output
+    assert calls == ["freeze", runs]

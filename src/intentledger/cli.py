@@ -411,6 +411,7 @@ def serve(
     _log_stop_and_die_on(
         (signal.SIGINT, signal.SIGTERM), f"intentledger serving on http://{host}:{port}"
     )
+    eventloop.freeze_what_starts_with_the_process()
     # A sandbox request may be withholding its answer on purpose: do not wait for it.
     eventloop.serve(
         service,
@@ -545,6 +546,7 @@ def worker(
             stopped_by[0].name if stopped_by else "done",
         )
 
+    eventloop.freeze_what_starts_with_the_process()
     eventloop.run(main())
 
 
