@@ -30,6 +30,10 @@ def start(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes] | None
         "--format",
         "raw",
         "--nonblocking",
+        # Four times py-spy's default: a phase's measured seconds at 100 a second
+        # gave about a hundred samples of a worker, too few to rank its pieces.
+        "--rate",
+        "400",
         # Only samples of a thread holding the GIL: where the CPU goes. Wall time
         # would also count a process waiting for one of the shared cores.
         "--gil",
