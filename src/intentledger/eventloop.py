@@ -5,7 +5,8 @@ about a sixth of a worker's CPU (docs/benchmarks.md). uvicorn already picks
 uvloop for the API; workers ask for it here. Without uvloop (Windows) the
 standard loop runs the same code. A standalone sandbox provider is the one
 server on asyncio's loop (`EAGER_ACCEPT_LOOP`, below). Servers and workers
-alike declare their loop thread to sniffio.
+alike declare their loop thread to sniffio, and freeze what exists at their
+start out of the collector's walks (`freeze_what_starts_with_the_process`).
 """
 
 from __future__ import annotations
@@ -70,17 +71,24 @@ def serve(app: Any, *, eager_accept: bool = False, **options: Any) -> None:
 
 
 def freeze_what_starts_with_the_process() -> None:
-    """Take what the process holds once it has started (modules, the libraries'
-    tables, the settings) out of the cyclic collector's walks, for good.
+    """Take what the process holds before its loop and its engines are built
+    (modules, the libraries' tables, the settings) out of the cyclic
+    collector's walks, for good.
 
-    Python's collector walks every object it tracks on each full collection, and
-    a busy process calls one whenever a quarter as many objects again as the
-    oldest generation holds have outlived two younger collections: a worker's
-    payments in flight do, every second or so, and each full collection walked
-    the 165,000 objects of the imports again, 47-76 ms of CPU each
-    (docs/benchmarks.md, "The collector's walks"). Frozen, they are never
-    collected, which they would never have been: they live as long as the
-    process. What the process makes after this is collected as before."""
+    CPython 3.11's collector walks every object of its oldest generation on
+    each full collection, and runs one once more than ten collections of the middle
+    generation have passed and the objects promoted since the last full one
+    reach a quarter of what that one kept. A worker's payments in flight
+    outlive the younger collections by the thousand, so in a drain a full
+    collection ran every second or so and walked the 165,000 objects of the
+    imports again, 47-76 ms of CPU each (docs/benchmarks.md, "The
+    collector's walks"). Frozen objects are never collected: they live as
+    long as the process, and one that becomes cyclic garbage later stays,
+    with what it holds then, once (nothing frozen is replaced while the
+    process runs). What the process makes after this is collected as
+    before."""
+    # First what the start leaves behind (a schema check's engine, a retried
+    # connection's garbage): frozen, it would stay for good.
     gc.collect()
     gc.freeze()
 

@@ -93,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         body = answer_body(args.answer_bytes)
     except ValueError as exc:
         parser.error(str(exc))
+    # Frozen as `intentledger serve` freezes its start.
+    eventloop.freeze_what_starts_with_the_process()
     eventloop.serve(
         floor_app(args.delay_ms / 1000, body),
         host="127.0.0.1",

@@ -617,6 +617,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser().error(f"cannot read the script: {exc}")
     if args.mode == "sql" and not args.database_url:
         parser().error("--database-url or INTENTLEDGER_DATABASE_URL is required")
+    # Frozen as our workers freeze their start: the floor runs as they run.
+    eventloop.freeze_what_starts_with_the_process()
     try:
         eventloop.run(sql_floor(args) if args.mode == "sql" else http_floor(args))
     except (ScriptError, ReplayError, OSError) as exc:

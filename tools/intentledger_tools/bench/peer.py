@@ -188,8 +188,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sandbox-url", required=True)
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args(argv)
-    # The same event loop as our workers (intentledger.eventloop): the comparison
-    # is between the two designs, not between event loops.
+    # The same event loop as our workers (intentledger.eventloop), its start
+    # frozen as theirs is: the comparison is between the two designs, not
+    # between event loops or collectors.
+    eventloop.freeze_what_starts_with_the_process()
     eventloop.run(run_worker(args.database_url, args.sandbox_url, args.concurrency))
 
 
