@@ -8,6 +8,7 @@ is the JSON object issue 6 asks for.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -147,6 +148,13 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
         floor_ms / server_ms, rel=0.01
     )
     assert len(figures["scaling_1_2_4"]) == 3 and all(r > 0 for r in figures["scaling_1_2_4"])
+    # Scaling in rounds taking the worker counts in turn, judged by the median share.
+    rounds = figures["scaling_rounds"]
+    assert rounds == 2 and len(figures["scaling_round_shares"]) == rounds
+    assert all(len(figures["scaling_round_per_s"][c]) == rounds for c in ("1", "2", "4"))
+    assert figures["scaling_most_of_best"] == pytest.approx(
+        statistics.median(figures["scaling_round_shares"]), abs=1e-4
+    )
     assert figures["growth_intake_ratio"] > 0 and figures["growth_scan_ratio"] > 0
     assert len(figures["growth_scan_s"]) == len(figures["growth_intake_per_s"]) == 3
     # The growth ledgers' databases, one per size, are gone again.

@@ -16,7 +16,12 @@ from intentledger_tools.bench.record_delay import (
     summed_buckets,
 )
 from intentledger_tools.bench.report import GOALS, table, with_goals
-from intentledger_tools.bench.runner import cpu_over_postgres, drain_end, median_ratio
+from intentledger_tools.bench.runner import (
+    cpu_over_postgres,
+    drain_end,
+    median_ratio,
+    most_of_best,
+)
 
 
 def figures(fsync: str = "on", synchronous_commit: str = "on") -> dict[str, Any]:
@@ -239,6 +244,17 @@ def test_a_cpu_ratio_is_over_the_servers_cpu_and_judged_by_the_median_of_rounds(
     assert cpu_over_postgres({"workers": 1.5}, "workers") is None
     assert median_ratio([0.9, 1.4, 1.1]) == 1.1
     assert median_ratio([0.9, None]) is None
+
+
+def test_scalings_share_is_each_rounds_most_workers_over_the_best_of_fewer() -> None:
+    # Round by round: a lucky drain of two workers in one round moves that
+    # round's share only, and the median of the rounds is judged.
+    rates = {1: [1400.0, 1300.0, 1450.0], 2: [1450.0, 1578.0, 1400.0], 4: [1400.0, 1352.0, 1421.0]}
+    shares = most_of_best(rates)
+    assert shares == pytest.approx([1400 / 1450, 1352 / 1578, 1421 / 1450])
+    assert sorted(shares)[1] == pytest.approx(1400 / 1450)
+    # One worker count alone has nothing to be compared with.
+    assert most_of_best({4: [1400.0]}) == []
 
 
 def test_the_libraries_floor_shows_beside_the_workers_cpu_when_measured() -> None:

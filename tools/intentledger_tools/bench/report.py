@@ -43,6 +43,7 @@ REQUIRED_KEYS = (
     "intake_api_to_postgres_cpu",
     "pooler_ratio_over_pgbench",
     "scaling_most_of_best",
+    "scaling_round_shares",
     "scaling_went_unknown",
 )
 
@@ -380,7 +381,9 @@ def table(figures: dict[str, Any]) -> Table:
     scaling = f.get("scaling_1_2_4")
     out.add_row(
         f"scaling: dispatch with {'/'.join(map(str, f.get('scaling_workers') or []))} "
-        f"worker processes x {f.get('scaling_concurrency')}",
+        f"worker processes x {f.get('scaling_concurrency')}, the most over the best of "
+        f"fewer, median of {f.get('scaling_rounds')} rounds"
+        f"{_spread(f.get('scaling_share_spread'))}",
         " / ".join(_num(rate, "/s") for rate in scaling) if scaling else "—",
         f"UNKNOWN {_num(f.get('scaling_went_unknown'))}: {_met(f, 'scaling_went_unknown')}",
         _num(f.get("scaling_most_of_best")),
