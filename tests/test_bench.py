@@ -152,6 +152,8 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     rounds = figures["scaling_rounds"]
     assert rounds == 2 and len(figures["scaling_round_shares"]) == rounds
     assert all(len(figures["scaling_round_per_s"][c]) == rounds for c in ("1", "2", "4"))
+    assert all(figures["scaling_presubmit_size"][c] >= 1 for c in ("1", "2", "4"))
+    assert all(figures["scaling_record_group_size"][c] >= 1 for c in ("1", "2", "4"))
     assert figures["scaling_most_of_best"] == pytest.approx(
         statistics.median(figures["scaling_round_shares"]), abs=1e-4
     )

@@ -2060,6 +2060,7 @@ class Bench:
         )
         self.note_background("scaling")
         drained: dict[int, list[Drained]] = {count: [] for count in counts}
+        sizes: dict[int, list[tuple[float, float]]] = {count: [] for count in counts}
         for turn, step in turns(len(counts), rounds):
             count = counts[step]
             self.truncate()
@@ -2086,6 +2087,7 @@ class Bench:
                 )
                 cpu = watch.stop()
             drained[count].append(Drained(n, elapsed, cpu, 0.0, None))
+            sizes[count].append(self.mean_presubmit_and_record_group())
         self.truncate()
         round_rates = {count: [d.rate for d in drained[count]] for count in counts}
         shares = most_of_best(round_rates)
@@ -2110,6 +2112,17 @@ class Bench:
             scaling_concurrency=cfg.worker_concurrency,
             scaling_cpu_ms_per_payment={
                 str(count): per_item_ms(summed_cpu([d.cpu for d in drained[count]]), n * rounds)
+                for count in counts
+            },
+            # Payments per pre-submit and per group record, each count's mean over
+            # its rounds: more processes on the same cores claim and record in
+            # smaller transactions, which costs both sides CPU per payment.
+            scaling_presubmit_size={
+                str(count): round(statistics.mean(p for p, _ in sizes[count]), 1)
+                for count in counts
+            },
+            scaling_record_group_size={
+                str(count): round(statistics.mean(g for _, g in sizes[count]), 1)
                 for count in counts
             },
         )
