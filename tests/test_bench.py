@@ -154,8 +154,17 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     assert all(len(figures["scaling_round_per_s"][c]) == rounds for c in ("1", "2", "4"))
     assert all(figures["scaling_presubmit_size"][c] >= 1 for c in ("1", "2", "4"))
     assert all(figures["scaling_record_group_size"][c] >= 1 for c in ("1", "2", "4"))
+    # Each round's share is that round's four workers over its better of one and
+    # two (the rates are kept to 0.1/s), and the verdict is their median.
+    per_s = figures["scaling_round_per_s"]
+    assert figures["scaling_round_shares"] == pytest.approx(
+        [per_s["4"][i] / max(per_s["1"][i], per_s["2"][i]) for i in range(rounds)], rel=1e-3
+    )
     assert figures["scaling_most_of_best"] == pytest.approx(
         statistics.median(figures["scaling_round_shares"]), abs=1e-4
+    )
+    assert figures["scaling_went_unknown"] == sum(
+        figures[f"scaling_{count}_went_unknown"] for count in (1, 2, 4)
     )
     assert figures["growth_intake_ratio"] > 0 and figures["growth_scan_ratio"] > 0
     assert len(figures["growth_scan_s"]) == len(figures["growth_intake_per_s"]) == 3

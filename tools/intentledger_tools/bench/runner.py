@@ -158,7 +158,8 @@ class BenchConfig:
     growth_rows: tuple[int, ...] = (0, 1_000_000, 10_000_000)
     # Measured intake rounds where the pooler and the growth phases compare fleets,
     # each round taking the fleets in turn; together they last `intake_seconds`
-    # per fleet.
+    # per fleet. Dispatch, latency-bound and scaling take their payments in as
+    # many rounds: more rounds, shorter drains.
     rounds_in_turn: int = 4
     # Server connections PgBouncer keeps in the pooler phase (docs/pgbouncer.ini's).
     pooler_server_connections: int = 20
@@ -2047,8 +2048,8 @@ class Bench:
         take the worker counts in turn, each drain on emptied tables with a
         sandbox of its own; judged by the median of the rounds' shares. (Each
         count drained once, the share read 0.98, 0.86 and 0.95 in three full
-        runs of the same code; the 0.86 was one drain of two workers at 1,578/s,
-        where five others read 1,424-1,540/s: docs/benchmarks.md.)"""
+        runs at cb22b40-3cfa99d; the 0.86 was one drain of two workers at
+        1,578/s, where five other runs read 1,424-1,540/s: docs/benchmarks.md.)"""
         cfg = self.config
         counts = cfg.scaling_workers
         rounds = cfg.rounds_in_turn
@@ -2095,7 +2096,7 @@ class Bench:
             # The most workers against the best of fewer, in each round and judged
             # by their median (issue 39: past the machine's capacity throughput
             # degrades gracefully, and our own starvation makes no UNKNOWN).
-            scaling_most_of_best=statistics.median(shares) if shares else None,
+            scaling_most_of_best=median_ratio([*shares]),
             scaling_round_shares=[round(share, 4) for share in shares],
             scaling_share_spread=[round(share, 4) for share in spread(shares)],
             scaling_went_unknown=sum(
@@ -2115,8 +2116,8 @@ class Bench:
                 for count in counts
             },
             # Payments per pre-submit and per group record, each count's mean over
-            # its rounds: more processes on the same cores claim and record in
-            # smaller transactions, which costs both sides CPU per payment.
+            # its rounds, beside its CPU per payment: smaller transactions cost
+            # both sides more a payment.
             scaling_presubmit_size={
                 str(count): round(statistics.mean(p for p, _ in sizes[count]), 1)
                 for count in counts
