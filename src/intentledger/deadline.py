@@ -45,9 +45,11 @@ class Deadline:
         self._before = task.cancelling()
         self._fired = False
         self._taken_back = False
-        self._timer = (
-            None if within is None else asyncio.get_running_loop().call_later(within, self._fire)
-        )
+        # The task's own loop, not `asyncio.get_running_loop()`: in CPython 3.11
+        # each lookup of the running loop is a getpid() system call (its check
+        # against a fork), and `current_task()` above made one already
+        # (docs/benchmarks.md, "Native frames").
+        self._timer = None if within is None else task.get_loop().call_later(within, self._fire)
 
     def _fire(self) -> None:
         self._fired = True
