@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from intentledger.domain.dispatch_plan import (
@@ -71,12 +71,12 @@ async def start_submits(
     settlements: SettlementQueue,
     rows: Sequence[OutboxRecord],
     observe: CallObserver | None = None,
-) -> list[Awaitable[None]]:
+) -> list[Coroutine[Any, Any, None]]:
     """Pre-submit the plain first attempts among `rows` in one transaction and
     return one delivery per row, not yet awaited: a first attempt's call and
     the recording of its answer, or the reference path for any other row."""
     prepared, others = await pre_submit(dispatcher, rows)
-    deliveries: list[Awaitable[None]] = [
+    deliveries: list[Coroutine[Any, Any, None]] = [
         send_and_record(dispatcher, settlements, item, observe) for item in prepared
     ]
     deliveries.extend(dispatcher.deliver_submit(row) for row in others)

@@ -30,7 +30,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -97,9 +97,7 @@ class Sent:
 class _Waiting:
     sent: Sent
     # True: settled by its group; False: its task records it on its own.
-    settled: asyncio.Future[bool] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    settled: asyncio.Future[bool]
 
 
 class SettlementQueue:
@@ -121,6 +119,10 @@ class SettlementQueue:
         self._groups: set[asyncio.Task[None]] = set()
         one_writer = dispatcher.engine.dialect.name == "sqlite"
         self._groups_in_flight = 1 if one_writer else GROUPS_IN_FLIGHT
+        # The loop the queue's tasks and event run on (an asyncio.Event binds to
+        # one loop too), looked up once: in CPython 3.11 each lookup is a
+        # getpid() system call, and this would be one an answer.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def record(self, sent: Sent) -> None:
         """Commit this answer's outcome: with the answers that arrive beside it
@@ -128,7 +130,10 @@ class SettlementQueue:
         Returns once it is committed; raises if it could not be (the row's
         lease then makes it due again, and the resumed delivery finds it
         SUBMITTING)."""
-        waiting = _Waiting(sent)
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        waiting = _Waiting(sent, loop.create_future())
         self._waiting.append(waiting)
         if len(self._waiting) >= self.max_group:
             self._company.set()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from datetime import timedelta
 from typing import Any
 
@@ -119,7 +119,10 @@ class Worker:
                 self.clock(), self.lease, self.worker_id, limit
             )
             ledger_events.claimed(conn, rows)
-        started = [self._start(self.deliver(row)) for row in rows if row.kind != "submit"]
+        # Looked up once a claim, not at every task started: in CPython 3.11
+        # each lookup of the running loop is a getpid() system call.
+        loop = asyncio.get_running_loop()
+        started = [self._start(loop, self.deliver(row)) for row in rows if row.kind != "submit"]
         submits = [row for row in rows if row.kind == "submit"]
         if submits:
             # Once the pre-submit commits, its rows are SUBMITTING and their
@@ -134,7 +137,7 @@ class Worker:
                 # Nothing was sent: the rows stay leased and fall due again.
                 _log_failure(exc, "the pre-submit failed; the rows' leases make them due again")
                 deliveries = []
-            started.extend(self._start(delivery) for delivery in deliveries)
+            started.extend(self._start(loop, delivery) for delivery in deliveries)
             if cancelled:
                 raise asyncio.CancelledError
         return started
@@ -170,8 +173,10 @@ class Worker:
                 report.slots,
             )
 
-    def _start(self, delivery: Awaitable[None]) -> asyncio.Task[None]:
-        task = asyncio.ensure_future(delivery)
+    def _start(
+        self, loop: asyncio.AbstractEventLoop, delivery: Coroutine[Any, Any, None]
+    ) -> asyncio.Task[None]:
+        task = loop.create_task(delivery)
         self._running.add(task)
         task.add_done_callback(self._finished)
         return task

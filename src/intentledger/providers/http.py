@@ -12,7 +12,7 @@ import json as jsonlib
 import re
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -189,15 +189,19 @@ def answer_of(
     for name in keep_headers:
         if name in response.headers:
             detail[name.lower()] = response.headers[name]
-    answer = ProviderAnswer(
-        Transport.RESPONSE,
-        status=response.status_code,
-        error_code=_error_code(body) if response.status_code >= 400 else None,
-        provider_reference=_reference(body) if response.is_success else None,
-        retry_after=tuple(response.headers.getall("retry-after", ())),
-        detail=detail,
-    )
-    return replace(answer, mapped=mapping(answer)) if mapping is not None else answer
+    seen: dict[str, Any] = {
+        "status": response.status_code,
+        "error_code": _error_code(body) if response.status_code >= 400 else None,
+        "provider_reference": _reference(body) if response.is_success else None,
+        "retry_after": tuple(response.headers.getall("retry-after", ())),
+        "detail": detail,
+    }
+    answer = ProviderAnswer(Transport.RESPONSE, **seen)
+    if mapping is None:
+        return answer
+    # Built again rather than by `dataclasses.replace`, which walks every field:
+    # this runs for every provider answer.
+    return ProviderAnswer(Transport.RESPONSE, **seen, mapped=mapping(answer))
 
 
 # An idle connection is dropped by the client after this long, before the

@@ -45,10 +45,6 @@ def map_answer(answer: ProviderAnswer) -> Classification:
     providers/sandbox/app.py and docs/providers.md)."""
     status = answer.status
     assert status is not None, "only a response is mapped"
-    error = error_fields(answer.detail.get("body"))
-    conflict = next(
-        (v for v in (error.get("code"), error.get("type")) if v in KEY_CONFLICT_TYPES), None
-    )
     if 200 <= status < 300:
         return Classification(Verdict.SUCCEEDED, f"provider answered {status}")
     if status == 429:
@@ -58,6 +54,10 @@ def map_answer(answer: ProviderAnswer) -> Classification:
         # being processed: neither failed nor resendable.
         return Classification(Verdict.KEY_CONFLICT, "provider reports the key in use (409)")
     if status in FINAL_REFUSAL_STATUSES:
+        error = error_fields(answer.detail.get("body"))
+        conflict = next(
+            (v for v in (error.get("code"), error.get("type")) if v in KEY_CONFLICT_TYPES), None
+        )
         if conflict is not None:
             return Classification(
                 Verdict.KEY_CONFLICT, f"{status} {conflict}: the key was used before"
