@@ -10,6 +10,8 @@ import time
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
@@ -23,7 +25,13 @@ from intentledger.observability.logs import (
     log_context,
 )
 from intentledger.observability.metrics import LABEL_NAMES, after_commit
-from intentledger.providers.http import redacted, redacted_text
+from intentledger.providers.http import (
+    DROPPED_FIELDS,
+    LAST_FOUR_FIELDS,
+    last_four,
+    redacted,
+    redacted_text,
+)
 from tests.served import Served
 
 # What no label may ever be: each would make a time series per request.
@@ -126,6 +134,42 @@ def test_account_and_card_numbers_keep_their_last_four() -> None:
     }
     text_body = "iban DE89 3704 0044 0532 0130 00 card 4242-4242-4242-4242 ok"
     assert redacted_text(text_body) == "iban ****3000 card ****4242 ok"
+
+
+def _redacted_by_the_rule(value: object) -> object:
+    """The redaction rule written plainly, every value through the same call:
+    `redacted` keeps scalars without one, and must agree with this."""
+    if isinstance(value, dict):
+        kept: dict[object, object] = {}
+        for name, item in value.items():
+            lowered = name.lower() if isinstance(name, str) else name
+            if lowered in DROPPED_FIELDS:
+                kept[name] = "***"
+            elif lowered in LAST_FOUR_FIELDS and isinstance(item, str | int):
+                kept[name] = last_four(str(item))
+            else:
+                kept[name] = _redacted_by_the_rule(item)
+        return kept
+    if isinstance(value, list):
+        return [_redacted_by_the_rule(item) for item in value]
+    return value
+
+
+_FIELD_NAMES = st.sampled_from(
+    [*sorted(DROPPED_FIELDS | LAST_FOUR_FIELDS), "CVC", "Number", "id", "status", "card", "data"]
+)
+_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=24)
+_BODIES = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_FIELD_NAMES, inner, max_size=5),
+    max_leaves=20,
+)
+
+
+@given(_BODIES)
+def test_redaction_agrees_with_its_rule_on_any_body(body: object) -> None:
+    # A number or key nested at any depth, as a scalar or under a container.
+    assert json.dumps(redacted(body)) == json.dumps(_redacted_by_the_rule(body))
 
 
 def _samples(exposition: str) -> list[tuple[str, dict[str, str], float]]:

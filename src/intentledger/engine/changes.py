@@ -156,7 +156,7 @@ def alike(changes: Sequence[OperationChange]) -> list[OperationWrite]:
     writes them in one statement: a column one change sets and another does
     not (a decline adopts no reference) is written by the other with the value
     its record holds, unchanged under the lock it was planned with."""
-    columns = list(dict.fromkeys(name for change in changes for name in change.values))
+    columns = list(dict.fromkeys(itertools.chain.from_iterable(c.values for c in changes)))
     order = tuple(columns)
     rows = []
     for change in changes:

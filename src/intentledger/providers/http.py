@@ -101,8 +101,12 @@ def redacted(value: Any) -> Any:
                 kept[name] = "***"
             elif lowered in LAST_FOUR_FIELDS and isinstance(item, str | int):
                 kept[name] = last_four(str(item))
-            else:
+            elif isinstance(item, dict | list):
                 kept[name] = redacted(item)
+            else:
+                # A scalar is kept as it is, without a call: every provider
+                # answer's body passes here.
+                kept[name] = item
         return kept
     if isinstance(value, list):
         return [redacted(item) for item in value]
