@@ -34,6 +34,7 @@ def test_it_measures_both_merchants_twice_and_the_news_costs_a_fixed_few_stateme
         assert measured["group"] == group and measured["rounds"] == 2
         assert [p["endpoints"] for p in measured["passes"]] == ["none", "one", "none", "one"]
         assert all(p["wall_ms_per_group"] > 0 for p in measured["passes"])
+        assert all(p["claim_and_presubmit_cpu_ms_per_payment"] > 0 for p in measured["passes"])
 
     def news(group: int) -> float:
         passes = figures[group]["passes"]

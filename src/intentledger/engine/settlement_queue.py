@@ -119,9 +119,10 @@ class SettlementQueue:
         self._groups: set[asyncio.Task[None]] = set()
         one_writer = dispatcher.engine.dialect.name == "sqlite"
         self._groups_in_flight = 1 if one_writer else GROUPS_IN_FLIGHT
-        # The loop the queue's tasks and event run on (an asyncio.Event binds to
-        # one loop too), looked up once: in CPython 3.11 each lookup is a
-        # getpid() system call, and this would be one an answer.
+        # The loop the queue's committer and groups run on, looked up once: in
+        # CPython 3.11 each lookup is a getpid() system call, and this would be
+        # one an answer. A queue serves one worker's loop; one that closed
+        # (a test's) is let go for the next.
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def record(self, sent: Sent) -> None:
@@ -131,7 +132,7 @@ class SettlementQueue:
         lease then makes it due again, and the resumed delivery finds it
         SUBMITTING)."""
         loop = self._loop
-        if loop is None:
+        if loop is None or loop.is_closed():
             loop = self._loop = asyncio.get_running_loop()
         waiting = _Waiting(sent, loop.create_future())
         self._waiting.append(waiting)

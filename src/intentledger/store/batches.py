@@ -226,15 +226,15 @@ class BatchLedger:
         statements = _parts_statements(self._is_postgres)
         parts: dict[str, OperationParts] = {}
         for read in id_reads(operation_ids):
-            for row in await self.conn.execute(statements.operations, read):
+            for row in (await self.conn.execute(statements.operations, read)).all():
                 parts[row.operation_id] = OperationParts(OperationRecord.of(row), [], [], [])
-            for row in await self.conn.execute(statements.attempts, read):
+            for row in (await self.conn.execute(statements.attempts, read)).all():
                 parts[row.operation_id].attempts.append(AttemptRecord.of(row))
-            for row in await self.conn.execute(statements.submit_results, read):
+            for row in (await self.conn.execute(statements.submit_results, read)).all():
                 parts[row.operation_id].submit_results.append(ObservationWithDetailRecord.of(row))
             payments = [i for i in read[IDS] if i in parts and parts[i].operation.kind == "payment"]
             if payments:
-                for row in await self.conn.execute(statements.refunds, {IDS: payments}):
+                for row in (await self.conn.execute(statements.refunds, {IDS: payments})).all():
                     parts[row.parent_operation_id].refunds.append(OperationRecord.of(row))
         return parts
 

@@ -74,9 +74,9 @@ class UTCDateTime(TypeDecorator[datetime]):
         self, dialect: Dialect, coltype: object
     ) -> Callable[[datetime | None], datetime | None] | None:
         if dialect.name == "postgresql":
-            # psycopg's own reading needs nothing after it: one call a value,
-            # not TypeDecorator's two around `process_result_value` (a worker
-            # reads about 17 instants a payment).
+            # The driver's (psycopg's) timestamptz needs nothing before this:
+            # one call a value, not TypeDecorator's two around
+            # `process_result_value` (a worker reads about 17 instants a payment).
             return in_utc
         return super().result_processor(dialect, coltype)
 

@@ -254,6 +254,19 @@ async def serve(port: int, delay_seconds: float, hang_share: float = 0.0) -> Non
         await stopped.wait()
 
 
+async def until_answering(port: int) -> None:
+    """Wait for a stand-in started on `port` to take connections (ten seconds at most)."""
+    for _ in range(1000):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.01)
+            continue
+        writer.close()
+        return
+    raise RuntimeError(f"the stand-in on port {port} does not answer")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
