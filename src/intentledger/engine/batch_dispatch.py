@@ -140,7 +140,7 @@ async def pre_submit(
             plan = AttemptPlan(FIRST_ATTEMPT, provider_key(operation.operation_id), None)
             attempt, change = begin_attempt(operation, plan, None, now, dispatcher.worker_id)
             submission = Submission(FIRST_ATTEMPT, request_for(operation, plan.key))
-            batch.append(Prepared(row, submission, operation.version + 1))
+            batch.append(Prepared(row, submission, operation.updated(change.values)))
             beginning.append((attempt, change))
         if beginning:
             await ledger.begin_attempts(

@@ -44,7 +44,7 @@ from intentledger.engine.dispatcher import Dispatcher, Submission, as_evidence, 
 from intentledger.engine.evidence import settlement
 from intentledger.observability import ledger_events
 from intentledger.store.batches import BatchLedger
-from intentledger.store.ledger import Ledger
+from intentledger.store.ledger import ConcurrentUpdate, Ledger
 from intentledger.store.records import OperationRecord, OutboxRecord
 
 log = logging.getLogger(__name__)
@@ -68,13 +68,19 @@ GROUPS_IN_FLIGHT = 2
 
 @dataclass(frozen=True)
 class Prepared:
-    """A first attempt the pre-submit transaction committed, and the operation's
-    version it left behind: if the version is still that when the answer is
-    recorded, nothing else has touched the operation in between."""
+    """A first attempt the pre-submit transaction committed, and the operation
+    as it left it: if the operation's version is still this one's when the
+    answer is recorded, nothing else has touched it in between (every write to
+    an unfinished operation is planned by `changes.plan`, which moves the
+    version), so this record is what a read of the row would return."""
 
     row: OutboxRecord
     submission: Submission
-    version: int
+    operation: OperationRecord
+
+    @property
+    def version(self) -> int:
+        return self.operation.version
 
 
 @dataclass(frozen=True)
@@ -239,19 +245,49 @@ def _plain_settlement(
 async def record_together(dispatcher: Dispatcher, sent: Sequence[Sent]) -> set[int]:
     """Settle, in one transaction, every answer the funnel settles plainly;
     return the `id()`s of those it settled (the others are for the reference
-    path)."""
+    path).
+
+    On PostgreSQL a group of payments without a mandate is planned from the
+    operations as their pre-submits left them, with no read: each change is
+    written only where its operation is still at the version it was planned
+    from, and the one statement counts the changes it wrote. If any operation
+    moved on (a webhook, an operator), nothing of the group is kept and it is
+    planned again from its rows read under their locks, as every group is on
+    SQLite (whose statement-by-statement write cannot always count) and every
+    group with a mandate (whose lock is taken before its operations')."""
+    if dispatcher.engine.dialect.name == "postgresql" and all(
+        item.prepared.operation.mandate_id is None for item in sent
+    ):
+        try:
+            return await record_group(dispatcher, sent, read_under_lock=False)
+        except ConcurrentUpdate:
+            ledger_events.group_replanned()
+    return await record_group(dispatcher, sent, read_under_lock=True)
+
+
+async def record_group(
+    dispatcher: Dispatcher, sent: Sequence[Sent], *, read_under_lock: bool
+) -> set[int]:
+    """`record_together`'s transaction, planned from the rows read under their
+    locks or (`read_under_lock=False`, only where the write counts what it
+    changed) from the records the pre-submits handed on."""
     settled_ids: set[int] = set()
     async with dispatcher.engine.begin() as conn:
         ledger = BatchLedger(conn)
         now = dispatcher.clock()
         limits = Limits(dispatcher.settings.recheck_backoff)
-        locked = await ledger.lock(item.row.operation_id for item in sent)
+        if read_under_lock:
+            locked = await ledger.lock(item.row.operation_id for item in sent)
+            operations = locked.operations
+        else:
+            # Unlocked until the write, which takes the locks in key order.
+            operations = {item.row.operation_id: item.prepared.operation for item in sent}
         observed: list[dict[str, Any]] = []
         settled: list[changes.OperationChange] = []
         delivered: list[int] = []
         answered: list[float] = []
         for item in sent:
-            operation = locked.operations[item.row.operation_id]
+            operation = operations[item.row.operation_id]
             answer = item.answer
             classification = classify(answer)
             retry_after = parse_retry_after(answer.retry_after, now)

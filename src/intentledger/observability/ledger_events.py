@@ -16,6 +16,7 @@ from intentledger.domain.states import State
 from intentledger.observability.metrics import (
     DECISIONS,
     GROUP_COMMIT_SIZE,
+    GROUP_RECORDS_REPLANNED,
     LEASE_EXPIRIES,
     RECORD_DELAY_SECONDS,
     SWEEPER_ACTIONS,
@@ -173,6 +174,12 @@ def swept(conn: AsyncConnection, operation_id: str, attempt: int) -> None:
             extra={"operation_id": operation_id, "attempt": attempt, "event": "sweep"},
         ),
     )
+
+
+def group_replanned() -> None:
+    """A group record found an operation moved on since its pre-submit: its
+    transaction rolled back, and the group is planned again under locks."""
+    GROUP_RECORDS_REPLANNED.inc()
 
 
 def answers_recorded(kind: str, recorded_by: str, answered: Sequence[float]) -> None:

@@ -54,6 +54,12 @@ GROUP_COMMIT_SIZE = Histogram(
     ["stage"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+GROUP_RECORDS_REPLANNED = Counter(
+    "intentledger_group_records_replanned_total",
+    "Group records of first attempts' answers planned from the operations as their "
+    "pre-submits left them, in which an operation had moved on (a webhook, an operator): "
+    "written not at all, then planned again from the rows read under their locks.",
+)
 RECORD_DELAY_SECONDS = Histogram(
     "intentledger_record_delay_seconds",
     "From a provider's answer arriving to its outcome's transaction having committed, by "

@@ -327,10 +327,16 @@ class BatchLedger:
             bool(done_outbox_rows),
         )
         parameters: dict[str, Any] = {
+            # In key order, the order every writer of many operations locks
+            # them in: a group record comes to its rows unlocked, and the
+            # update locks each as it reaches it (in these rows' order on a
+            # nested loop over them; were it ever otherwise, PostgreSQL
+            # detects the deadlock and the group's answers are each
+            # recorded on their own).
             "writes": json_rows(
                 [
                     {**w.values, _PLANNED_FROM: w.version, "operation_id": w.operation_id}
-                    for w in writes
+                    for w in sorted(writes, key=_operation_key)
                 ]
             ),
             "transitions": json_rows([w.transition for w in writes if w.transition is not None]),
@@ -510,6 +516,10 @@ def recordset_columns(dialect: Dialect, table: Table, columns: Iterable[str]) ->
     """A `jsonb_to_recordset` column list typed from `table`'s definition, so
     the rows are typed exactly as an INSERT of the same values would type them."""
     return ", ".join(f"{name} {table.c[name].type.compile(dialect=dialect)}" for name in columns)
+
+
+def _operation_key(write: OperationWrite) -> str:
+    return write.operation_id
 
 
 # The column of the JSON rows of `_changes_sql` naming the version a change was planned from.

@@ -1,0 +1,295 @@
+"""A group record plans from the operations as their pre-submits left them.
+
+On PostgreSQL a group of first attempts' answers is settled with no read of
+its operations: each change is planned from the record the pre-submit
+committed and written only where the operation is still at that version; if
+one moved on, nothing of the group is kept and it is planned again from the
+rows read under their locks (`engine/settlement_queue.py`, `record_together`).
+On SQLite, and for any group with a mandate, it is always the plan under
+locks. What these tests hold it to, on both databases:
+
+- the record a pre-submit hands on is the row as it committed it;
+- a plain group sends no read, and a group with a mandate reads under locks;
+- an operation that moved on between its pre-submit and its group's record
+  is settled by nothing of the group, and the others are settled once;
+- whatever answers arrive and whatever the reference path recorded before
+  the group (an answer lost, a success, a pending one), the ledger ends
+  exactly as it ends when the same story is planned under locks (hypothesis).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import REGISTRY
+from sqlalchemy import event, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from intentledger.domain.transport import Classification, ProviderAnswer, Transport, Verdict
+from intentledger.engine.batch_dispatch import pre_submit
+from intentledger.engine.dispatcher import Dispatcher
+from intentledger.engine.settlement_queue import (
+    Prepared,
+    Sent,
+    answered_now,
+    record_group,
+    record_together,
+)
+from intentledger.store.batches import BatchLedger
+from intentledger.store.ledger import Ledger
+from intentledger.store.records import OperationRecord
+from intentledger.store.tables import observations, operations, outbox, transitions
+from tests.test_group_news import mandate, pay
+from tests.test_recovery_model import Scene
+
+LEASE = timedelta(minutes=5)
+_stories = itertools.count()
+
+
+def answer(kind: str, reference: str) -> ProviderAnswer:
+    """A provider's answer of each kind the group record meets."""
+    if kind == "lost":
+        return ProviderAnswer(Transport.NO_RESPONSE, error_class="aiohttp.SocketTimeoutError")
+    verdict, status = {
+        "succeeded": (Verdict.SUCCEEDED, 200),
+        "declined": (Verdict.FAILED, 402),
+        "pending": (Verdict.PENDING, 202),
+        "not_executed": (Verdict.NOT_EXECUTED, 400),
+    }[kind]
+    return ProviderAnswer(
+        Transport.RESPONSE,
+        status=status,
+        provider_reference=reference if verdict is not Verdict.NOT_EXECUTED else None,
+        detail={"id": reference, "status": kind},
+        mapped=Classification(verdict, kind),
+    )
+
+
+def replanned() -> float:
+    return REGISTRY.get_sample_value("intentledger_group_records_replanned_total") or 0.0
+
+
+async def presubmitted(scene: Scene, operation_ids: Sequence[str]) -> list[Prepared]:
+    """Claim every due row, pre-submit the first attempts of `operation_ids`
+    (rows an earlier story left due stay leased and untouched)."""
+    wanted = set(operation_ids)
+    async with scene.engine.begin() as conn:
+        claimed = await BatchLedger(conn).claim_outbox_rows(
+            scene.clock(), LEASE, scene.worker.worker_id, 10_000
+        )
+    prepared, others = await pre_submit(
+        scene.worker.dispatcher, [row for row in claimed if row.operation_id in wanted]
+    )
+    assert not others
+    by_id = {item.row.operation_id: item for item in prepared}
+    return [by_id[operation_id] for operation_id in operation_ids]
+
+
+def counting(engine: AsyncEngine) -> tuple[list[str], Callable[[], None]]:
+    """The statements sent on `engine` from now on, and how to stop counting."""
+    sent: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    return sent, lambda: event.remove(engine.sync_engine, "before_cursor_execute", count)
+
+
+async def test_a_pre_submit_hands_on_the_row_as_it_committed_it(engine: AsyncEngine) -> None:
+    scene = Scene(engine)
+    under = await mandate(scene, "ana", "plan-mandate")
+    made = [
+        await pay(scene, "ana", "plan-plain"),
+        await pay(scene, "ana", "plan-under", mandate_id=under),
+    ]
+    for item in await presubmitted(scene, made):
+        async with engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(operations).where(operations.c.operation_id == item.row.operation_id)
+                )
+            ).one()
+        assert item.operation == OperationRecord.of(row)
+        assert item.operation.state == "SUBMITTING"
+        assert item.version == row.version
+
+
+async def test_a_plain_group_sends_no_read_and_one_under_a_mandate_reads_under_locks(
+    engine: AsyncEngine,
+) -> None:
+    scene = Scene(engine)
+
+    async def record(operation_ids: list[str]) -> list[str]:
+        prepared = await presubmitted(scene, operation_ids)
+        sent = [
+            Sent(item, answer("succeeded", f"ch_{n}"), answered_now())
+            for n, item in enumerate(prepared)
+        ]
+        statements, stop = counting(engine)
+        try:
+            assert len(await record_together(scene.worker.dispatcher, sent)) == len(sent)
+        finally:
+            stop()
+        return statements
+
+    before = replanned()
+    plain = await record([await pay(scene, "bo", f"plain-{n}") for n in range(3)])
+    under = await mandate(scene, "bo", "reads-mandate")
+    held = await record([await pay(scene, "bo", f"held-{n}", mandate_id=under) for n in range(3)])
+    if engine.dialect.name == "postgresql":
+        # The settlement's one statement, and the read of who listens for its news.
+        assert len(plain) == 2 and not reads_operations(plain), plain
+    else:
+        assert reads_operations(plain), plain
+    assert reads_operations(held), held
+    assert replanned() == before
+
+
+def reads_operations(statements: list[str]) -> list[str]:
+    return [
+        s
+        for s in statements
+        if s.lstrip().upper().startswith("SELECT") and "FROM OPERATIONS" in s.upper()
+    ]
+
+
+async def test_an_operation_that_moved_on_is_settled_by_nothing_of_its_group(
+    engine: AsyncEngine,
+) -> None:
+    scene = Scene(engine)
+    dispatcher = scene.worker.dispatcher
+    made = [await pay(scene, "cy", f"moved-{n}") for n in range(3)]
+    prepared = await presubmitted(scene, made)
+    # The middle one's answer was recorded first by the reference path (lost:
+    # UNKNOWN), as a second answer or a webhook would move it on.
+    moved = prepared[1]
+    await dispatcher.record(moved.row, moved.submission, answer("lost", "-"))
+    async with engine.connect() as conn:
+        as_moved = await Ledger(conn).get_operation(moved.row.operation_id)
+    before = replanned()
+    sent = [
+        Sent(item, answer("succeeded", f"ch_{n}"), answered_now())
+        for n, item in enumerate(prepared)
+    ]
+    settled = await record_together(dispatcher, sent)
+
+    assert settled == {id(sent[0]), id(sent[2])}
+    assert replanned() - before == (1 if engine.dialect.name == "postgresql" else 0)
+    async with engine.connect() as conn:
+        ledger = Ledger(conn)
+        assert await ledger.get_operation(moved.row.operation_id) == as_moved
+        for operation_id in made:
+            kinds = (
+                (
+                    await conn.execute(
+                        select(observations.c.kind)
+                        .where(observations.c.operation_id == operation_id)
+                        .order_by(observations.c.id)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            # One submit result each: the rolled-back first plan left none.
+            assert kinds == ["submit_result"], (operation_id, kinds)
+        for item in (prepared[0], prepared[2]):
+            operation = await ledger.get_operation(item.row.operation_id)
+            assert operation is not None
+            assert (operation.state, operation.outcome) == ("OUTCOME_KNOWN", "succeeded")
+            assert operation.version == item.version + 1
+
+
+# -- the ledger ends as the plan under locks leaves it ----------------------------------------
+
+ANSWERS = ("succeeded", "declined", "lost", "pending", "not_executed")
+# What the reference path recorded for the operation before its group's record.
+EARLIER = (None, None, "lost", "succeeded", "pending")
+
+GroupRecord = Callable[[Dispatcher, Sequence[Sent]], Awaitable[set[int]]]
+
+
+async def under_locks(dispatcher: Dispatcher, sent: Sequence[Sent]) -> set[int]:
+    return await record_group(dispatcher, sent, read_under_lock=True)
+
+
+async def story(
+    scene: Scene, plan: Sequence[tuple[str, str | None]], group_record: GroupRecord
+) -> list[tuple[Any, ...]]:
+    """Pre-submit one payment per step of `plan`; record each step's earlier
+    answer by the reference path; hand the group record the answers, and the
+    reference path those it did not settle (as the settlement queue does).
+    What the ledger holds of each payment, without its ids and keys."""
+    actor = f"story-{next(_stories)}"
+    made = [await pay(scene, actor, f"{actor}-{n}") for n in range(len(plan))]
+    prepared = await presubmitted(scene, made)
+    dispatcher = scene.worker.dispatcher
+    for item, (_, earlier) in zip(prepared, plan, strict=True):
+        if earlier is not None:
+            await dispatcher.record(item.row, item.submission, answer(earlier, "ch_earlier"))
+    sent = [
+        Sent(item, answer(kind, f"ch_{n}"), answered_now())
+        for n, (item, (kind, _)) in enumerate(zip(prepared, plan, strict=True))
+    ]
+    settled = await group_record(dispatcher, sent)
+    for item in sent:
+        if id(item) not in settled:
+            await dispatcher.record(item.row, item.submission, item.answer)
+    return [await ledger_of(scene.engine, operation_id) for operation_id in made]
+
+
+async def ledger_of(engine: AsyncEngine, operation_id: str) -> tuple[Any, ...]:
+    async with engine.connect() as conn:
+        operation = await Ledger(conn).get_operation(operation_id)
+        assert operation is not None
+        seen = (
+            await conn.execute(
+                select(observations.c.kind, observations.c.verdict, observations.c.attempt_number)
+                .where(observations.c.operation_id == operation_id)
+                .order_by(observations.c.id)
+            )
+        ).all()
+        moved = (
+            await conn.execute(
+                select(transitions.c.from_state, transitions.c.to_state, transitions.c.reason)
+                .where(transitions.c.operation_id == operation_id)
+                .order_by(transitions.c.id)
+            )
+        ).all()
+        pending = (
+            (
+                await conn.execute(
+                    select(outbox.c.kind)
+                    .where(outbox.c.operation_id == operation_id, outbox.c.done_at.is_(None))
+                    .order_by(outbox.c.id)
+                )
+            )
+            .scalars()
+            .all()
+        )
+    record = operation.as_dict()
+    for name in ("operation_id", "idempotency_key", "actor", "request_hash", "request_context"):
+        del record[name]
+    return (record, [tuple(r) for r in seen], [tuple(r) for r in moved], list(pending))
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    plan=st.lists(
+        st.tuples(st.sampled_from(ANSWERS), st.sampled_from(EARLIER)), min_size=1, max_size=5
+    )
+)
+async def test_a_group_record_ends_as_the_plan_under_locks_ends(
+    engine: AsyncEngine, plan: list[tuple[str, str | None]]
+) -> None:
+    scene = Scene(engine)
+    assert await story(scene, plan, record_together) == await story(scene, plan, under_locks)
