@@ -19,18 +19,26 @@ locks. What these tests hold it to, on both databases:
 
 from __future__ import annotations
 
+import ast
+import asyncio
 import itertools
-from collections.abc import Awaitable, Callable, Sequence
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 from sqlalchemy import event, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import intentledger
+from intentledger.domain.states import NextAction, State
 from intentledger.domain.transport import Classification, ProviderAnswer, Transport, Verdict
+from intentledger.engine import changes
 from intentledger.engine.batch_dispatch import pre_submit
 from intentledger.engine.dispatcher import Dispatcher
 from intentledger.engine.settlement_queue import (
@@ -41,10 +49,20 @@ from intentledger.engine.settlement_queue import (
     record_together,
 )
 from intentledger.store.batches import BatchLedger
+from intentledger.store.database import create_ledger_engine
 from intentledger.store.ledger import Ledger
 from intentledger.store.records import OperationRecord
-from intentledger.store.tables import observations, operations, outbox, transitions
+from intentledger.store.tables import (
+    attempts,
+    merchant_events,
+    observations,
+    operations,
+    outbox,
+    transitions,
+)
+from tests.conftest import BACKENDS, Databases
 from tests.test_group_news import mandate, pay
+from tests.test_merchant_webhooks_engine import add_endpoint
 from tests.test_recovery_model import Scene
 
 LEASE = timedelta(minutes=5)
@@ -208,6 +226,8 @@ async def test_an_operation_that_moved_on_is_settled_by_nothing_of_its_group(
 # -- the ledger ends as the plan under locks leaves it ----------------------------------------
 
 ANSWERS = ("succeeded", "declined", "lost", "pending", "not_executed")
+# The answers a group settles itself; the others go to the reference path.
+PLAIN = ("succeeded", "declined")
 # What the reference path recorded for the operation before its group's record.
 EARLIER = (None, None, "lost", "succeeded", "pending")
 
@@ -226,6 +246,8 @@ async def story(
     reference path those it did not settle (as the settlement queue does).
     What the ledger holds of each payment, without its ids and keys."""
     actor = f"story-{next(_stories)}"
+    # A merchant who hears of every change: the news is part of the ending.
+    await add_endpoint(scene.engine, scene.clock, actor, "http://127.0.0.1:9/story")
     made = [await pay(scene, actor, f"{actor}-{n}") for n in range(len(plan))]
     prepared = await presubmitted(scene, made)
     dispatcher = scene.worker.dispatcher
@@ -236,31 +258,70 @@ async def story(
         Sent(item, answer(kind, f"ch_{n}"), answered_now())
         for n, (item, (kind, _)) in enumerate(zip(prepared, plan, strict=True))
     ]
+    before = replanned()
     settled = await group_record(dispatcher, sent)
+    if group_record is record_together and scene.engine.dialect.name == "postgresql":
+        # Planned from the pre-submits' records, and again under locks only
+        # when one that moved on had an answer that settles it plainly.
+        moved_on = any(earlier is not None and kind in PLAIN for kind, earlier in plan)
+        assert replanned() - before == (1 if moved_on else 0)
     for item in sent:
         if id(item) not in settled:
             await dispatcher.record(item.row, item.submission, item.answer)
-    return [await ledger_of(scene.engine, operation_id) for operation_id in made]
+    return [await ledger_of(scene.engine, operation_id, actor) for operation_id in made]
 
 
-async def ledger_of(engine: AsyncEngine, operation_id: str) -> tuple[Any, ...]:
+async def ledger_of(engine: AsyncEngine, operation_id: str, actor: str) -> tuple[Any, ...]:
+    """What the ledger holds of a payment of `actor`'s, without its ids and keys."""
     async with engine.connect() as conn:
         operation = await Ledger(conn).get_operation(operation_id)
         assert operation is not None
         seen = (
             await conn.execute(
-                select(observations.c.kind, observations.c.verdict, observations.c.attempt_number)
+                select(
+                    observations.c.kind,
+                    observations.c.verdict,
+                    observations.c.attempt_number,
+                    observations.c.provider_reference,
+                    observations.c.reason,
+                    observations.c.at,
+                )
                 .where(observations.c.operation_id == operation_id)
                 .order_by(observations.c.id)
             )
         ).all()
         moved = (
             await conn.execute(
-                select(transitions.c.from_state, transitions.c.to_state, transitions.c.reason)
+                select(
+                    transitions.c.from_state,
+                    transitions.c.to_state,
+                    transitions.c.next_action,
+                    transitions.c.reason,
+                    transitions.c.source,
+                    transitions.c.at,
+                )
                 .where(transitions.c.operation_id == operation_id)
                 .order_by(transitions.c.id)
             )
         ).all()
+        tried = (
+            await conn.execute(
+                select(attempts.c.number, attempts.c.relation, attempts.c.submitted_at)
+                .where(attempts.c.operation_id == operation_id)
+                .order_by(attempts.c.number)
+            )
+        ).all()
+        news = (
+            (
+                await conn.execute(
+                    select(merchant_events.c.type)
+                    .where(merchant_events.c.object_id == operation_id)
+                    .order_by(merchant_events.c.created_at, merchant_events.c.event_id)
+                )
+            )
+            .scalars()
+            .all()
+        )
         pending = (
             (
                 await conn.execute(
@@ -275,7 +336,14 @@ async def ledger_of(engine: AsyncEngine, operation_id: str) -> tuple[Any, ...]:
     record = operation.as_dict()
     for name in ("operation_id", "idempotency_key", "actor", "request_hash", "request_context"):
         del record[name]
-    return (record, [tuple(r) for r in seen], [tuple(r) for r in moved], list(pending))
+    return (
+        record,
+        [tuple(r) for r in seen],
+        [(*r[:4], r.source.replace(actor, "<actor>"), r.at) for r in moved],
+        [tuple(r) for r in tried],
+        sorted(news),
+        list(pending),
+    )
 
 
 @settings(
@@ -293,3 +361,93 @@ async def test_a_group_record_ends_as_the_plan_under_locks_ends(
 ) -> None:
     scene = Scene(engine)
     assert await story(scene, plan, record_together) == await story(scene, plan, under_locks)
+
+
+@pytest.fixture
+async def pg(databases: Databases) -> AsyncIterator[AsyncEngine]:
+    """A fresh PostgreSQL ledger: SQLite's one writer leaves no group waiting
+    on another's lock, and its groups are always planned under locks."""
+    if "postgresql" not in BACKENDS:
+        pytest.skip("PostgreSQL is not in INTENTLEDGER_TEST_BACKENDS")
+    engine = create_ledger_engine(databases.create("postgresql"))
+    yield engine
+    await engine.dispose()
+
+
+async def test_an_operation_moved_on_while_the_group_waits_for_its_lock_is_not_written(
+    pg: AsyncEngine,
+) -> None:
+    """Another writer holds one operation's lock when the group's statement
+    comes to it, and moves it on before letting go: the statement, which read
+    the row before the lock was free, sees the version the writer left and
+    changes nothing (PostgreSQL re-checks its condition on the newest row)."""
+    scene = Scene(pg)
+    made = [await pay(scene, "dee", f"waits-{n}") for n in range(3)]
+    prepared = await presubmitted(scene, made)
+    before = replanned()
+    sent = [
+        Sent(item, answer("succeeded", f"ch_{n}"), answered_now())
+        for n, item in enumerate(prepared)
+    ]
+    async with pg.connect() as other:
+        writer = await other.begin()
+        ledger = Ledger(other)
+        held = await ledger.lock_operation(made[1])
+        assert held is not None
+        recording = asyncio.create_task(record_together(scene.worker.dispatcher, sent))
+        await asyncio.sleep(0.5)  # the group's statement is waiting on the lock
+        assert not recording.done()
+        await changes.transition(
+            ledger,
+            held,
+            State.UNKNOWN,
+            now=scene.clock(),
+            next_action=NextAction.RECONCILE,
+            reason="moved on by another writer",
+            source="test",
+        )
+        await writer.commit()
+    settled = await recording
+
+    assert settled == {id(sent[0]), id(sent[2])}
+    assert replanned() - before == 1
+    states = [(await scene.operation(op)).state for op in made]
+    assert states == ["OUTCOME_KNOWN", "UNKNOWN", "OUTCOME_KNOWN"]
+
+
+# Every statement that writes `operations`, by the function it is in: each of
+# these but retention's writes the values `changes.plan` made, which move the
+# version. A group record planned without a read relies on that (the same
+# version is the same row): a writer added here must move the version too.
+OPERATION_WRITERS = {
+    ("store/ledger.py", "write_operation_change"),
+    ("store/batches.py", "_write_stepwise"),
+    ("store/batches.py", "_changes_sql"),
+    # Record retention: only settled operations, which no group record writes.
+    ("store/reaping.py", "_reap"),
+}
+_WRITES_OPERATIONS = re.compile(
+    r"\bupdate\(\s*(tables\.)?operations\b|\bUPDATE\s+operations\b|\boperations\.update\(",
+    re.IGNORECASE,
+)
+
+
+def test_every_writer_of_an_operation_is_one_that_moves_its_version() -> None:
+    source = Path(intentledger.__file__).parent
+    found: set[tuple[str, str]] = set()
+    for path in source.rglob("*.py"):
+        name = path.relative_to(source).as_posix()
+        if name.startswith("store/migrations/"):
+            continue  # run before any worker of their version starts
+        text = path.read_text()
+        functions = [
+            node
+            for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        ]
+        for match in _WRITES_OPERATIONS.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            inside = [f for f in functions if f.lineno <= line <= (f.end_lineno or f.lineno)]
+            innermost = max(inside, key=lambda f: f.lineno).name if inside else "<module>"
+            found.add((name, innermost))
+    assert found == OPERATION_WRITERS

@@ -327,16 +327,10 @@ class BatchLedger:
             bool(done_outbox_rows),
         )
         parameters: dict[str, Any] = {
-            # In key order, the order every writer of many operations locks
-            # them in: a group record comes to its rows unlocked, and the
-            # update locks each as it reaches it (in these rows' order on a
-            # nested loop over them; were it ever otherwise, PostgreSQL
-            # detects the deadlock and the group's answers are each
-            # recorded on their own).
             "writes": json_rows(
                 [
                     {**w.values, _PLANNED_FROM: w.version, "operation_id": w.operation_id}
-                    for w in sorted(writes, key=_operation_key)
+                    for w in writes
                 ]
             ),
             "transitions": json_rows([w.transition for w in writes if w.transition is not None]),
@@ -518,10 +512,6 @@ def recordset_columns(dialect: Dialect, table: Table, columns: Iterable[str]) ->
     return ", ".join(f"{name} {table.c[name].type.compile(dialect=dialect)}" for name in columns)
 
 
-def _operation_key(write: OperationWrite) -> str:
-    return write.operation_id
-
-
 # The column of the JSON rows of `_changes_sql` naming the version a change was planned from.
 _PLANNED_FROM = "planned_from_version"
 
@@ -534,7 +524,8 @@ def _changes_sql(
     observation_columns: tuple[str, ...],
     finish_outbox_rows: bool,
 ) -> TextClause:
-    """`_write_changes` on PostgreSQL as one statement: the attempts and the
+    """`_write_changes` on PostgreSQL as one statement: the operations locked in
+    key order (a group record comes to them unlocked), the attempts and the
     observations that come with the changes (each observation's id drawn first,
     so that its provider answer, `detail`, can name it; a JSON null is SQL NULL
     and writes no answer, as the stepwise path writes none for a None), the
@@ -578,11 +569,28 @@ def _changes_sql(
     written = recordset_columns(dialect, operations, ("operation_id", *value_columns))
     transition_columns = tuple(c.name for c in transitions.c if c.name != "id")
     transition_names = ", ".join(transition_columns)
+    # The operations are locked in key order before any is changed, as every
+    # writer of many operations locks them (a group record comes to its rows
+    # unlocked): the update joins only rows `locked` has produced, and it
+    # produces them in key order, whatever plan the update takes.
+    steps.insert(
+        0,
+        f"""locked AS MATERIALIZED (
+            SELECT o.operation_id FROM operations AS o
+            WHERE o.operation_id IN (
+                SELECT l.operation_id FROM jsonb_to_recordset(CAST(:writes AS jsonb))
+                    AS l({recordset_columns(dialect, operations, ("operation_id",))})
+            )
+            ORDER BY o.operation_id
+            FOR UPDATE
+        )""",
+    )
     steps.append(
         f"""changed AS (
             UPDATE operations AS o SET {assignments}
             FROM jsonb_to_recordset(CAST(:writes AS jsonb))
                 AS w({written}, {_PLANNED_FROM} integer)
+                JOIN locked ON locked.operation_id = w.operation_id
             WHERE o.operation_id = w.operation_id AND o.version = w.{_PLANNED_FROM}
             RETURNING o.operation_id
         ), new_transitions AS (
