@@ -313,7 +313,9 @@ async def record_group(
             answered.append(item.answered)
             settled_ids.add(id(item))
         if settled:
-            await ledger.settle(observed, changes.alike(settled), delivered, now)
+            await ledger.settle(
+                observed, changes.alike(settled), delivered, now, unlocked=not read_under_lock
+            )
             await changes.follow(Ledger(conn), settled, stage="settle")
     ledger_events.answers_recorded("payment", "grouped", answered)
     return settled_ids

@@ -29,6 +29,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -269,12 +270,21 @@ class BatchLedger:
         writes: Sequence[OperationWrite],
         outbox_row_ids: Sequence[int],
         now: datetime,
+        *,
+        unlocked: bool = False,
     ) -> None:
         """Write each answer's observation and its operation's planned change (an
         outcome, engine/evidence.settlement), and mark the rows that delivered
-        them done; on PostgreSQL in one statement."""
+        them done; on PostgreSQL in one statement. `unlocked`: the changes
+        were planned without reading their operations under this
+        transaction's locks, so the write takes the locks first, in key
+        order, as every writer of many operations does."""
         await self._write_changes(
-            writes, now, observation_rows=observation_rows, done_outbox_rows=outbox_row_ids
+            writes,
+            now,
+            observation_rows=observation_rows,
+            done_outbox_rows=outbox_row_ids,
+            unlocked=unlocked,
         )
 
     async def _write_changes(
@@ -285,6 +295,7 @@ class BatchLedger:
         attempt_rows: Sequence[Mapping[str, Any]] = (),
         observation_rows: Sequence[Mapping[str, Any]] = (),
         done_outbox_rows: Sequence[int] = (),
+        unlocked: bool = False,
     ) -> None:
         """Planned changes set-at-a-time, beside the rows they come with. Every
         change is written only while its operation is at the version it was
@@ -297,9 +308,13 @@ class BatchLedger:
         written: int | None
         if self._is_postgres and len(by_columns) == 1:
             written = await self._write_in_one_statement(
-                writes, now, attempt_rows, observation_rows, done_outbox_rows
+                writes, now, attempt_rows, observation_rows, done_outbox_rows, unlocked
             )
         else:
+            # Only the one statement locks what it was not given locked (a
+            # group record plans without a read on PostgreSQL alone, its
+            # changes `alike`).
+            assert not unlocked, "changes planned without their locks take the one statement"
             written = await self._write_stepwise(
                 by_columns, now, attempt_rows, observation_rows, done_outbox_rows
             )
@@ -317,6 +332,7 @@ class BatchLedger:
         attempt_rows: Sequence[Mapping[str, Any]],
         observation_rows: Sequence[Mapping[str, Any]],
         done_outbox_rows: Sequence[int],
+        unlocked: bool,
     ) -> int:
         columns = tuple(writes[0].values)
         statement = _changes_sql(
@@ -325,6 +341,7 @@ class BatchLedger:
             tuple(attempt_rows[0]) if attempt_rows else (),
             tuple(observation_rows[0]) if observation_rows else (),
             bool(done_outbox_rows),
+            unlocked,
         )
         parameters: dict[str, Any] = {
             "writes": json_rows(
@@ -335,6 +352,8 @@ class BatchLedger:
             ),
             "transitions": json_rows([w.transition for w in writes if w.transition is not None]),
         }
+        if unlocked:
+            parameters[_LOCKED_IDS] = sorted(w.operation_id for w in writes)
         if attempt_rows:
             parameters["attempts"] = json_rows(attempt_rows)
         if observation_rows:
@@ -512,6 +531,8 @@ def recordset_columns(dialect: Dialect, table: Table, columns: Iterable[str]) ->
     return ", ".join(f"{name} {table.c[name].type.compile(dialect=dialect)}" for name in columns)
 
 
+# The parameter of `_changes_sql` naming the operations it locks first.
+_LOCKED_IDS = "locked_ids"
 # The column of the JSON rows of `_changes_sql` naming the version a change was planned from.
 _PLANNED_FROM = "planned_from_version"
 
@@ -523,9 +544,10 @@ def _changes_sql(
     attempt_columns: tuple[str, ...],
     observation_columns: tuple[str, ...],
     finish_outbox_rows: bool,
+    lock_first: bool,
 ) -> TextClause:
     """`_write_changes` on PostgreSQL as one statement: the operations locked in
-    key order (a group record comes to them unlocked), the attempts and the
+    key order if the changes were planned without their locks, the attempts and the
     observations that come with the changes (each observation's id drawn first,
     so that its provider answer, `detail`, can name it; a JSON null is SQL NULL
     and writes no answer, as the stepwise path writes none for a None), the
@@ -569,28 +591,28 @@ def _changes_sql(
     written = recordset_columns(dialect, operations, ("operation_id", *value_columns))
     transition_columns = tuple(c.name for c in transitions.c if c.name != "id")
     transition_names = ", ".join(transition_columns)
-    # The operations are locked in key order before any is changed, as every
-    # writer of many operations locks them (a group record comes to its rows
-    # unlocked): the update joins only rows `locked` has produced, and it
-    # produces them in key order, whatever plan the update takes.
-    steps.insert(
-        0,
-        f"""locked AS MATERIALIZED (
+    locked_join = ""
+    if lock_first:
+        # The operations are locked in key order before any is changed, as
+        # every writer of many operations locks them: the update joins only
+        # rows `locked` has produced, and it produces them in key order,
+        # whatever plan the update takes.
+        steps.insert(
+            0,
+            f"""locked AS MATERIALIZED (
             SELECT o.operation_id FROM operations AS o
-            WHERE o.operation_id IN (
-                SELECT l.operation_id FROM jsonb_to_recordset(CAST(:writes AS jsonb))
-                    AS l({recordset_columns(dialect, operations, ("operation_id",))})
-            )
+            WHERE o.operation_id = ANY(:{_LOCKED_IDS})
             ORDER BY o.operation_id
             FOR UPDATE
         )""",
-    )
+        )
+        locked_join = "JOIN locked ON locked.operation_id = w.operation_id"
     steps.append(
         f"""changed AS (
             UPDATE operations AS o SET {assignments}
             FROM jsonb_to_recordset(CAST(:writes AS jsonb))
                 AS w({written}, {_PLANNED_FROM} integer)
-                JOIN locked ON locked.operation_id = w.operation_id
+                {locked_join}
             WHERE o.operation_id = w.operation_id AND o.version = w.{_PLANNED_FROM}
             RETURNING o.operation_id
         ), new_transitions AS (
@@ -611,4 +633,8 @@ def _changes_sql(
     statement = text("WITH " + ", ".join(steps) + " SELECT count(*) FROM changed")
     if finish_outbox_rows:
         statement = statement.bindparams(bindparam("now", type_=UTCDateTime()))
+    if lock_first:
+        statement = statement.bindparams(
+            bindparam(_LOCKED_IDS, type_=ARRAY(operations.c.operation_id.type))
+        )
     return statement
