@@ -68,6 +68,8 @@ async def write(
     ledger: BatchLedger,
     one_statement: bool,
     planned: list[changes.OperationChange],
+    *,
+    unlocked: bool = False,
     **rows: Any,
 ) -> int | None:
     writes = [change.rows for change in planned]
@@ -78,6 +80,7 @@ async def write(
             rows.get("attempt_rows", ()),
             rows.get("observation_rows", ()),
             rows.get("done_outbox_rows", ()),
+            unlocked,
         )
     return await ledger._write_stepwise(
         {tuple(writes[0].values): writes},
@@ -115,7 +118,10 @@ async def submit_and_settle(engine: AsyncEngine, ids: list[str], one_statement: 
         settled = await write(
             ledger,
             one_statement,
-            [
+            # As a group record planned without a read sends it: the
+            # operations locked first (again, here) by the statement itself.
+            unlocked=one_statement,
+            planned=[
                 changes.plan(
                     submitting[operation_id],
                     State.OUTCOME_KNOWN,
