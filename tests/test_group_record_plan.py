@@ -422,6 +422,58 @@ async def test_an_operation_moved_on_while_the_group_waits_for_its_lock_is_not_w
     assert states == ["OUTCOME_KNOWN", "UNKNOWN", "OUTCOME_KNOWN"]
 
 
+async def test_the_group_statement_takes_its_operations_locks_in_key_order(
+    pg: AsyncEngine,
+) -> None:
+    """Another writer holds the middle key of a group of three: the group's
+    statement, waiting for it, holds the lowest key's lock and not yet the
+    highest's, although the highest was made first (a statement that took
+    its rows as they lie on disk would have locked it)."""
+    scene = Scene(pg)
+    made: list[str] = []
+    chosen = None
+    while chosen is None and len(made) < 30:  # ids are random: a few make one
+        made.append(await pay(scene, "fay", f"order-{len(made)}"))
+        chosen = _made_before_the_middle(made)
+    assert chosen is not None
+    low, middle, high = sorted(chosen)
+    prepared = await presubmitted(scene, [high, low, middle])
+    sent = [
+        Sent(item, answer("succeeded", f"ch_{n}"), answered_now())
+        for n, item in enumerate(prepared)
+    ]
+    async with pg.connect() as other:
+        await other.begin()
+        assert await Ledger(other).lock_operation(middle) is not None
+        recording = asyncio.create_task(record_together(scene.worker.dispatcher, sent))
+        await asyncio.sleep(0.5)  # the group's statement is waiting on the middle key
+        assert not recording.done()
+        assert await held_by_another(pg, low)
+        assert not await held_by_another(pg, high)
+        await other.rollback()
+    assert len(await recording) == 3
+
+
+def _made_before_the_middle(made: list[str]) -> list[str] | None:
+    """Three of `made` whose highest key was made before their middle one."""
+    for high in made:
+        for middle in made[made.index(high) + 1 :]:
+            lower = [key for key in made if key < middle and key != high]
+            if middle < high and lower:
+                return [lower[0], middle, high]
+    return None
+
+
+async def held_by_another(engine: AsyncEngine, operation_id: str) -> bool:
+    async with engine.connect() as conn, conn.begin():
+        found = await conn.execute(
+            select(operations.c.operation_id)
+            .where(operations.c.operation_id == operation_id)
+            .with_for_update(skip_locked=True)
+        )
+        return found.first() is None
+
+
 # Every statement that writes `operations`, by the function it is in: each of
 # these but retention's writes the values `changes.plan` made, which move the
 # version. A group record planned without a read relies on that (the same

@@ -593,10 +593,12 @@ def _changes_sql(
     transition_names = ", ".join(transition_columns)
     locked_join = ""
     if lock_first:
-        # The operations are locked in key order before any is changed, as
-        # every writer of many operations locks them: the update joins only
-        # rows `locked` has produced, and it produces them in key order,
-        # whatever plan the update takes.
+        # The operations' locks are taken in key order, as every writer of
+        # many operations takes them: the update changes only rows `locked`
+        # has produced, and it produces (and locks) them one after another by
+        # key, whatever plan the update takes. It runs as far as the update
+        # reads it: a row it never reaches is one whose version moved on, and
+        # the count then sends the group back to be planned under locks.
         steps.insert(
             0,
             f"""locked AS MATERIALIZED (
