@@ -280,76 +280,42 @@ async def story(
 
 async def ledger_of(engine: AsyncEngine, operation_id: str, actor: str) -> tuple[Any, ...]:
     """What the ledger holds of a payment of `actor`'s, without its ids and keys."""
+
+    async def rows(table: Any, columns: Sequence[str], order: Sequence[str]) -> list[Any]:
+        """`columns` of the operation's rows of `table`, in `order`."""
+        key = table.c.object_id if table is merchant_events else table.c.operation_id
+        query = select(*(table.c[c] for c in columns)).where(key == operation_id)
+        if table is outbox:
+            query = query.where(outbox.c.done_at.is_(None))
+        found = await conn.execute(query.order_by(*(table.c[c] for c in order)))
+        return [tuple(row) for row in found]
+
     async with engine.connect() as conn:
         operation = await Ledger(conn).get_operation(operation_id)
         assert operation is not None
-        seen = (
-            await conn.execute(
-                select(
-                    observations.c.kind,
-                    observations.c.verdict,
-                    observations.c.attempt_number,
-                    observations.c.provider_reference,
-                    observations.c.reason,
-                    observations.c.at,
-                )
-                .where(observations.c.operation_id == operation_id)
-                .order_by(observations.c.id)
-            )
-        ).all()
-        moved = (
-            await conn.execute(
-                select(
-                    transitions.c.from_state,
-                    transitions.c.to_state,
-                    transitions.c.next_action,
-                    transitions.c.reason,
-                    transitions.c.source,
-                    transitions.c.at,
-                )
-                .where(transitions.c.operation_id == operation_id)
-                .order_by(transitions.c.id)
-            )
-        ).all()
-        tried = (
-            await conn.execute(
-                select(attempts.c.number, attempts.c.relation, attempts.c.submitted_at)
-                .where(attempts.c.operation_id == operation_id)
-                .order_by(attempts.c.number)
-            )
-        ).all()
-        news = (
-            (
-                await conn.execute(
-                    select(merchant_events.c.type)
-                    .where(merchant_events.c.object_id == operation_id)
-                    .order_by(merchant_events.c.created_at, merchant_events.c.event_id)
-                )
-            )
-            .scalars()
-            .all()
+        seen = await rows(
+            observations,
+            ("kind", "verdict", "attempt_number", "provider_reference", "reason", "at"),
+            ("id",),
         )
-        pending = (
-            (
-                await conn.execute(
-                    select(outbox.c.kind)
-                    .where(outbox.c.operation_id == operation_id, outbox.c.done_at.is_(None))
-                    .order_by(outbox.c.id)
-                )
-            )
-            .scalars()
-            .all()
+        moved = await rows(
+            transitions,
+            ("from_state", "to_state", "next_action", "reason", "source", "at"),
+            ("id",),
         )
+        tried = await rows(attempts, ("number", "relation", "submitted_at"), ("number",))
+        news = await rows(merchant_events, ("type",), ("created_at", "event_id"))
+        pending = await rows(outbox, ("kind",), ("id",))
     record = operation.as_dict()
     for name in ("operation_id", "idempotency_key", "actor", "request_hash", "request_context"):
         del record[name]
     return (
         record,
-        [tuple(r) for r in seen],
-        [(*r[:4], r.source.replace(actor, "<actor>"), r.at) for r in moved],
-        [tuple(r) for r in tried],
+        seen,
+        [(*r[:4], r[4].replace(actor, "<actor>"), r[5]) for r in moved],
+        tried,
         sorted(news),
-        list(pending),
+        pending,
     )
 
 
