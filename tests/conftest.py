@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.ports import free_port
 from intentledger.store.database import create_ledger_engine
+from intentledger.store.direct import DirectConnections, direct_connections_for
 from intentledger.store.migrate import upgrade
 from intentledger_tools.bench.pgbouncer import PgBouncer, running_pgbouncer
 from tests.support import Process
@@ -116,11 +117,34 @@ def database_url(backend: str, databases: Databases) -> str:
     return databases.create(backend)
 
 
+# The direct connections made for each engine's workers (`direct_for`), closed
+# with the engine by the fixtures that made it.
+_DIRECT: dict[int, list[DirectConnections]] = {}
+
+
+def direct_for(engine: AsyncEngine) -> DirectConnections | None:
+    """The batched first attempts' own connections for a worker on `engine`, as
+    `intentledger worker` gives it (none on SQLite)."""
+    direct = direct_connections_for(
+        engine.url.render_as_string(hide_password=False), engine.dialect
+    )
+    if direct is not None:
+        _DIRECT.setdefault(id(engine), []).append(direct)
+    return direct
+
+
+async def dispose(engine: AsyncEngine) -> None:
+    """Close `engine` and the direct connections made for it."""
+    for direct in _DIRECT.pop(id(engine), []):
+        await direct.close()
+    await engine.dispose()
+
+
 @pytest.fixture
 async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     eng = create_ledger_engine(database_url)
     yield eng
-    await eng.dispose()
+    await dispose(eng)
 
 
 @pytest.fixture
@@ -132,7 +156,7 @@ async def engine_on_one_backend(databases: Databases) -> AsyncIterator[AsyncEngi
         databases.create("postgresql" if "postgresql" in BACKENDS else BACKENDS[0])
     )
     yield eng
-    await eng.dispose()
+    await dispose(eng)
 
 
 @pytest.fixture(scope="session")

@@ -12,10 +12,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.ports import free_port
+from intentledger.store.direct import DirectConnection
 
 INTENTLEDGER = [sys.executable, "-m", "intentledger.cli"]
 
@@ -144,3 +148,27 @@ class Forwarder:
     def stop(self) -> None:
         if self._listener is not None:
             self._listener.close()
+
+
+def counting(engine: AsyncEngine) -> tuple[list[str], Callable[[], None]]:
+    """The statements sent from now on, on `engine` (SQLAlchemy's events) and on
+    the batched first attempts' own connections (store/direct.py), which send
+    SQLAlchemy's statements past its events; and how to stop counting."""
+    sent: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    through_engine = DirectConnection.execute
+
+    async def execute(self: DirectConnection, statement: Any, parameters: Any = None) -> Any:
+        sent.append(str(statement.compile(dialect=self.dialect)))
+        return await through_engine(self, statement, parameters)
+
+    def stop() -> None:
+        event.remove(engine.sync_engine, "before_cursor_execute", count)
+        DirectConnection.execute = through_engine  # type: ignore[method-assign]
+
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    DirectConnection.execute = execute  # type: ignore[method-assign]
+    return sent, stop

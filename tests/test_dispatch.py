@@ -25,6 +25,7 @@ from intentledger.ports import free_port
 from intentledger.providers.sandbox_client import SandboxProvider
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import decisions, observations, operations, outbox
+from tests.conftest import direct_for
 
 ROUTE = "POST /v1/payments"
 
@@ -69,6 +70,7 @@ def make_worker(
             DispatchSettings(lease=lease, recheck_backoff=backoff),
             worker,
             jitter=lambda: 0.0,
+            direct=direct_for(engine),
         ),
         Reconciler(
             engine,

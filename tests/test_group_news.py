@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.documents import json_value, mandate_document, operation_document
@@ -32,6 +32,7 @@ from intentledger.store.batches import BatchLedger
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import merchant_events, webhook_deliveries
 from intentledger.store.webhooks import WebhookStore
+from tests.support import counting
 from tests.test_dispatch import ROUTE
 from tests.test_merchant_webhooks_engine import add_endpoint
 from tests.test_recovery_model import SECOND, Scene
@@ -88,19 +89,13 @@ async def settle_as_a_group(scene: Scene, count: int) -> int:
         Sent(item, success(f"ch_{item.row.operation_id[-10:]}"), answered_now())
         for item in prepared
     ]
-    statements = 0
-
-    def count_statement(*_: Any) -> None:
-        nonlocal statements
-        statements += 1
-
-    event.listen(scene.engine.sync_engine, "before_cursor_execute", count_statement)
+    statements, stop = counting(scene.engine)
     try:
         settled = await record_together(scene.worker.dispatcher, sent)
     finally:
-        event.remove(scene.engine.sync_engine, "before_cursor_execute", count_statement)
+        stop()
     assert len(settled) == count
-    return statements
+    return len(statements)
 
 
 async def announced(engine: AsyncEngine) -> list[tuple[str, str, str, dict[str, Any]]]:

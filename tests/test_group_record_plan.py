@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import intentledger
@@ -61,6 +61,7 @@ from intentledger.store.tables import (
     transitions,
 )
 from tests.conftest import BACKENDS, Databases
+from tests.support import counting
 from tests.test_group_news import mandate, pay
 from tests.test_merchant_webhooks_engine import add_endpoint
 from tests.test_recovery_model import Scene
@@ -107,17 +108,6 @@ async def presubmitted(scene: Scene, operation_ids: Sequence[str]) -> list[Prepa
     assert not others
     by_id = {item.row.operation_id: item for item in prepared}
     return [by_id[operation_id] for operation_id in operation_ids]
-
-
-def counting(engine: AsyncEngine) -> tuple[list[str], Callable[[], None]]:
-    """The statements sent on `engine` from now on, and how to stop counting."""
-    sent: list[str] = []
-
-    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        sent.append(statement)
-
-    event.listen(engine.sync_engine, "before_cursor_execute", count)
-    return sent, lambda: event.remove(engine.sync_engine, "before_cursor_execute", count)
 
 
 async def test_a_pre_submit_hands_on_the_row_as_it_committed_it(engine: AsyncEngine) -> None:

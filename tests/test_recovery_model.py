@@ -101,6 +101,7 @@ from intentledger.store.tables import (
 from intentledger.store.tables import (
     mandates as mandates_table,
 )
+from tests.conftest import direct_for
 from tests.test_dispatch import accept
 
 T = TypeVar("T")
@@ -336,8 +337,11 @@ def build_worker(
     provider: SimulatedProvider,
     clock: ControlledClock,
     rules: SafetyRules = RULES,
+    direct: bool = True,
 ) -> Worker:
-    """Wired as `intentledger worker` wires it, with the simulated provider."""
+    """Wired as `intentledger worker` wires it, with the simulated provider:
+    on PostgreSQL its batched first attempts on connections of their own,
+    unless `direct` is false."""
     return Worker(
         engine,
         clock,
@@ -350,6 +354,7 @@ def build_worker(
             DispatchSettings(lease=LEASE, recheck_backoff=BACKOFF),
             WORKER_ID,
             jitter=lambda: 0.0,
+            direct=direct_for(engine) if direct else None,
         ),
         Reconciler(
             engine,
@@ -1097,11 +1102,11 @@ TestRecoveryModel = RecoveryModel.TestCase
 class Scene:
     """One payment's story told step by step, for the example tests."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, direct: bool = True) -> None:
         self.engine = engine
         self.clock = ControlledClock()
         self.provider = SimulatedProvider(self.clock)
-        self.worker = build_worker(engine, self.provider, self.clock)
+        self.worker = build_worker(engine, self.provider, self.clock, direct=direct)
 
     async def accept(self) -> str:
         return await accept(self.engine, self.clock, "pm_model", "example")

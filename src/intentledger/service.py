@@ -39,6 +39,7 @@ from intentledger.providers.sandbox.webhooks import SandboxWebhooks
 from intentledger.safety_config import load_safety_rules
 from intentledger.settings import Settings
 from intentledger.store.database import create_ledger_engine
+from intentledger.store.direct import DirectConnections, direct_connections_for
 from intentledger.store.group_statement import group_statement_for
 from intentledger.store.ledger import REQUEST_PATH_OWNER
 
@@ -84,6 +85,7 @@ def build_dispatcher(
     default_provider_url: str | None,
     identity: str,
     provider: Provider | None = None,
+    direct: DirectConnections | None = None,
 ) -> Dispatcher:
     return Dispatcher(
         engine,
@@ -91,12 +93,21 @@ def build_dispatcher(
         clock,
         DispatchSettings(lease=settings.lease, recheck_backoff=settings.recheck_backoff),
         identity,
+        direct=direct,
     )
 
 
 def build_worker(
-    settings: Settings, engine: AsyncEngine, clock: Clock, default_provider_url: str | None
+    settings: Settings,
+    engine: AsyncEngine,
+    clock: Clock,
+    default_provider_url: str | None,
+    *,
+    direct: bool = True,
 ) -> Worker:
+    """The worker `intentledger worker` runs. `direct`: its batched first
+    attempts on connections of their own (store/direct.py) on PostgreSQL;
+    without, on the engine, where SQLAlchemy's events see their statements."""
     provider = instrumented_provider(settings, default_provider_url)
     identity = worker_id("worker")
     return Worker(
@@ -104,7 +115,18 @@ def build_worker(
         clock,
         settings.lease,
         identity,
-        build_dispatcher(settings, engine, clock, default_provider_url, identity, provider),
+        build_dispatcher(
+            settings,
+            engine,
+            clock,
+            default_provider_url,
+            identity,
+            provider,
+            # Closed by the worker's `close`.
+            direct_connections_for(settings.database_url, engine.dialect, settings.database_pooler)
+            if direct
+            else None,
+        ),
         Reconciler(
             engine,
             provider,

@@ -28,6 +28,7 @@ from intentledger.domain.merchant_events import (
 from intentledger.domain.states import State
 from intentledger.store import merchant_events
 from intentledger.store.batches import BatchLedger
+from intentledger.store.direct import current_transaction
 from intentledger.store.ledger import Ledger
 from intentledger.store.records import OperationRecord, WebhookEndpointRecord
 
@@ -148,9 +149,7 @@ async def _announce_once(ledger: Ledger, news: Sequence[_ObjectNews], now: datet
     the transaction leaves it: suspending a mandate that cancels ten payments is
     one change to the merchant, not eleven states nobody will see again."""
     # The transaction itself (the async wrapper may be another object each time).
-    transaction = (
-        ledger.conn.sync_connection.get_transaction() if ledger.conn.sync_connection else None
-    )
+    transaction = current_transaction(ledger.conn)
     fresh: list[merchant_events.NewEvent] = []
     for actor, event_type, object_id, data, endpoints in news:
         earlier = ledger.announced.get((event_type, object_id))

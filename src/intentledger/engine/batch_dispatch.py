@@ -38,6 +38,7 @@ from intentledger.engine.dispatcher import Dispatcher, Submission, begin_attempt
 from intentledger.engine.settlement_queue import Prepared, Sent, SettlementQueue, answered_now
 from intentledger.observability.logs import log_context
 from intentledger.store.batches import BatchLedger
+from intentledger.store.direct import LedgerConnection
 from intentledger.store.ledger import Ledger
 from intentledger.store.records import OutboxRecord
 
@@ -105,50 +106,53 @@ async def pre_submit(
     return those with what to send, and the rows left to the reference path."""
     if not rows:
         return [], []
-    async with dispatcher.engine.begin() as conn:
-        ledger = BatchLedger(conn)
-        now = dispatcher.clock()
-        locked = await ledger.lock(row.operation_id for row in rows)
-        held = await ledger.leases_held((row.id for row in rows), dispatcher.worker_id, now)
-        batch: list[Prepared] = []
-        beginning: list[tuple[dict[str, Any], changes.OperationChange]] = []
-        others: list[OutboxRecord] = []
-        taken: set[str] = set()
-        for row in rows:
-            operation = locked.operations[row.operation_id]
-            mandate = locked.mandates.get(operation.mandate_id) if operation.mandate_id else None
-            stop = mandate_stop(
-                operation.kind, operation.mandate_id, mandate.status if mandate else None
+    return await dispatcher.hot_transaction(lambda conn: _pre_submit_in(dispatcher, conn, rows))
+
+
+async def _pre_submit_in(
+    dispatcher: Dispatcher, conn: LedgerConnection, rows: Sequence[OutboxRecord]
+) -> tuple[list[Prepared], list[OutboxRecord]]:
+    ledger = BatchLedger(conn)
+    now = dispatcher.clock()
+    locked = await ledger.lock(row.operation_id for row in rows)
+    held = await ledger.leases_held((row.id for row in rows), dispatcher.worker_id, now)
+    batch: list[Prepared] = []
+    beginning: list[tuple[dict[str, Any], changes.OperationChange]] = []
+    others: list[OutboxRecord] = []
+    taken: set[str] = set()
+    for row in rows:
+        operation = locked.operations[row.operation_id]
+        mandate = locked.mandates.get(operation.mandate_id) if operation.mandate_id else None
+        stop = mandate_stop(
+            operation.kind, operation.mandate_id, mandate.status if mandate else None
+        )
+        plain = (
+            row.id in held
+            and operation.operation_id not in taken
+            and batchable_first_attempt(
+                operation.kind,
+                State(operation.state),
+                # Written with attempt 1, by every path that adds attempts, in the
+                # same transaction: unset means no attempt was ever committed.
+                attempted=operation.first_attempt_at is not None,
+                delivered_decision_id=row.decision_id,
+                stop=stop,
             )
-            plain = (
-                row.id in held
-                and operation.operation_id not in taken
-                and batchable_first_attempt(
-                    operation.kind,
-                    State(operation.state),
-                    # Written with attempt 1, by every path that adds attempts, in the
-                    # same transaction: unset means no attempt was ever committed.
-                    attempted=operation.first_attempt_at is not None,
-                    delivered_decision_id=row.decision_id,
-                    stop=stop,
-                )
-            )
-            if not plain:
-                others.append(row)
-                continue
-            taken.add(operation.operation_id)
-            plan = AttemptPlan(FIRST_ATTEMPT, provider_key(operation.operation_id), None)
-            attempt, change = begin_attempt(operation, plan, None, now, dispatcher.worker_id)
-            submission = Submission(FIRST_ATTEMPT, request_for(operation, plan.key))
-            batch.append(Prepared(row, submission, operation.updated(change.values)))
-            beginning.append((attempt, change))
-        if beginning:
-            await ledger.begin_attempts(
-                [attempt for attempt, _ in beginning],
-                changes.alike([change for _, change in beginning]),
-                now,
-            )
-            await changes.follow(
-                Ledger(conn), [change for _, change in beginning], stage="pre_submit"
-            )
+        )
+        if not plain:
+            others.append(row)
+            continue
+        taken.add(operation.operation_id)
+        plan = AttemptPlan(FIRST_ATTEMPT, provider_key(operation.operation_id), None)
+        attempt, change = begin_attempt(operation, plan, None, now, dispatcher.worker_id)
+        submission = Submission(FIRST_ATTEMPT, request_for(operation, plan.key))
+        batch.append(Prepared(row, submission, operation.updated(change.values)))
+        beginning.append((attempt, change))
+    if beginning:
+        await ledger.begin_attempts(
+            [attempt for attempt, _ in beginning],
+            changes.alike([change for _, change in beginning]),
+            now,
+        )
+        await changes.follow(Ledger(conn), [change for _, change in beginning], stage="pre_submit")
     return batch, others

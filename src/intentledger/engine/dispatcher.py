@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -39,6 +39,7 @@ from intentledger.engine.unknown import plan_unknown
 from intentledger.observability import ledger_events
 from intentledger.observability.logs import log_context
 from intentledger.providers.base import Provider, ProviderRequest
+from intentledger.store.direct import DirectConnections, LedgerConnection
 from intentledger.store.ledger import Ledger, Loaded, Made
 from intentledger.store.records import (
     AttemptRecord,
@@ -48,6 +49,8 @@ from intentledger.store.records import (
 )
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,7 @@ class Dispatcher:
         settings: DispatchSettings,
         worker_id: str,
         jitter: Callable[[], float] = random.random,
+        direct: DirectConnections | None = None,
     ) -> None:
         self.engine = engine
         self.provider = provider
@@ -182,6 +186,17 @@ class Dispatcher:
         self.settings = settings
         self.worker_id = worker_id
         self.jitter = jitter
+        # The batched first attempts' connections on PostgreSQL (store/direct.py);
+        # without them those transactions go through the engine, as every other does.
+        self.direct = direct
+
+    async def hot_transaction(self, work: Callable[[LedgerConnection], Awaitable[_T]]) -> _T:
+        """`work` in one transaction of the batched first attempts' path: on the
+        direct connections where there are some, else on the engine."""
+        if self.direct is not None:
+            return await self.direct.run(work)
+        async with self.engine.begin() as conn:
+            return await work(conn)
 
     async def deliver_submit(self, row: OutboxRecord) -> None:
         with log_context(operation_id=row.operation_id):

@@ -27,6 +27,7 @@ from intentledger.engine.clock import Clock
 from intentledger.engine.mandates import reserve_for_payment
 from intentledger.engine.refusal import claim_or_replay
 from intentledger.observability import ledger_events
+from intentledger.store.direct import engine_connection
 from intentledger.store.intake import IntakeLedger
 from intentledger.store.ledger import Ledger, new_operation_id
 from intentledger.store.records import OperationRecord
@@ -157,7 +158,9 @@ async def write_accepted(
     """One accepted operation, its first transition and its submit row (the
     store's one accept path), announced as a transition into ACCEPTED. The id
     of the submit row."""
-    row_id = await IntakeLedger(ledger.conn).accept_one(values, by, reason, now, hold=hold)
+    row_id = await IntakeLedger(engine_connection(ledger.conn)).accept_one(
+        values, by, reason, now, hold=hold
+    )
     ledger_events.transition(
         ledger.conn, values["operation_id"], None, State.ACCEPTED, NextAction.SUBMIT, reason
     )

@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from intentledger.domain.durations import format_duration
 from intentledger.domain.replay_window import replay_window_passed
+from intentledger.store.direct import engine_connection
 from intentledger.store.intake import IntakeLedger
 from intentledger.store.ledger import Ledger
 from intentledger.store.records import IdempotencyRecord
@@ -171,7 +172,7 @@ async def claim_or_replay(
             "resource_id": resource_id,
             "created_at": now,
         }
-        if await IntakeLedger(ledger.conn).claim_keys([record]):
+        if await IntakeLedger(engine_connection(ledger.conn)).claim_keys([record]):
             return None
         original = await find_replay(ledger, actor, route, key, request_hash, now, window)
         if original is not None:

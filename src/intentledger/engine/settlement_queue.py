@@ -44,6 +44,7 @@ from intentledger.engine.dispatcher import Dispatcher, Submission, as_evidence, 
 from intentledger.engine.evidence import settlement
 from intentledger.observability import ledger_events
 from intentledger.store.batches import BatchLedger
+from intentledger.store.direct import LedgerConnection
 from intentledger.store.ledger import ConcurrentUpdate, Ledger
 from intentledger.store.records import OperationRecord, OutboxRecord
 
@@ -271,54 +272,60 @@ async def record_group(
     """`record_together`'s transaction, planned from the rows read under their
     locks or (`read_under_lock=False`, only where the write counts what it
     changed) from the records the pre-submits handed on."""
-    settled_ids: set[int] = set()
-    async with dispatcher.engine.begin() as conn:
-        ledger = BatchLedger(conn)
-        now = dispatcher.clock()
-        limits = Limits(dispatcher.settings.recheck_backoff)
-        if read_under_lock:
-            locked = await ledger.lock(item.row.operation_id for item in sent)
-            operations = locked.operations
-        else:
-            # Unlocked until the write, which takes the locks in key order.
-            operations = {item.row.operation_id: item.prepared.operation for item in sent}
-        observed: list[dict[str, Any]] = []
-        settled: list[changes.OperationChange] = []
-        delivered: list[int] = []
-        answered: list[float] = []
-        for item in sent:
-            operation = operations[item.row.operation_id]
-            answer = item.answer
-            classification = classify(answer)
-            retry_after = parse_retry_after(answer.retry_after, now)
-            evidence = as_evidence(
-                item.submission.attempt_number, answer, classification, retry_after
-            )
-            change = _plain_settlement(operation, item, evidence, now, limits, dispatcher.worker_id)
-            if change is None:
-                continue
-            observed.append(
-                submit_result(
-                    operation,
-                    now,
-                    dispatcher.worker_id,
-                    item.submission.attempt_number,
-                    answer,
-                    classification,
-                    retry_after,
-                )
-            )
-            settled.append(change)
-            delivered.append(item.row.id)
-            answered.append(item.answered)
-            settled_ids.add(id(item))
-        if settled:
-            await ledger.settle(
-                observed, changes.alike(settled), delivered, now, unlocked=not read_under_lock
-            )
-            await changes.follow(Ledger(conn), settled, stage="settle")
+    settled_ids, answered = await dispatcher.hot_transaction(
+        lambda conn: _record_group_in(dispatcher, conn, sent, read_under_lock)
+    )
     ledger_events.answers_recorded("payment", "grouped", answered)
     return settled_ids
+
+
+async def _record_group_in(
+    dispatcher: Dispatcher, conn: LedgerConnection, sent: Sequence[Sent], read_under_lock: bool
+) -> tuple[set[int], list[float]]:
+    settled_ids: set[int] = set()
+    ledger = BatchLedger(conn)
+    now = dispatcher.clock()
+    limits = Limits(dispatcher.settings.recheck_backoff)
+    if read_under_lock:
+        locked = await ledger.lock(item.row.operation_id for item in sent)
+        operations = locked.operations
+    else:
+        # Unlocked until the write, which takes the locks in key order.
+        operations = {item.row.operation_id: item.prepared.operation for item in sent}
+    observed: list[dict[str, Any]] = []
+    settled: list[changes.OperationChange] = []
+    delivered: list[int] = []
+    answered: list[float] = []
+    for item in sent:
+        operation = operations[item.row.operation_id]
+        answer = item.answer
+        classification = classify(answer)
+        retry_after = parse_retry_after(answer.retry_after, now)
+        evidence = as_evidence(item.submission.attempt_number, answer, classification, retry_after)
+        change = _plain_settlement(operation, item, evidence, now, limits, dispatcher.worker_id)
+        if change is None:
+            continue
+        observed.append(
+            submit_result(
+                operation,
+                now,
+                dispatcher.worker_id,
+                item.submission.attempt_number,
+                answer,
+                classification,
+                retry_after,
+            )
+        )
+        settled.append(change)
+        delivered.append(item.row.id)
+        answered.append(item.answered)
+        settled_ids.add(id(item))
+    if settled:
+        await ledger.settle(
+            observed, changes.alike(settled), delivered, now, unlocked=not read_under_lock
+        )
+        await changes.follow(Ledger(conn), settled, stage="settle")
+    return settled_ids, answered
 
 
 def answered_now() -> float:

@@ -32,6 +32,7 @@ from intentledger.domain.webhook_targets import (
 from intentledger.engine.clock import Clock
 from intentledger.engine.mandates import Keyed
 from intentledger.engine.refusal import Refusal, claim_key, find_keyed_replay, retry_key_races
+from intentledger.store.direct import engine_connection
 from intentledger.store.ledger import Ledger
 from intentledger.store.records import (
     ListedDeliveryRecord,
@@ -182,7 +183,7 @@ async def _replay(ledger: Ledger, keyed: Keyed, now: datetime) -> WebhookEndpoin
     found = await find_keyed_replay(ledger, keyed, now)
     if found is None:
         return None
-    endpoint = await WebhookStore(ledger.conn).endpoint_by_id(found)
+    endpoint = await WebhookStore(engine_connection(ledger.conn)).endpoint_by_id(found)
     assert endpoint is not None, "an idempotency record names its endpoint"
     return endpoint
 

@@ -39,6 +39,7 @@ from intentledger.observability import ledger_events
 from intentledger.observability.logs import log_context
 from intentledger.store.batches import BatchLedger
 from intentledger.store.database import lost_connection
+from intentledger.store.direct import LedgerConnection
 from intentledger.store.ledger import Ledger
 from intentledger.store.records import OutboxRecord
 
@@ -114,11 +115,7 @@ class Worker:
         submits through the batched first-attempt path (one pre-submit
         transaction, each answer recorded as it arrives), the other kinds one
         by one. Returns the tasks started."""
-        async with self.engine.begin() as conn:
-            rows = await BatchLedger(conn).claim_outbox_rows(
-                self.clock(), self.lease, self.worker_id, limit
-            )
-            ledger_events.claimed(conn, rows)
+        rows = await self.dispatcher.hot_transaction(lambda conn: self._claim(conn, limit))
         # Looked up once a claim, not at every task started: in CPython 3.11
         # each lookup of the running loop is a getpid() system call.
         loop = asyncio.get_running_loop()
@@ -141,6 +138,13 @@ class Worker:
             if cancelled:
                 raise asyncio.CancelledError
         return started
+
+    async def _claim(self, conn: LedgerConnection, limit: int) -> list[OutboxRecord]:
+        rows = await BatchLedger(conn).claim_outbox_rows(
+            self.clock(), self.lease, self.worker_id, limit
+        )
+        ledger_events.claimed(conn, rows)
+        return rows
 
     async def deliver_batch(self, limit: int) -> int:
         """Claim up to `limit` due rows, deliver them, and return once every one
@@ -224,6 +228,8 @@ class Worker:
 
     async def close(self) -> None:
         await self.dispatcher.provider.aclose()
+        if self.dispatcher.direct is not None:
+            await self.dispatcher.direct.close()
         if self.webhooks is not None:
             await self.webhooks.aclose()
 

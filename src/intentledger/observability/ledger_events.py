@@ -10,8 +10,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from intentledger.domain.states import State
 from intentledger.observability.metrics import (
     DECISIONS,
@@ -23,6 +21,7 @@ from intentledger.observability.metrics import (
     TRANSITIONS,
     after_commit,
 )
+from intentledger.store.direct import LedgerConnection
 
 log = logging.getLogger("intentledger.ledger")
 
@@ -45,7 +44,7 @@ def _transition_level(before: State | None, after: State) -> int:
 
 
 def transition(
-    conn: AsyncConnection,
+    conn: LedgerConnection,
     operation_id: str,
     before: State | None,
     after: State,
@@ -77,7 +76,7 @@ def transition(
 
 
 def transitions(
-    conn: AsyncConnection,
+    conn: LedgerConnection,
     before: State | None,
     after: State,
     count: int,
@@ -102,7 +101,7 @@ def transitions_committed(
         GROUP_COMMIT_SIZE.labels(stage).observe(size)
 
 
-def flags_raised(conn: AsyncConnection, operation: Any, fields: Mapping[str, Any]) -> None:
+def flags_raised(conn: LedgerConnection, operation: Any, fields: Mapping[str, Any]) -> None:
     for flag in FLAGS:
         if fields.get(flag) and not getattr(operation, flag):
             after_commit(conn, functools.partial(_flag_raised, operation.operation_id, flag))
@@ -128,7 +127,7 @@ def _lease_expired(row: Any) -> None:
     )
 
 
-def decision(conn: AsyncConnection, values: Mapping[str, Any]) -> None:
+def decision(conn: LedgerConnection, values: Mapping[str, Any]) -> None:
     rule = str(values["rule"])
     after_commit(conn, DECISIONS.labels(rule).inc)
     source = str(values.get("source", ""))
@@ -154,7 +153,7 @@ def decision(conn: AsyncConnection, values: Mapping[str, Any]) -> None:
     )
 
 
-def claimed(conn: AsyncConnection, rows: Sequence[Any]) -> None:
+def claimed(conn: LedgerConnection, rows: Sequence[Any]) -> None:
     """Rows claimed again after an earlier holder's lease ran out (a claim counts
     each delivery: more than one means someone held it before and did not finish)."""
     for row in rows:
@@ -163,7 +162,7 @@ def claimed(conn: AsyncConnection, rows: Sequence[Any]) -> None:
             after_commit(conn, functools.partial(_lease_expired, row))
 
 
-def swept(conn: AsyncConnection, operation_id: str, attempt: int) -> None:
+def swept(conn: LedgerConnection, operation_id: str, attempt: int) -> None:
     after_commit(conn, SWEEPER_ACTIONS.labels("stale_submitting_to_unknown").inc)
     after_commit(
         conn,

@@ -12,6 +12,8 @@ commit event, which SQLAlchemy fires as COMMIT is sent: a commit cut off at that
 very moment may or may not have happened, and is counted — the metric then errs
 like the database itself is ambiguous, once, and the ledger's tables (and the
 scrape-time gauges read from them, observability/ledger_gauges.py) stay the truth.
+On the batched first attempts' own connections (store/direct.py) they are
+applied once COMMIT has answered, so such a commit cut off is not counted.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from intentledger.store.direct import DirectConnection
 
 # -- counted where the work is written (applied at commit) -------------------
 
@@ -158,9 +162,14 @@ LABEL_NAMES = frozenset(
 _PENDING = "intentledger.metrics.after_commit"
 
 
-def after_commit(conn: AsyncConnection | Connection, action: Callable[[], Any]) -> None:
+def after_commit(
+    conn: AsyncConnection | Connection | DirectConnection, action: Callable[[], Any]
+) -> None:
     """Run `action` when the connection's current transaction commits; never if it
     rolls back. For counts (and log lines) of what a transaction writes."""
+    if isinstance(conn, DirectConnection):
+        conn.after_commit(action)
+        return
     sync = conn.sync_connection if isinstance(conn, AsyncConnection) else conn
     assert sync is not None, "a connection in use has its sync side"
     sync.info.setdefault(_PENDING, []).append(action)

@@ -31,9 +31,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import NextAction, State
+from intentledger.store.direct import LedgerConnection
 from intentledger.store.ids import IDS, among_ids, id_reads
 from intentledger.store.ledger import ConcurrentUpdate, Ledger, OperationWrite
 from intentledger.store.records import (
@@ -184,7 +184,7 @@ class Locked:
 
 
 class BatchLedger:
-    def __init__(self, conn: AsyncConnection) -> None:
+    def __init__(self, conn: LedgerConnection) -> None:
         self.conn = conn
         self._is_postgres = conn.dialect.name == "postgresql"
 

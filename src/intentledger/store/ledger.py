@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, func, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.domain.states import State
+from intentledger.store.direct import LedgerConnection
 from intentledger.store.records import (
     ApiKeyRecord,
     AttemptRecord,
@@ -178,7 +178,7 @@ def new_row_lease(due_at: datetime, hold: tuple[str, timedelta] | None) -> dict[
 
 
 class Ledger:
-    def __init__(self, conn: AsyncConnection) -> None:
+    def __init__(self, conn: LedgerConnection) -> None:
         self.conn = conn
         self._is_postgres = conn.dialect.name == "postgresql"
         # Merchant events this unit of work wrote, by (type, object): a mandate or

@@ -11,9 +11,9 @@ from typing import Any
 
 from sqlalchemy import Column, Select, TextClause, bindparam, insert, select, text, update
 from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.store.batches import json_rows, recordset_columns
+from intentledger.store.direct import LedgerConnection
 from intentledger.store.ids import among_ids, id_reads
 from intentledger.store.records import MandateRecord, WebhookEndpointRecord
 from intentledger.store.tables import (
@@ -50,7 +50,7 @@ def _statements(is_postgres: bool) -> _Statements:
 
 
 async def listening_endpoints(
-    conn: AsyncConnection, actors: Iterable[str]
+    conn: LedgerConnection, actors: Iterable[str]
 ) -> dict[str, list[WebhookEndpointRecord]]:
     """The live endpoints of each of `actors` that has any."""
     statement = _statements(conn.dialect.name == "postgresql").listening
@@ -62,13 +62,13 @@ async def listening_endpoints(
 
 
 async def endpoints_of_card_owner(
-    conn: AsyncConnection, card_id: str
+    conn: LedgerConnection, card_id: str
 ) -> list[WebhookEndpointRecord]:
     return await _endpoints_of_owner(conn, cards.c.actor, cards.c.card_id, card_id)
 
 
 async def endpoints_of_mandate_owners(
-    conn: AsyncConnection, mandate_ids: Iterable[str]
+    conn: LedgerConnection, mandate_ids: Iterable[str]
 ) -> dict[str, list[WebhookEndpointRecord]]:
     """The live endpoints of each mandate's owner, for the mandates whose owner
     has any: one read, however many mandates (up to `IDS_PER_READ`)."""
@@ -81,7 +81,7 @@ async def endpoints_of_mandate_owners(
 
 
 async def mandates_by_id(
-    conn: AsyncConnection, mandate_ids: Iterable[str]
+    conn: LedgerConnection, mandate_ids: Iterable[str]
 ) -> dict[str, MandateRecord]:
     statement = _statements(conn.dialect.name == "postgresql").mandates
     found: dict[str, MandateRecord] = {}
@@ -93,7 +93,7 @@ async def mandates_by_id(
 
 
 async def _endpoints_of_owner(
-    conn: AsyncConnection, owner: Column[Any], key: Column[Any], value: str
+    conn: LedgerConnection, owner: Column[Any], key: Column[Any], value: str
 ) -> list[WebhookEndpointRecord]:
     """The live endpoints of whoever owns the mandate or card `value`, in one read."""
     result = await conn.execute(
@@ -147,7 +147,7 @@ class NewEvent:
     endpoint_ids: Sequence[str]
 
 
-async def add_events(conn: AsyncConnection, events: Sequence[NewEvent], now: datetime) -> None:
+async def add_events(conn: LedgerConnection, events: Sequence[NewEvent], now: datetime) -> None:
     """The events, and a pending delivery of each to each of its endpoints, in the
     order given (the deliveries' ids follow it): one statement on PostgreSQL and
     two on SQLite, however many events there are."""
@@ -195,7 +195,7 @@ async def add_events(conn: AsyncConnection, events: Sequence[NewEvent], now: dat
     )
 
 
-async def replace_payload(conn: AsyncConnection, event_id: str, payload: str) -> None:
+async def replace_payload(conn: LedgerConnection, event_id: str, payload: str) -> None:
     """An event not yet committed (so not yet sent) shows its object's latest state."""
     await conn.execute(
         update(merchant_events)

@@ -193,7 +193,9 @@ async def capture_dispatch(database_url: str, sandbox_url: str, batch: int) -> D
         database_url=database_url, provider_url=sandbox_url, record_window=MAX_RECORD_WINDOW
     )
     engine = create_ledger_engine(database_url)
-    worker = build_worker(settings, engine, system_clock, None)
+    # On the engine: the same statements a worker sends on its own
+    # connections, where SQLAlchemy's events record them.
+    worker = build_worker(settings, engine, system_clock, None, direct=False)
     try:
         async with engine.connect() as conn:
             claimable = (

@@ -1,0 +1,374 @@
+"""A worker's batched first attempts on PostgreSQL, on psycopg connections of
+their own.
+
+A transport, not a second store: the claim, the pre-submit and the group
+record send the statements `BatchLedger` and `Ledger` build with SQLAlchemy
+Core, compiled once each, only over other connections. Sent through
+SQLAlchemy's async engine a transaction also paid for a pool checkout and its
+pre-ping (a round trip), greenlet switches, an execution context per statement
+and the results' wrapping: in a process that did nothing else, 0.73 ms of CPU
+for a transaction of one trivial statement against 0.21 ms sent straight, and
+0.80 ms against 0.49 to lock 25 operations (docs/benchmarks.md, "The hot path
+past SQLAlchemy's execution"). The server does the same work either way, so
+what goes is the worker's alone.
+
+What stays as it was:
+
+- **The statements and their values.** Each is SQLAlchemy's own compilation
+  for psycopg; its parameters pass through the bind processors SQLAlchemy
+  would apply and its rows through the result processors (an instant read
+  back is aware UTC), so a record made here equals one made through the
+  engine (tests/test_direct.py).
+- **Errors.** A driver error becomes SQLAlchemy's exception of the same kind
+  (an `IntegrityError` stays one), with `connection_invalidated` set when the
+  connection was lost, so `lost_connection` and every `except` read it alike.
+- **Counts at commit.** `metrics.after_commit` runs its actions when this
+  transaction commits, never when it rolls back.
+- **No stale connection costs an answer.** There is no pre-ping. A
+  transaction that fails because its connection was lost before its COMMIT was
+  sent has written nothing; every idle connection is then closed (a node that
+  went away or became a standby takes its siblings with it, as SQLAlchemy's
+  pool drops its own), and the work runs once more on a new connection, which
+  the URL's host list and `target_session_attrs` send to the primary. A
+  connection lost during COMMIT is not retried: whether it committed is
+  unknown, and the caller's reference path judges that, as it does today.
+
+Only what the three transactions need is here: statements whose parameters
+are named values (PostgreSQL's arrays, never an expanding IN list), run one
+at a time or as an executemany.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import psycopg
+from psycopg.rows import namedtuple_row
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.base import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
+
+from intentledger.store.database import Pooler, _lost_state, connect_args, libpq_url
+
+_T = TypeVar("_T")
+
+# A compiled statement's parameters that its caller names; SQLAlchemy's
+# anonymous ones (a literal's) carry their value with them.
+_POSTCOMPILE = "__[POSTCOMPILE_"
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str
+    # The values the statement carries itself (a literal's anonymous parameter).
+    fixed: Mapping[str, Any]
+    # SQLAlchemy's bind processor of each parameter that has one.
+    bind_processors: tuple[tuple[str, Callable[[Any], Any]], ...]
+    # SQLAlchemy's result processor of each column, or None where no column needs one.
+    result_processors: tuple[Callable[[Any], Any] | None, ...] | None
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(
+    statement: ClauseElement, dialect: Dialect, column_keys: tuple[str, ...]
+) -> _Compiled:
+    """`statement` as SQLAlchemy's psycopg dialect sends it given parameters
+    named `column_keys` (an INSERT or UPDATE names only those columns, as
+    SQLAlchemy's own execution compiles it), with what its parameters and rows
+    go through there. Cached by the statement object: the hot path's
+    statements are built once (store/batches.py)."""
+    compiled = cast(SQLCompiler, statement.compile(dialect=dialect, column_keys=list(column_keys)))
+    sql = compiled.string
+    if _POSTCOMPILE in sql:
+        raise ValueError("an expanding parameter has no one text; PostgreSQL's reads use arrays")
+    fixed = {
+        name: bind.effective_value for name, bind in compiled.binds.items() if not bind.required
+    }
+    bind_processors = tuple(
+        (name, processor)
+        for name, bind in compiled.binds.items()
+        if (processor := bind.type.dialect_impl(dialect).bind_processor(dialect)) is not None
+    )
+    result_processors: tuple[Callable[[Any], Any] | None, ...] | None = None
+    columns = getattr(statement, "exported_columns", None)
+    if columns is not None and len(columns):
+        processors = tuple(
+            column.type.dialect_impl(dialect).result_processor(dialect, None) for column in columns
+        )
+        if any(p is not None for p in processors):
+            result_processors = processors
+    return _Compiled(sql, fixed, bind_processors, result_processors)
+
+
+class DirectResult:
+    """A statement's rows (named tuples, read at once), with the part of
+    SQLAlchemy's `Result` the store reads."""
+
+    __slots__ = ("_rows", "rowcount")
+
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
+
+    def all(self) -> list[Any]:
+        return self._rows
+
+    def fetchall(self) -> list[Any]:
+        return self._rows
+
+    def first(self) -> Any | None:
+        return self._rows[0] if self._rows else None
+
+    def fetchone(self) -> Any | None:
+        return self.first()
+
+    def one(self) -> Any:
+        if len(self._rows) != 1:
+            raise ValueError(f"expected one row, got {len(self._rows)}")
+        return self._rows[0]
+
+    def one_or_none(self) -> Any | None:
+        if len(self._rows) > 1:
+            raise ValueError(f"expected at most one row, got {len(self._rows)}")
+        return self.first()
+
+    def scalar(self) -> Any | None:
+        return self._rows[0][0] if self._rows else None
+
+    def scalar_one(self) -> Any:
+        return self.one()[0]
+
+    def scalar_one_or_none(self) -> Any | None:
+        row = self.one_or_none()
+        return None if row is None else row[0]
+
+    def scalars(self) -> list[Any]:
+        return [row[0] for row in self._rows]
+
+    @property
+    def inserted_primary_key(self) -> Any:
+        # The hot path inserts its rows in set-at-a-time statements, whose ids
+        # it reads from their RETURNING (or draws first); this is for one row.
+        raise TypeError("an inserted row's key is read through the ledger engine")
+
+
+class DirectConnection:
+    """One transaction on a psycopg connection, executing SQLAlchemy statements."""
+
+    def __init__(self, raw: psycopg.AsyncConnection[Any], dialect: Dialect) -> None:
+        self.raw = raw
+        self.dialect = dialect
+        # Run when the transaction commits (observability/metrics.after_commit).
+        self.on_commit: list[Callable[[], Any]] = []
+
+    def after_commit(self, action: Callable[[], Any]) -> None:
+        self.on_commit.append(action)
+
+    @property
+    def sync_connection(self) -> None:
+        # Not SQLAlchemy's: `current_transaction` names this transaction.
+        return None
+
+    async def execute(
+        self,
+        statement: Executable,
+        parameters: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    ) -> DirectResult:
+        if isinstance(parameters, Sequence):
+            named: Mapping[str, Any] = parameters[0] if parameters else {}
+        else:
+            named = parameters or {}
+        compiled = _compiled(cast(ClauseElement, statement), self.dialect, tuple(sorted(named)))
+        cursor = self.raw.cursor()
+        if isinstance(parameters, Sequence):
+            batch = [self._bound(compiled, p) for p in parameters]
+            try:
+                await cursor.executemany(compiled.sql, batch)
+            except psycopg.Error as exc:
+                raise self.translated(exc, compiled.sql, batch) from exc
+            return DirectResult([], cursor.rowcount)
+        values = self._bound(compiled, parameters or {})
+        try:
+            await cursor.execute(compiled.sql, values)
+            rows = await cursor.fetchall() if cursor.description is not None else []
+        except psycopg.Error as exc:
+            raise self.translated(exc, compiled.sql, values) from exc
+        processors = compiled.result_processors
+        if processors is not None and rows:
+            rows = [
+                row._make([v if p is None else p(v) for p, v in zip(processors, row, strict=True)])
+                for row in rows
+            ]
+        return DirectResult(rows, cursor.rowcount)
+
+    @staticmethod
+    def _bound(compiled: _Compiled, parameters: Mapping[str, Any]) -> dict[str, Any]:
+        values = {**compiled.fixed, **parameters}
+        for name, processor in compiled.bind_processors:
+            values[name] = processor(values[name])
+        return values
+
+    def translated(self, exc: psycopg.Error, sql: str | None, params: Any) -> BaseException:
+        """SQLAlchemy's exception for a driver error, as its engine raises it."""
+        return DBAPIError.instance(
+            sql,
+            params,
+            exc,
+            psycopg.Error,
+            hide_parameters=True,
+            connection_invalidated=lost(exc, self.raw),
+            dialect=self.dialect,
+        )
+
+
+def lost(exc: BaseException, raw: psycopg.AsyncConnection[Any]) -> bool:
+    """Was the connection lost (or its node gone or no longer the primary),
+    rather than the statement refused? SQLAlchemy's psycopg dialect's test
+    and the ledger's lost SQLSTATEs (store/database.py)."""
+    if raw.closed or raw.broken:
+        return True
+    return _lost_state(str(getattr(exc, "sqlstate", None) or ""))
+
+
+class _LostBeforeCommit(Exception):
+    """A transaction's connection was lost before its COMMIT was sent."""
+
+
+class DirectConnections:
+    """The hot path's connections: a stack of idle ones, reused last-in
+    first-out, and a new one whenever none is idle. A worker runs at most its
+    claim or pre-submit and its settlement queue's groups at once, so there
+    are a few; psycopg_pool's pool would add its own tasks and could not drop
+    every connection at once when a node is lost."""
+
+    def __init__(self, url: str, dialect: Dialect, pooler: Pooler = "none") -> None:
+        self._conninfo = libpq_url(url)
+        self._connect_args = connect_args(url, pooler)
+        self.dialect = dialect
+        self._idle: list[psycopg.AsyncConnection[Any]] = []
+        # Bumped when a connection is lost: one checked out before it is closed
+        # on its return, not kept.
+        self._generation = 0
+        self._closed = False
+
+    async def run(self, work: Callable[[DirectConnection], Awaitable[_T]]) -> _T:
+        """`work` in one transaction, committed if it returns; once more on a
+        new connection if the first was lost before its COMMIT was sent."""
+        try:
+            return await self._run_once(work)
+        except _LostBeforeCommit as lost_first:
+            assert lost_first.__cause__ is not None
+            try:
+                return await self._run_once(work)
+            except _LostBeforeCommit as lost_again:
+                raise lost_again.__cause__ from None  # type: ignore[misc]
+
+    async def _run_once(self, work: Callable[[DirectConnection], Awaitable[_T]]) -> _T:
+        raw, generation = await self._checkout()
+        conn = DirectConnection(raw, self.dialect)
+        kept = False
+        try:
+            try:
+                result = await work(conn)
+            except DBAPIError as exc:
+                if exc.connection_invalidated:
+                    await self._drop_idle()
+                    raise _LostBeforeCommit() from exc
+                raise
+            except psycopg.Error as exc:
+                translated = conn.translated(exc, None, None)
+                if lost(exc, raw):
+                    await self._drop_idle()
+                    raise _LostBeforeCommit() from translated
+                raise translated from exc
+            try:
+                await raw.commit()
+            except psycopg.Error as exc:
+                # Whether it committed is not known: not retried.
+                if lost(exc, raw):
+                    await self._drop_idle()
+                raise conn.translated(exc, "COMMIT", None) from exc
+            for action in conn.on_commit:
+                action()
+            kept = True
+            return result
+        finally:
+            await self._checkin(raw, generation, kept)
+
+    async def _checkout(self) -> tuple[psycopg.AsyncConnection[Any], int]:
+        if self._closed:
+            raise RuntimeError("the hot path's connections are closed")
+        generation = self._generation
+        if self._idle:
+            return self._idle.pop(), generation
+        try:
+            raw = await psycopg.AsyncConnection.connect(
+                self._conninfo, row_factory=namedtuple_row, **self._connect_args
+            )
+        except psycopg.Error as exc:
+            raise DBAPIError.instance(
+                None, None, exc, psycopg.Error, connection_invalidated=True, dialect=self.dialect
+            ) from exc
+        return raw, generation
+
+    async def _checkin(
+        self, raw: psycopg.AsyncConnection[Any], generation: int, committed: bool
+    ) -> None:
+        healthy = not (raw.closed or raw.broken)
+        if healthy and not committed:
+            try:
+                await raw.rollback()
+            except psycopg.Error:
+                healthy = False
+        if healthy and generation == self._generation and not self._closed:
+            self._idle.append(raw)
+        else:
+            await raw.close()
+
+    async def _drop_idle(self) -> None:
+        self._generation += 1
+        idle, self._idle = self._idle, []
+        for raw in idle:
+            await raw.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for raw in idle:
+            await raw.close()
+
+
+# What the store's hot-path readers and writers are given: the engine's
+# connection, or one of these.
+LedgerConnection = AsyncConnection | DirectConnection
+
+
+def current_transaction(conn: LedgerConnection) -> object | None:
+    """An object that is this transaction's for as long as it lasts (to tell a
+    write of this transaction from an earlier one's)."""
+    if isinstance(conn, DirectConnection):
+        return conn
+    return conn.sync_connection.get_transaction() if conn.sync_connection else None
+
+
+def engine_connection(conn: LedgerConnection) -> AsyncConnection:
+    """`conn`, for a store part the hot path never reaches (intake, endpoints)."""
+    assert isinstance(conn, AsyncConnection), "this write goes through the ledger engine"
+    return conn
+
+
+def direct_connections_for(
+    url: str, dialect: Dialect, pooler: Pooler = "none"
+) -> DirectConnections | None:
+    """The hot path's connections on PostgreSQL; None on SQLite, whose
+    transactions take BEGIN IMMEDIATE on the ledger engine."""
+    return DirectConnections(url, dialect, pooler) if dialect.name == "postgresql" else None
