@@ -11,6 +11,7 @@ taking writes. Each test uses a real server; a connection is killed with
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -297,3 +298,30 @@ async def test_a_group_record_ends_on_its_own_connections_as_on_the_engine(
         assert await story(on_direct, plan, record_together) == await story(
             on_engine, plan, record_together
         )
+
+
+async def test_a_transaction_cancelled_mid_statement_leaves_no_connection_behind(
+    direct: DirectConnections,
+) -> None:
+    """A worker stopping cancels what it runs: a connection cancelled in the
+    middle of a statement may be in any state, so it is closed, not handed to
+    the next transaction."""
+    started = asyncio.Event()
+    used: list[int] = []
+
+    async def sleeps(conn: DirectConnection) -> None:
+        used.append(conn.raw.info.backend_pid)
+        started.set()
+        await conn.execute(text("SELECT pg_sleep(30)"))
+
+    task = asyncio.create_task(direct.run(sleeps))
+    await started.wait()
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    async def backend(conn: DirectConnection) -> int:
+        return conn.raw.info.backend_pid
+
+    assert await direct.run(backend) != used[0]

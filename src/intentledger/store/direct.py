@@ -275,34 +275,43 @@ class DirectConnections:
     async def _run_once(self, work: Callable[[DirectConnection], Awaitable[_T]]) -> _T:
         raw, generation = await self._checkout()
         conn = DirectConnection(raw, self.dialect)
-        kept = False
+        # Kept for the next transaction only if this one committed or failed
+        # with an error (then rolled back); one cancelled mid-statement may be
+        # in any state, and is closed.
+        state = "interrupted"
         try:
             try:
                 result = await work(conn)
             except DBAPIError as exc:
+                state = "failed"
                 if exc.connection_invalidated:
                     await self._drop_idle()
                     raise _LostBeforeCommit() from exc
                 raise
             except psycopg.Error as exc:
+                state = "failed"
                 translated = conn.translated(exc, None, None)
                 if lost(exc, raw):
                     await self._drop_idle()
                     raise _LostBeforeCommit() from translated
                 raise translated from exc
+            except Exception:
+                state = "failed"
+                raise
             try:
                 await raw.commit()
             except psycopg.Error as exc:
                 # Whether it committed is not known: not retried.
+                state = "failed"
                 if lost(exc, raw):
                     await self._drop_idle()
                 raise conn.translated(exc, "COMMIT", None) from exc
+            state = "committed"
             for action in conn.on_commit:
                 action()
-            kept = True
             return result
         finally:
-            await self._checkin(raw, generation, kept)
+            await self._checkin(raw, generation, state)
 
     async def _checkout(self) -> tuple[psycopg.AsyncConnection[Any], int]:
         if self._closed:
@@ -321,10 +330,10 @@ class DirectConnections:
         return raw, generation
 
     async def _checkin(
-        self, raw: psycopg.AsyncConnection[Any], generation: int, committed: bool
+        self, raw: psycopg.AsyncConnection[Any], generation: int, state: str
     ) -> None:
-        healthy = not (raw.closed or raw.broken)
-        if healthy and not committed:
+        healthy = state != "interrupted" and not (raw.closed or raw.broken)
+        if healthy and state == "failed":
             try:
                 await raw.rollback()
             except psycopg.Error:
