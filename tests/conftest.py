@@ -119,7 +119,7 @@ def database_url(backend: str, databases: Databases) -> str:
 
 # The direct connections made for each engine's workers (`direct_for`), closed
 # with the engine by the fixtures that made it.
-_DIRECT: dict[int, list[DirectConnections]] = {}
+_DIRECT: dict[AsyncEngine, list[DirectConnections]] = {}
 
 
 def direct_for(engine: AsyncEngine) -> DirectConnections | None:
@@ -129,13 +129,13 @@ def direct_for(engine: AsyncEngine) -> DirectConnections | None:
         engine.url.render_as_string(hide_password=False), engine.dialect
     )
     if direct is not None:
-        _DIRECT.setdefault(id(engine), []).append(direct)
+        _DIRECT.setdefault(engine, []).append(direct)
     return direct
 
 
 async def dispose(engine: AsyncEngine) -> None:
     """Close `engine` and the direct connections made for it."""
-    for direct in _DIRECT.pop(id(engine), []):
+    for direct in _DIRECT.pop(engine, []):
         await direct.close()
     await engine.dispose()
 

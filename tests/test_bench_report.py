@@ -281,18 +281,21 @@ def test_the_libraries_floor_shows_beside_the_workers_cpu_when_measured() -> Non
     shown = rendered(
         {
             "dispatch_cpu_ms_per_payment": {"workers": 0.61, "postgres": 0.43},
-            "dispatch_library_floor_cpu_ms_per_payment": 0.305,
-            "dispatch_worker_over_library_floor": 2.0,
+            "dispatch_library_floor_cpu_ms_per_payment": 0.2428,
+            "dispatch_worker_over_library_floor": 2.5,
             "floor_sqlalchemy_cpu_ms_per_payment": 0.2155,
             "floor_psycopg_cpu_ms_per_payment": 0.1533,
             "floor_http_cpu_ms_per_call": 0.0895,
+            "floor_psycopg_postgres_cpu_ms_per_payment": 0.29,
             "floor_sqlalchemy_postgres_cpu_ms_per_payment": 0.3,
-            "dispatch_library_floor_to_postgres_cpu": 1.0167,
+            "dispatch_library_floor_to_postgres_cpu": 0.8372,
         }
     )
-    assert "floor 0.305 ms" in shown
-    assert "0.2155 ms / 0.1533 ms / 0.0895 ms" in shown
-    assert "PostgreSQL 0.3 ms" in shown and "1.0167" in shown
+    # The floor is psycopg's replay (the worker's batched path sends through it
+    # alone) and a call; SQLAlchemy's replay is shown beside it.
+    assert "floor 0.2428 ms" in shown and "psycopg replaying" in shown
+    assert "0.1533 ms / 0.2155 ms / 0.0895 ms" in shown
+    assert "PostgreSQL 0.29 ms" in shown and "0.8372" in shown
     assert "pure work" not in shown
     shown = rendered(
         {

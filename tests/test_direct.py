@@ -6,12 +6,14 @@ they must keep is what that layer gave: the same records from the same rows
 nothing written by a transaction that failed, and no answer lost to a
 connection that died in the pool while the server restarted or a node stopped
 taking writes. Each test uses a real server; a connection is killed with
-`pg_terminate_backend`, a node refusing writes is a database set read-only.
+`pg_terminate_backend`, and a node refusing writes is a transaction set read
+only (every transaction on a standby is).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -19,21 +21,30 @@ from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 from psycopg import sql
 from sqlalchemy import insert, select, text
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import (
+    DBAPIError,
+    IntegrityError,
+    InvalidRequestError,
+    NoResultFound,
+    OperationalError,
+    StatementError,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.engine.settlement_queue import record_together
+from intentledger.engine.settlement_queue import Sent, answered_now, record_together
 from intentledger.store.batches import BatchLedger
 from intentledger.store.database import create_ledger_engine, libpq_url, lost_connection
 from intentledger.store.direct import DirectConnection, DirectConnections
 from intentledger.store.ids import among_ids
+from intentledger.store.ledger import Ledger
 from intentledger.store.records import OperationRecord, OutboxRecord
-from intentledger.store.tables import operations, outbox, transitions
+from intentledger.store.tables import mandates, observations, operations, outbox, transitions
 from tests.conftest import BACKENDS, Databases, dispose
-from tests.test_group_news import pay
-from tests.test_group_record_plan import story
+from tests.test_group_news import mandate, pay
+from tests.test_group_record_plan import answer, ledger_of, presubmitted, story
 from tests.test_recovery_model import Scene
 
 LEASE = timedelta(minutes=5)
@@ -76,10 +87,21 @@ async def backends_of(url: str) -> set[int]:
         return {row[0] for row in await cursor.fetchall()}
 
 
+async def gone(url: str, pids: set[int]) -> bool:
+    """Whether none of `pids` is connected any more (a closed connection's
+    server process leaves `pg_stat_activity` a moment after the client goes)."""
+    for _ in range(50):
+        if not pids & await backends_of(url):
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
 async def terminate(url: str, pids: set[int]) -> None:
     async with await psycopg.AsyncConnection.connect(libpq_url(url), autocommit=True) as admin:
         for pid in pids:
-            await admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+            # Waits (up to 5 s) for the process to be gone, not only signalled.
+            await admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
 
 
 async def test_the_hot_path_reads_the_records_the_engine_reads(
@@ -124,12 +146,15 @@ async def test_the_hot_path_reads_the_records_the_engine_reads(
 async def test_a_statement_refused_raises_sqlalchemys_exception_and_writes_nothing(
     pg: tuple[AsyncEngine, str], direct: DirectConnections
 ) -> None:
-    engine, url = pg
+    engine, _ = pg
     scene = Scene(engine)
     operation_id = await pay(scene, "bea", "refused")
     committed: list[str] = []
 
+    used: list[int] = []
+
     async def twice(conn: DirectConnection) -> None:
+        used.append(conn.raw.info.backend_pid)
         conn.after_commit(lambda: committed.append("counted"))
         row = {
             "operation_id": operation_id,
@@ -162,12 +187,15 @@ async def test_a_statement_refused_raises_sqlalchemys_exception_and_writes_nothi
     async with engine.connect() as conn:
         assert (await conn.execute(select(transitions.c.id))).scalars().all() == before
     # The connection went back to the pool rolled back, and serves again.
-    assert await direct.run(lambda conn: _one(conn)) == 1
-    assert len(await backends_of(url)) >= 1
+    assert await direct.run(_backend) == used[0]
 
 
 async def _one(conn: DirectConnection) -> int:
     return int((await conn.execute(text("SELECT 1"))).scalar_one())
+
+
+async def _backend(conn: DirectConnection) -> int:
+    return int(conn.raw.info.backend_pid)
 
 
 async def test_counts_wait_for_the_commit(direct: DirectConnections) -> None:
@@ -206,11 +234,13 @@ async def test_a_connection_that_died_in_the_pool_costs_no_transaction(
     assert len(tries) == 2 and tries[0] != tries[1]
 
 
-async def test_a_connection_lost_at_commit_is_not_run_again(
+async def test_a_connection_found_lost_only_at_commit_is_not_run_again(
     pg: tuple[AsyncEngine, str], direct: DirectConnections
 ) -> None:
-    """Lost when its COMMIT is sent, a transaction may have committed: it is
-    not run again, and its error says the connection was lost."""
+    """A connection found lost only when its COMMIT is sent may have
+    committed, as far as the worker can tell: the transaction is not run
+    again, and its error says the connection was lost. (Here the server
+    process is killed after the last statement, before the COMMIT.)"""
     _, url = pg
     runs: list[int] = []
 
@@ -248,7 +278,7 @@ async def test_a_node_that_stops_taking_writes_is_a_lost_connection(
     assert len(runs) == 2 and runs[0] != runs[1]
     assert refused.value.connection_invalidated and lost_connection(refused.value)
     # The connections that were idle then are gone, not handed out again.
-    assert not idle & await backends_of(url)
+    assert await gone(url, idle)
     assert await direct.run(_one) == 1
 
 
@@ -273,7 +303,7 @@ async def test_closing_closes_every_idle_connection(
     idle = await backends_of(url)
     assert idle
     await direct.close()
-    assert not idle & await backends_of(url)
+    assert await gone(url, idle)
     with pytest.raises(RuntimeError, match="closed"):
         await direct.run(_one)
 
@@ -321,7 +351,182 @@ async def test_a_transaction_cancelled_mid_statement_leaves_no_connection_behind
     with pytest.raises(asyncio.CancelledError):
         await task
 
-    async def backend(conn: DirectConnection) -> int:
-        return conn.raw.info.backend_pid
+    assert await direct.run(_backend) != used[0]
 
-    assert await direct.run(backend) != used[0]
+
+def _counted(name: str, labels: dict[str, str]) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_worker_whose_connections_died_settles_its_group_once(
+    pg: tuple[AsyncEngine, str],
+) -> None:
+    """The pre-ping's promise, kept without it: a worker's connections die in
+    its pool (a restart), and its next group record still settles every
+    answer, once, with its counts applied once; its next pre-submit too."""
+    engine, url = pg
+    scene = Scene(engine)
+    dispatcher = scene.worker.dispatcher
+    assert dispatcher.direct is not None
+    made = [await pay(scene, "cid", f"died-{n}") for n in range(3)]
+    prepared = await presubmitted(scene, made)
+    await terminate(url, await backends_of(url))
+    settled_transitions = {"from_state": "SUBMITTING", "to_state": "OUTCOME_KNOWN"}
+    before = (
+        _counted("intentledger_transitions_total", settled_transitions),
+        _counted("intentledger_group_commit_size_count", {"stage": "settle"}),
+    )
+    sent = [
+        Sent(item, answer("succeeded", f"ch_{n}"), answered_now())
+        for n, item in enumerate(prepared)
+    ]
+    assert await record_together(dispatcher, sent) == {id(item) for item in sent}
+    assert (
+        _counted("intentledger_transitions_total", settled_transitions) - before[0],
+        _counted("intentledger_group_commit_size_count", {"stage": "settle"}) - before[1],
+    ) == (3, 1)
+    async with engine.connect() as conn:
+        for operation_id in made:
+            operation = await Ledger(conn).get_operation(operation_id)
+            assert operation is not None and operation.outcome == "succeeded"
+            kinds = (
+                (
+                    await conn.execute(
+                        select(observations.c.kind).where(
+                            observations.c.operation_id == operation_id
+                        )
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            assert kinds == ["submit_result"]
+    more = [await pay(scene, "cid", f"after-{n}") for n in range(2)]
+    await terminate(url, await backends_of(url))
+    assert [item.row.operation_id for item in await presubmitted(scene, more)] == more
+
+
+async def test_payments_under_a_mandate_end_on_its_own_connections_as_on_the_engine(
+    pg: tuple[AsyncEngine, str],
+) -> None:
+    """A group under a mandate is planned under its locks and shifts the
+    mandate's money: told on both transports, the same payments, observations,
+    transitions and attempts, and the same reserved and spent."""
+    engine, _ = pg
+    endings = []
+    for scene in (Scene(engine), Scene(engine, direct=False)):
+        actor = f"held-{next(_keys)}"
+        held = await mandate(scene, actor, f"{actor}-mandate")
+        made = [await pay(scene, actor, f"{actor}-{n}", mandate_id=held) for n in range(3)]
+        prepared = await presubmitted(scene, made)
+        kinds = ["succeeded", "declined", "succeeded"]
+        sent = [
+            Sent(item, answer(kind, f"ch_{n}"), answered_now())
+            for n, (item, kind) in enumerate(zip(prepared, kinds, strict=True))
+        ]
+        assert len(await record_together(scene.worker.dispatcher, sent)) == 3
+        async with engine.connect() as conn:
+            money = (
+                await conn.execute(
+                    select(mandates.c.reserved, mandates.c.spent, mandates.c.status).where(
+                        mandates.c.mandate_id == held
+                    )
+                )
+            ).one()
+        payments = [await ledger_of(engine, operation_id, actor) for operation_id in made]
+        for record, *_ in payments:
+            assert record["mandate_id"] == held
+            record["mandate_id"] = "<the mandate>"
+        endings.append((tuple(money), payments))
+    assert endings[0][0] == (0, 1000, "active")
+    assert endings[0] == endings[1]
+
+
+async def test_a_statement_built_per_call_binds_its_own_values(
+    pg: tuple[AsyncEngine, str], direct: DirectConnections
+) -> None:
+    """A mandate's shift is a statement built anew per call: compiled once for
+    its shape, each binds its own literals, not the first one's."""
+    engine, _ = pg
+    scene = Scene(engine)
+    first, second = [await mandate(scene, "dan", f"shape-{n}") for n in range(2)]
+
+    async def shift(conn: DirectConnection) -> None:
+        for mandate_id, amount in ((first, 100), (second, 250)):
+            await conn.execute(
+                mandates.update()
+                .where(mandates.c.mandate_id == mandate_id)
+                .values(reserved=mandates.c.reserved + amount)
+            )
+
+    await direct.run(shift)
+    async with engine.connect() as conn:
+        reserved = dict(
+            (await conn.execute(select(mandates.c.mandate_id, mandates.c.reserved))).all()
+        )
+    assert (reserved[first], reserved[second]) == (100, 250)
+
+
+async def test_what_the_engine_refuses_is_refused_alike_and_nothing_is_written(
+    pg: tuple[AsyncEngine, str], direct: DirectConnections
+) -> None:
+    engine, _ = pg
+    naive = datetime(2026, 1, 1)
+    operation_id = await pay(Scene(engine), "eve", "refusals")
+
+    async def naive_instant(conn: DirectConnection) -> None:
+        await conn.execute(outbox.update().where(outbox.c.id == -1).values(due_at=naive))
+
+    # A naive instant: refused by the column's type before anything is sent.
+    with pytest.raises(StatementError, match="naive datetime"):
+        await direct.run(naive_instant)
+
+    async def none_found(conn: DirectConnection) -> None:
+        (await conn.execute(select(outbox.c.id).where(outbox.c.id == -1))).one()
+
+    with pytest.raises(NoResultFound):
+        await direct.run(none_found)
+
+    async def swallowed(conn: DirectConnection) -> None:
+        await conn.execute(
+            outbox.update()
+            .where(outbox.c.operation_id == operation_id)
+            .values(lease_owner="written")
+        )
+        with contextlib.suppress(DBAPIError):
+            await conn.execute(text("SELECT 1 / 0"))
+
+    # A statement failed and the work went on: not reported as committed.
+    with pytest.raises(InvalidRequestError, match="not committed"):
+        await direct.run(swallowed)
+
+    async def returning_many(conn: DirectConnection) -> None:
+        await conn.execute(
+            outbox.update().where(outbox.c.id == -1).returning(outbox.c.id),
+            [{"lease_owner": "a"}, {"lease_owner": "b"}],
+        )
+
+    with pytest.raises(ValueError, match="RETURNING"):
+        await direct.run(returning_many)
+    async with engine.connect() as conn:
+        assert not (
+            await conn.execute(select(outbox.c.id).where(outbox.c.lease_owner == "written"))
+        ).all()
+    assert await direct.run(_one) == 1
+
+
+async def test_a_failing_count_at_commit_does_not_unmake_the_commit(
+    direct: DirectConnections,
+) -> None:
+    counted: list[str] = []
+
+    def broken() -> None:
+        raise RuntimeError("a counter that fails")
+
+    async def work(conn: DirectConnection) -> int:
+        conn.after_commit(broken)
+        conn.after_commit(lambda: counted.append("next"))
+        return await _one(conn)
+
+    assert await direct.run(work) == 1
+    assert counted == ["next"]

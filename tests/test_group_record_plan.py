@@ -60,7 +60,7 @@ from intentledger.store.tables import (
     outbox,
     transitions,
 )
-from tests.conftest import BACKENDS, Databases
+from tests.conftest import BACKENDS, Databases, dispose
 from tests.support import counting
 from tests.test_group_news import mandate, pay
 from tests.test_merchant_webhooks_engine import add_endpoint
@@ -334,7 +334,7 @@ async def pg(databases: Databases) -> AsyncIterator[AsyncEngine]:
         pytest.skip("PostgreSQL is not in INTENTLEDGER_TEST_BACKENDS")
     engine = create_ledger_engine(databases.create("postgresql"))
     yield engine
-    await engine.dispose()
+    await dispose(engine)
 
 
 async def test_an_operation_moved_on_while_the_group_waits_for_its_lock_is_not_written(

@@ -227,11 +227,13 @@ class Worker:
         return delivered
 
     async def close(self) -> None:
-        await self.dispatcher.provider.aclose()
-        if self.dispatcher.direct is not None:
-            await self.dispatcher.direct.close()
-        if self.webhooks is not None:
-            await self.webhooks.aclose()
+        try:
+            await self.dispatcher.provider.aclose()
+            if self.webhooks is not None:
+                await self.webhooks.aclose()
+        finally:
+            if self.dispatcher.direct is not None:
+                await self.dispatcher.direct.close()
 
 
 # How long the claimer waits, once a slot has freed, for half a claim's worth to

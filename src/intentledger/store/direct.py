@@ -3,7 +3,7 @@ their own.
 
 A transport, not a second store: the claim, the pre-submit and the group
 record send the statements `BatchLedger` and `Ledger` build with SQLAlchemy
-Core, compiled once each, only over other connections. Sent through
+Core, compiled once for each shape, only over other connections. Sent through
 SQLAlchemy's async engine a transaction also paid for a pool checkout and its
 pre-ping (a round trip), greenlet switches, an execution context per statement
 and the results' wrapping: in a process that did nothing else, 0.73 ms of CPU
@@ -15,40 +15,50 @@ what goes is the worker's alone.
 What stays as it was:
 
 - **The statements and their values.** Each is SQLAlchemy's own compilation
-  for psycopg; its parameters pass through the bind processors SQLAlchemy
-  would apply and its rows through the result processors (an instant read
-  back is aware UTC), so a record made here equals one made through the
-  engine (tests/test_direct.py).
+  for psycopg, cached by its shape (SQLAlchemy's cache key) as the engine
+  caches it; its parameters are SQLAlchemy's `construct_params` of the
+  caller's values and the statement's own, through the bind processors
+  SQLAlchemy would apply, and its rows go through the result processors (an
+  instant read back is aware UTC), so a record made here equals one made
+  through the engine (tests/test_direct.py).
 - **Errors.** A driver error becomes SQLAlchemy's exception of the same kind
   (an `IntegrityError` stays one), with `connection_invalidated` set when the
-  connection was lost, so `lost_connection` and every `except` read it alike.
-- **Counts at commit.** `metrics.after_commit` runs its actions when this
-  transaction commits, never when it rolls back.
+  connection was lost, so `lost_connection` and every `except` read it alike;
+  a value a bind processor refuses is a `StatementError`, as there.
+- **Counts at commit.** `metrics.after_commit` runs its actions once COMMIT
+  has answered, never when the transaction rolls back.
 - **No stale connection costs an answer.** There is no pre-ping. A
   transaction that fails because its connection was lost before its COMMIT was
   sent has written nothing; every idle connection is then closed (a node that
   went away or became a standby takes its siblings with it, as SQLAlchemy's
   pool drops its own), and the work runs once more on a new connection, which
   the URL's host list and `target_session_attrs` send to the primary. A
-  connection lost during COMMIT is not retried: whether it committed is
-  unknown, and the caller's reference path judges that, as it does today.
+  connection found lost only at COMMIT is not retried: whether it committed
+  is unknown, and the caller's reference path judges that, as it does today.
 
-Only what the three transactions need is here: statements whose parameters
-are named values (PostgreSQL's arrays, never an expanding IN list), run one
-at a time or as an executemany.
+What is refused rather than half done (each a `ValueError`, never reached by
+the three transactions): an expanding IN list (PostgreSQL's reads use
+arrays), a column default made in Python, and an executemany's RETURNING.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import namedtuple_row
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import (
+    DBAPIError,
+    InvalidRequestError,
+    MultipleResultsFound,
+    NoResultFound,
+    StatementError,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.base import Executable
@@ -57,42 +67,51 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from intentledger.store.database import Pooler, _lost_state, connect_args, libpq_url
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
-# A compiled statement's parameters that its caller names; SQLAlchemy's
-# anonymous ones (a literal's) carry their value with them.
 _POSTCOMPILE = "__[POSTCOMPILE_"
 
 
 @dataclass(frozen=True)
 class _Compiled:
+    compiled: SQLCompiler
     sql: str
-    # The values the statement carries itself (a literal's anonymous parameter).
-    fixed: Mapping[str, Any]
     # SQLAlchemy's bind processor of each parameter that has one.
     bind_processors: tuple[tuple[str, Callable[[Any], Any]], ...]
     # SQLAlchemy's result processor of each column, or None where no column needs one.
     result_processors: tuple[Callable[[Any], Any] | None, ...] | None
+    returns_rows: bool
 
 
-@functools.lru_cache(maxsize=256)
-def _compiled(
-    statement: ClauseElement, dialect: Dialect, column_keys: tuple[str, ...]
+def _compile(
+    statement: ClauseElement,
+    dialect: Dialect,
+    column_keys: tuple[str, ...],
+    many: bool,
+    keyed: bool,
 ) -> _Compiled:
-    """`statement` as SQLAlchemy's psycopg dialect sends it given parameters
-    named `column_keys` (an INSERT or UPDATE names only those columns, as
-    SQLAlchemy's own execution compiles it), with what its parameters and rows
-    go through there. Cached by the statement object: the hot path's
-    statements are built once (store/batches.py)."""
-    compiled = cast(SQLCompiler, statement.compile(dialect=dialect, column_keys=list(column_keys)))
+    cache_key = statement._generate_cache_key() if keyed else None
+    # `for_executemany`, as SQLAlchemy compiles an executemany: an INSERT then
+    # returns no key it was not asked for.
+    compiled = dialect.statement_compiler(
+        dialect,
+        statement,
+        cache_key=cache_key,
+        column_keys=list(column_keys),
+        for_executemany=many,
+    )
     sql = compiled.string
     if _POSTCOMPILE in sql:
         raise ValueError("an expanding parameter has no one text; PostgreSQL's reads use arrays")
-    fixed = {
-        name: bind.effective_value for name, bind in compiled.binds.items() if not bind.required
-    }
+    if compiled.insert_prefetch or compiled.update_prefetch:
+        # A Python-side column default, which SQLAlchemy's execution fills in.
+        raise ValueError("a column default made in Python is written through the engine")
+    # By each parameter's name as rendered (and escaped) in the text, the keys
+    # `construct_params` gives.
+    escaped = compiled.escaped_bind_names
     bind_processors = tuple(
-        (name, processor)
-        for name, bind in compiled.binds.items()
+        (escaped.get(name, name), processor)
+        for bind, name in compiled.bind_names.items()
         if (processor := bind.type.dialect_impl(dialect).bind_processor(dialect)) is not None
     )
     result_processors: tuple[Callable[[Any], Any] | None, ...] | None = None
@@ -103,7 +122,38 @@ def _compiled(
         )
         if any(p is not None for p in processors):
             result_processors = processors
-    return _Compiled(sql, fixed, bind_processors, result_processors)
+    returns_rows = bool(getattr(compiled, "effective_returning", None)) or bool(
+        getattr(compiled, "returning", None)
+    )
+    return _Compiled(compiled, sql, bind_processors, result_processors, returns_rows)
+
+
+# Compiled statements by their shape (SQLAlchemy's cache key), the dialect and
+# the parameters' names, the oldest dropped first past the bound: a statement
+# built anew per call (a mandate's shift) is compiled once for its shape, as
+# the engine's compiled cache does.
+_COMPILED: dict[tuple[Any, ...], _Compiled] = {}
+_COMPILED_KEPT = 512
+
+
+def _compiled(
+    statement: ClauseElement, dialect: Dialect, column_keys: tuple[str, ...], many: bool
+) -> tuple[_Compiled, Sequence[Any] | None]:
+    """`statement` as SQLAlchemy's psycopg dialect sends it given parameters
+    named `column_keys` (an INSERT or UPDATE names only those columns, as
+    SQLAlchemy's own execution compiles it), with what its parameters and
+    rows go through there; and the statement's own values (its literals'),
+    bound in place of those of the statement it was compiled from."""
+    cache_key = statement._generate_cache_key()
+    if cache_key is None:
+        return _compile(statement, dialect, column_keys, many, keyed=False), None
+    key = (cache_key.key, dialect, column_keys, many)
+    found = _COMPILED.get(key)
+    if found is None:
+        if len(_COMPILED) >= _COMPILED_KEPT:
+            del _COMPILED[next(iter(_COMPILED))]
+        found = _COMPILED[key] = _compile(statement, dialect, column_keys, many, keyed=True)
+    return found, cache_key.bindparams
 
 
 class DirectResult:
@@ -132,13 +182,13 @@ class DirectResult:
         return self.first()
 
     def one(self) -> Any:
-        if len(self._rows) != 1:
-            raise ValueError(f"expected one row, got {len(self._rows)}")
-        return self._rows[0]
+        if not self._rows:
+            raise NoResultFound("No row was found when one was required")
+        return self.one_or_none()
 
     def one_or_none(self) -> Any | None:
         if len(self._rows) > 1:
-            raise ValueError(f"expected at most one row, got {len(self._rows)}")
+            raise MultipleResultsFound("Multiple rows were found when one or none was required")
         return self.first()
 
     def scalar(self) -> Any | None:
@@ -183,20 +233,25 @@ class DirectConnection:
         statement: Executable,
         parameters: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
     ) -> DirectResult:
+        many = isinstance(parameters, Sequence)
         if isinstance(parameters, Sequence):
             named: Mapping[str, Any] = parameters[0] if parameters else {}
         else:
             named = parameters or {}
-        compiled = _compiled(cast(ClauseElement, statement), self.dialect, tuple(sorted(named)))
+        clause = cast(ClauseElement, statement)
+        compiled, own_values = _compiled(clause, self.dialect, tuple(sorted(named)), many)
         cursor = self.raw.cursor()
         if isinstance(parameters, Sequence):
-            batch = [self._bound(compiled, p) for p in parameters]
+            if compiled.returns_rows:
+                # psycopg's executemany keeps no rows: refused, not emptied.
+                raise ValueError("an executemany's RETURNING is read through the engine")
+            batch = [self._bound(compiled, own_values, p) for p in parameters]
             try:
                 await cursor.executemany(compiled.sql, batch)
             except psycopg.Error as exc:
                 raise self.translated(exc, compiled.sql, batch) from exc
             return DirectResult([], cursor.rowcount)
-        values = self._bound(compiled, parameters or {})
+        values = self._bound(compiled, own_values, parameters or {})
         try:
             await cursor.execute(compiled.sql, values)
             rows = await cursor.fetchall() if cursor.description is not None else []
@@ -204,6 +259,8 @@ class DirectConnection:
             raise self.translated(exc, compiled.sql, values) from exc
         processors = compiled.result_processors
         if processors is not None and rows:
+            if cursor.description is None or len(cursor.description) != len(processors):
+                raise ValueError("a statement's columns are not those it exports")
             rows = [
                 row._make([v if p is None else p(v) for p, v in zip(processors, row, strict=True)])
                 for row in rows
@@ -211,10 +268,25 @@ class DirectConnection:
         return DirectResult(rows, cursor.rowcount)
 
     @staticmethod
-    def _bound(compiled: _Compiled, parameters: Mapping[str, Any]) -> dict[str, Any]:
-        values = {**compiled.fixed, **parameters}
-        for name, processor in compiled.bind_processors:
-            values[name] = processor(values[name])
+    def _bound(
+        compiled: _Compiled, own_values: Sequence[Any] | None, parameters: Mapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        """The statement's parameters as SQLAlchemy binds them: its own values
+        and the caller's, through each one's bind processor; an error in
+        them is SQLAlchemy's `StatementError`, as the engine raises it."""
+        try:
+            values = compiled.compiled.construct_params(
+                dict(parameters), extracted_parameters=own_values
+            )
+            for name, processor in compiled.bind_processors:
+                values[name] = processor(values[name])
+        except Exception as exc:
+            raise StatementError(
+                f"({type(exc).__module__}.{type(exc).__name__}) {exc}",
+                compiled.sql,
+                None,
+                exc,
+            ) from exc
         return values
 
     def translated(self, exc: psycopg.Error, sql: str | None, params: Any) -> BaseException:
@@ -298,6 +370,11 @@ class DirectConnections:
             except Exception:
                 state = "failed"
                 raise
+            if raw.info.transaction_status == TransactionStatus.INERROR:
+                # A statement failed and `work` went on: COMMIT would roll back
+                # and say nothing.
+                state = "failed"
+                raise InvalidRequestError("a statement of this transaction failed; not committed")
             try:
                 await raw.commit()
             except psycopg.Error as exc:
@@ -308,7 +385,11 @@ class DirectConnections:
                 raise conn.translated(exc, "COMMIT", None) from exc
             state = "committed"
             for action in conn.on_commit:
-                action()
+                try:
+                    action()
+                except Exception:
+                    # A count or a log line: the transaction committed whatever it does.
+                    log.exception("an action after a commit failed")
             return result
         finally:
             await self._checkin(raw, generation, state)
@@ -332,16 +413,20 @@ class DirectConnections:
     async def _checkin(
         self, raw: psycopg.AsyncConnection[Any], generation: int, state: str
     ) -> None:
-        healthy = state != "interrupted" and not (raw.closed or raw.broken)
-        if healthy and state == "failed":
-            try:
-                await raw.rollback()
-            except psycopg.Error:
-                healthy = False
-        if healthy and generation == self._generation and not self._closed:
-            self._idle.append(raw)
-        else:
-            await raw.close()
+        reusable = False
+        try:
+            if state != "interrupted" and not (raw.closed or raw.broken):
+                if state == "failed":
+                    await raw.rollback()
+                reusable = True
+        except psycopg.Error:
+            pass
+        finally:
+            # Cancelled during its rollback, a connection is closed too.
+            if reusable and generation == self._generation and not self._closed:
+                self._idle.append(raw)
+            else:
+                await raw.close()
 
     async def _drop_idle(self) -> None:
         self._generation += 1

@@ -1,7 +1,9 @@
 """The repository: every read and write the engine makes, on one connection.
 
 A `Ledger` wraps the connection of one unit of work (`async with
-engine.begin()`); the caller's transaction boundary is the unit of work's.
+engine.begin()`, or on PostgreSQL a worker's batched first attempts' own
+connection, store/direct.py); the caller's transaction boundary is the unit
+of work's.
 It persists and loads; it never decides, renders or counts. A change to an
 operation arrives planned (engine/changes.py, the one transition writer) and is
 written by `write_operation_change`.

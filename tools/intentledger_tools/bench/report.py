@@ -314,7 +314,7 @@ def table(figures: dict[str, Any]) -> Table:
     if f.get("dispatch_library_floor_cpu_ms_per_payment") is not None:
         workers = (f.get("dispatch_cpu_ms_per_payment") or {}).get("workers")
         out.add_row(
-            "workers' CPU per payment (dispatch) over the libraries' floor: SQLAlchemy "
+            "workers' CPU per payment (dispatch) over the libraries' floor: psycopg "
             "replaying our batch script + aiohttp's call (bench/library_floor.py)",
             _num(workers, " ms"),
             f"floor {_num(f.get('dispatch_library_floor_cpu_ms_per_payment'), ' ms')}",
@@ -322,17 +322,17 @@ def table(figures: dict[str, Any]) -> Table:
             "— (not judged: worker minus floor is ours)",
         )
         out.add_row(
-            "the libraries' floor per payment: SQLAlchemy / psycopg alone / aiohttp; "
-            "the floor over PostgreSQL's CPU in the SQLAlchemy replay",
+            "the libraries' floor per payment: psycopg alone / SQLAlchemy / aiohttp; "
+            "the floor over PostgreSQL's CPU in the psycopg replay",
             " / ".join(
                 _num(f.get(key), " ms")
                 for key in (
-                    "floor_sqlalchemy_cpu_ms_per_payment",
                     "floor_psycopg_cpu_ms_per_payment",
+                    "floor_sqlalchemy_cpu_ms_per_payment",
                     "floor_http_cpu_ms_per_call",
                 )
             ),
-            f"PostgreSQL {_num(f.get('floor_sqlalchemy_postgres_cpu_ms_per_payment'), ' ms')}",
+            f"PostgreSQL {_num(f.get('floor_psycopg_postgres_cpu_ms_per_payment'), ' ms')}",
             _num(f.get("dispatch_library_floor_to_postgres_cpu")),
             "— (not judged: beside the goal above)",
         )
