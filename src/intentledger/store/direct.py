@@ -223,11 +223,6 @@ class DirectConnection:
     def after_commit(self, action: Callable[[], Any]) -> None:
         self.on_commit.append(action)
 
-    @property
-    def sync_connection(self) -> None:
-        # Not SQLAlchemy's: `current_transaction` names this transaction.
-        return None
-
     async def execute(
         self,
         statement: Executable,
