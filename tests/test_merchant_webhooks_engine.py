@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.merchant_events import RetrySchedule
@@ -18,9 +18,12 @@ from intentledger.domain.states import NextAction, Outcome, State
 from intentledger.engine import changes, mandates, webhook_endpoints
 from intentledger.engine.announcements import new_event_id
 from intentledger.engine.webhook_sender import WebhookSender
+from intentledger.service import build_worker
+from intentledger.settings import Settings
 from intentledger.store.ledger import Ledger
 from intentledger.store.tables import merchant_events, webhook_deliveries
 from intentledger.store.webhooks import AttemptResult, WebhookStore
+from tests.conftest import direct_for
 from tests.test_evidence_funnel import (
     AMOUNT,
     SECOND,
@@ -64,6 +67,8 @@ async def announced(engine: AsyncEngine) -> list[tuple[str, dict[str, Any]]]:
 
 
 def sender(scene_engine: AsyncEngine, clock: ControlledClock, owner: str = "w1") -> WebhookSender:
+    """A sender as `intentledger worker` has it: on PostgreSQL its idle look
+    runs on the worker's own connections."""
     return WebhookSender(
         scene_engine,
         clock,
@@ -74,7 +79,55 @@ def sender(scene_engine: AsyncEngine, clock: ControlledClock, owner: str = "w1")
         schedule=SCHEDULE,
         allow_private=True,
         jitter=lambda: 0.0,
+        direct=direct_for(scene_engine),
     )
+
+
+async def test_the_idle_look_takes_no_engine_connection_on_postgresql(
+    engine: AsyncEngine,
+) -> None:
+    """Every worker looks for due deliveries a poll's interval apart, work or
+    none: on PostgreSQL the look runs on the worker's own connections, and
+    finds what is due as the engine's would; on SQLite there are none."""
+    clock = ControlledClock()
+    checkouts: list[object] = []
+
+    def checked_out(*_: Any) -> None:
+        checkouts.append(object())
+
+    with receiving() as receiver:
+        endpoint_id = await add_endpoint(engine, clock, "ana", receiver.url)
+        webhooks = sender(engine, clock)
+        assert (webhooks.direct is not None) == (engine.dialect.name == "postgresql")
+        event.listen(engine.sync_engine.pool, "checkout", checked_out)
+        try:
+            assert await webhooks.start_due(16) == 0
+            idle_checkouts = len(checkouts)
+        finally:
+            event.remove(engine.sync_engine.pool, "checkout", checked_out)
+        await pending_deliveries(engine, clock, endpoint_id, 2)
+        assert await webhooks.start_due(16) == 2, "the look saw what is due"
+        await webhooks.wait_idle()
+        await webhooks.aclose()
+    assert idle_checkouts == (0 if webhooks.direct is not None else 1)
+    assert sorted(r.payload["data"]["id"] for r in receiver.accepted) == ["crd_0", "crd_1"]
+
+
+async def test_a_worker_gives_its_sender_its_own_connections(engine: AsyncEngine) -> None:
+    """`intentledger worker` builds one set of connections for the dispatcher's
+    hot path and the sender's look (closed once, by the worker)."""
+    settings = Settings(
+        database_url=engine.url.render_as_string(hide_password=False),
+        provider_url="http://127.0.0.1:9",
+    )
+    worker = build_worker(settings, engine, ControlledClock(), None)
+    assert worker.webhooks is not None
+    assert worker.webhooks.direct is worker.dispatcher.direct
+    assert (worker.dispatcher.direct is not None) == (engine.dialect.name == "postgresql")
+    await worker.close()
+    on_engine = build_worker(settings, engine, ControlledClock(), None, direct=False)
+    assert on_engine.webhooks is not None and on_engine.webhooks.direct is None
+    await on_engine.close()
 
 
 async def test_each_change_that_is_news_is_announced_with_what_it_changed(

@@ -110,6 +110,12 @@ def build_worker(
     without, on the engine, where SQLAlchemy's events see their statements."""
     provider = instrumented_provider(settings, default_provider_url)
     identity = worker_id("worker")
+    # Closed by the worker's `close`.
+    connections = (
+        direct_connections_for(settings.database_url, engine.dialect, settings.database_pooler)
+        if direct
+        else None
+    )
     return Worker(
         engine,
         clock,
@@ -122,10 +128,7 @@ def build_worker(
             default_provider_url,
             identity,
             provider,
-            # Closed by the worker's `close`.
-            direct_connections_for(settings.database_url, engine.dialect, settings.database_pooler)
-            if direct
-            else None,
+            connections,
         ),
         Reconciler(
             engine,
@@ -140,19 +143,25 @@ def build_worker(
             .available,
         ),
         Sweeper(engine, clock, settings.stale_submitting, settings.recheck_backoff, identity),
-        build_webhook_sender(settings, engine, clock, identity),
+        build_webhook_sender(settings, engine, clock, identity, connections),
         Reaper(engine, clock, settings.record_retention),
         settings.record_window,
     )
 
 
 def build_webhook_sender(
-    settings: Settings, engine: AsyncEngine, clock: Clock, identity: str
+    settings: Settings,
+    engine: AsyncEngine,
+    clock: Clock,
+    identity: str,
+    direct: DirectConnections | None = None,
 ) -> WebhookSender:
+    """`direct`: the worker's own connections, for the sender's idle look."""
     return WebhookSender(
         engine,
         clock,
         identity,
+        direct=direct,
         timeout=settings.webhook_timeout,
         in_flight_per_endpoint=settings.webhook_in_flight,
         concurrency=settings.webhook_concurrency,

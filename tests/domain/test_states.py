@@ -29,6 +29,7 @@ from intentledger.domain.states import (
     State,
     can_transition,
     require_transition,
+    state_of,
 )
 
 S = State
@@ -281,3 +282,16 @@ TransitionMachine.TestCase.settings = settings(
     max_examples=200, stateful_step_count=40, deadline=None
 )
 TestTransitionMachine = TransitionMachine.TestCase
+
+
+@pytest.mark.parametrize("value", [*(s.value for s in State), *State])
+def test_state_of_reads_every_state_as_the_enum_does(value: str) -> None:
+    assert state_of(value) is State(value)
+
+
+@pytest.mark.parametrize("value", ["", "submitting", "DONE", " ACCEPTED", None, 1])
+def test_state_of_refuses_what_the_enum_refuses(value: object) -> None:
+    with pytest.raises(ValueError):
+        State(value)
+    with pytest.raises(ValueError, match="is not a valid State"):
+        state_of(value)  # type: ignore[arg-type]

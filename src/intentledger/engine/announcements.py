@@ -25,7 +25,7 @@ from intentledger.domain.merchant_events import (
     operation_events,
     subscribed,
 )
-from intentledger.domain.states import State
+from intentledger.domain.states import state_of
 from intentledger.store import merchant_events
 from intentledger.store.batches import BatchLedger
 from intentledger.store.direct import current_transaction
@@ -42,7 +42,7 @@ def view_of(record: OperationRecord, changed: Mapping[str, Any] | None = None) -
     values) applied: read off the record, not a copy of all its columns."""
     changed = changed or {}
     return OperationView(
-        state=State(changed.get("state", record.state)),
+        state=state_of(changed.get("state", record.state)),
         duplicate_detected=bool(changed.get("duplicate_detected", record.duplicate_detected)),
         outcome_contradicted=bool(changed.get("outcome_contradicted", record.outcome_contradicted)),
     )

@@ -31,7 +31,7 @@ from intentledger.domain.dispatch_plan import (
     mandate_stop,
     provider_key,
 )
-from intentledger.domain.states import State
+from intentledger.domain.states import state_of
 from intentledger.domain.transport import ProviderAnswer
 from intentledger.engine import changes
 from intentledger.engine.dispatcher import Dispatcher, Submission, begin_attempt, request_for
@@ -131,7 +131,7 @@ async def _pre_submit_in(
             and operation.operation_id not in taken
             and batchable_first_attempt(
                 operation.kind,
-                State(operation.state),
+                state_of(operation.state),
                 # Written with attempt 1, by every path that adds attempts, in the
                 # same transaction: unset means no attempt was ever committed.
                 attempted=operation.first_attempt_at is not None,

@@ -24,7 +24,14 @@ from typing import Any
 from intentledger.domain.cards import CARD_KINDS, adopted_card_id, settled_projection
 from intentledger.domain.evidence import Share, mandate_share, recorded_executions
 from intentledger.domain.refunds import refund_mandate_share
-from intentledger.domain.states import FINAL, NextAction, Outcome, State, require_transition
+from intentledger.domain.states import (
+    FINAL,
+    NextAction,
+    Outcome,
+    State,
+    require_transition,
+    state_of,
+)
 from intentledger.domain.watching import is_watched
 from intentledger.engine import announcements
 from intentledger.observability import ledger_events
@@ -71,7 +78,7 @@ def plan(
 ) -> OperationChange:
     """The rows of moving `operation` to `target` (None: its fields only), if
     the transition table allows it. Pure: reads nothing, writes nothing."""
-    current = State(operation.state)
+    current = state_of(operation.state)
     values: dict[str, Any] = {"version": operation.version + 1, "updated_at": now}
     transition = None
     if target is None:

@@ -37,7 +37,7 @@ from typing import Any
 from intentledger.domain.dispatch_plan import FIRST_ATTEMPT
 from intentledger.domain.evidence import AttemptFacts, Facts, Limits, Move, SubmitAnswer, judge
 from intentledger.domain.retry_after import parse_retry_after
-from intentledger.domain.states import State
+from intentledger.domain.states import State, state_of
 from intentledger.domain.transport import ProviderAnswer, classify
 from intentledger.engine import changes
 from intentledger.engine.dispatcher import Dispatcher, Submission, as_evidence, submit_result
@@ -225,7 +225,7 @@ def _plain_settlement(
     with nothing but the outcome; only for an operation still as our pre-submit
     left it (one attempt, no other evidence: what the ledger knows is what this
     answer's task holds)."""
-    if State(operation.state) is not State.SUBMITTING:
+    if state_of(operation.state) is not State.SUBMITTING:
         return None
     if operation.version != item.prepared.version:
         return None

@@ -9,8 +9,8 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import Integer, Select, Update, bindparam, func, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from intentledger.store.direct import LedgerConnection
 from intentledger.store.ids import IDS, among_ids
 from intentledger.store.records import (
     ListedDeliveryRecord,
@@ -188,7 +188,7 @@ def _move_on(claimed: Claimed, owner: str, result: AttemptResult) -> dict[str, A
 
 
 class WebhookStore:
-    def __init__(self, conn: AsyncConnection) -> None:
+    def __init__(self, conn: LedgerConnection) -> None:
         self.conn = conn
         self._is_postgres = conn.dialect.name == "postgresql"
 

@@ -34,7 +34,6 @@ import argparse
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -152,14 +151,15 @@ def record(prepared: Sequence[Prepared], limits: Limits) -> int:
         # Planned from the record the pre-submit handed on: on PostgreSQL a
         # group record reads no row (engine/settlement_queue.py).
         operation = item.operation
-        # As providers/http.py makes it of a response: read, then the adapter's mapping.
-        answer = ProviderAnswer(
-            Transport.RESPONSE,
-            status=200,
-            provider_reference="ch_1",
-            detail={"body": {"id": "ch_1", "status": "succeeded"}},
-        )
-        answer = replace(answer, mapped=map_answer(answer))
+        # As providers/http.py (`answer_of`) makes it of a response: read, then
+        # made again with the adapter's mapping.
+        seen: dict[str, Any] = {
+            "status": 200,
+            "provider_reference": "ch_1",
+            "detail": {"body": {"id": "ch_1", "status": "succeeded"}},
+        }
+        answer = ProviderAnswer(Transport.RESPONSE, **seen)
+        answer = ProviderAnswer(Transport.RESPONSE, **seen, mapped=map_answer(answer))
         classification = classify(answer)
         retry_after = parse_retry_after(answer.retry_after, NOW)
         evidence = as_evidence(FIRST_ATTEMPT, answer, classification, retry_after)
