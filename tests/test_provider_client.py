@@ -159,3 +159,35 @@ async def test_a_json_body_reaches_the_provider_as_the_json_sent() -> None:
         await server.wait_closed()
     assert [json.loads(raw) for _, raw in received] == bodies
     assert [kind for kind, _ in received] == [b"application/json"] * 2
+
+
+async def test_the_tls_trust_is_loaded_with_the_client_and_once_a_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loading the CA bundle takes milliseconds of CPU: done at a client's first
+    call, it would hold the event loop, and every call of the first claim with
+    it. It is loaded when the client is made, once for every client of the
+    process, and never by a call."""
+    http._tls_context.cache_clear()
+    loads: list[object] = []
+    create = http.ssl.create_default_context
+
+    def counted(*args: object, **kwargs: object) -> object:
+        loads.append(object())
+        return create(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(http.ssl, "create_default_context", counted)
+    port = free_port()
+    server = await asyncio.start_server(_answer_ok, "127.0.0.1", port)
+    first = ProviderClient(4, base_url=f"http://127.0.0.1:{port}")
+    second = ProviderClient(4, base_url=f"http://127.0.0.1:{port}")
+    assert len(loads) == 1, "made with the first client, shared by the second"
+    try:
+        assert (await first.request("GET", "/")).status_code == 200
+        assert (await second.request("GET", "/")).status_code == 200
+        assert len(loads) == 1, "no call loads it"
+    finally:
+        await first.aclose()
+        await second.aclose()
+        server.close()
+        await server.wait_closed()

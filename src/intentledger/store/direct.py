@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import psycopg
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import namedtuple_row
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import (
@@ -81,6 +81,9 @@ class _Compiled:
     # SQLAlchemy's result processor of each column, or None where no column needs one.
     result_processors: tuple[Callable[[Any], Any] | None, ...] | None
     returns_rows: bool
+    # The columns that have a processor, and it: a row's other values are kept
+    # as psycopg made them, with no call (an operation's row has 32).
+    processed: tuple[tuple[int, Callable[[Any], Any]], ...] = ()
 
 
 def _compile(
@@ -125,7 +128,12 @@ def _compile(
     returns_rows = bool(getattr(compiled, "effective_returning", None)) or bool(
         getattr(compiled, "returning", None)
     )
-    return _Compiled(compiled, sql, bind_processors, result_processors, returns_rows)
+    processed = tuple(
+        (index, processor)
+        for index, processor in enumerate(result_processors or ())
+        if processor is not None
+    )
+    return _Compiled(compiled, sql, bind_processors, result_processors, returns_rows, processed)
 
 
 # Compiled statements by their shape (SQLAlchemy's cache key), the dialect and
@@ -211,6 +219,32 @@ class DirectResult:
         raise TypeError("an inserted row's key is read through the ledger engine")
 
 
+# A result of rows, even of none (`cursor.description`'s test).
+_ROWS = frozenset(
+    int(status)
+    for status in (ExecStatus.TUPLES_OK, ExecStatus.SINGLE_TUPLE, ExecStatus.TUPLES_CHUNK)
+)
+
+
+def _processed(row: Any, processed: tuple[tuple[int, Callable[[Any], Any]], ...]) -> Any:
+    """The row (a named tuple) with each processed column's value through its processor."""
+    values = list(row)
+    for index, process in processed:
+        values[index] = process(values[index])
+    return row._make(values)
+
+
+def _columns(cursor: psycopg.AsyncCursor[Any]) -> int | None:
+    """How many columns the statement's result has; None if it returned no
+    rows. What `cursor.description` tells, without making a `Column` of
+    each: an operation's row has 32, and the hot path read them twice a
+    statement."""
+    result = cursor.pgresult
+    if result is not None and (result.nfields or result.status in _ROWS):
+        return result.nfields
+    return None
+
+
 class DirectConnection:
     """One transaction on a psycopg connection, executing SQLAlchemy statements."""
 
@@ -249,17 +283,15 @@ class DirectConnection:
         values = self._bound(compiled, own_values, parameters or {})
         try:
             await cursor.execute(compiled.sql, values)
-            rows = await cursor.fetchall() if cursor.description is not None else []
+            columns = _columns(cursor)
+            rows = await cursor.fetchall() if columns is not None else []
         except psycopg.Error as exc:
             raise self.translated(exc, compiled.sql, values) from exc
         processors = compiled.result_processors
         if processors is not None and rows:
-            if cursor.description is None or len(cursor.description) != len(processors):
+            if columns != len(processors):
                 raise ValueError("a statement's columns are not those it exports")
-            rows = [
-                row._make([v if p is None else p(v) for p, v in zip(processors, row, strict=True)])
-                for row in rows
-            ]
+            rows = [_processed(row, compiled.processed) for row in rows]
         return DirectResult(rows, cursor.rowcount)
 
     @staticmethod

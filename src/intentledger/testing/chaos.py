@@ -58,6 +58,7 @@ from intentledger.providers.base import (
     read_events,
 )
 from intentledger.providers.http import call_deadline
+from intentledger.store.direct import direct_connections_for
 from intentledger.store.judging import operation_states
 from intentledger.testing.conformance import ConformanceError
 from intentledger.testing.fault_proxy import FaultProxy
@@ -272,7 +273,18 @@ async def check_chaos(
         system_clock,
         LEASE,
         WORKER,
-        Dispatcher(engine, provider, system_clock, DispatchSettings(LEASE, BACKOFF), WORKER),
+        Dispatcher(
+            engine,
+            provider,
+            system_clock,
+            DispatchSettings(LEASE, BACKOFF),
+            WORKER,
+            # As `intentledger worker` runs: on PostgreSQL the batched first
+            # attempts on connections of their own (closed by `worker.close`).
+            direct=direct_connections_for(
+                engine.url.render_as_string(hide_password=False), engine.dialect
+            ),
+        ),
         Reconciler(
             engine,
             provider,
