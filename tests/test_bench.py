@@ -71,6 +71,8 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     # Dispatch and the latency-bound phase in rounds against the provider stand-in,
     # the full sandbox beside it (issue 39).
     assert len(figures["dispatch_round_ratios"]) == figures["dispatch_rounds"] == 2
+    # Each round's workers drained payments of their own before it was measured.
+    assert figures["warm_payments_per_worker"] == 32
     assert figures["dispatch_ratio_spread"] == [
         min(figures["dispatch_round_ratios"]),
         max(figures["dispatch_round_ratios"]),

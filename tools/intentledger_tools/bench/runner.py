@@ -177,6 +177,15 @@ class BenchConfig:
     record_delay_provider_seconds: float = 0.02
     record_delay_hang_share: float = 0.05
     record_delay_submit_timeout: float = 2.0
+    # Payments each freshly started worker of a dispatch, latency-bound or
+    # scaling round drains before the round is measured, then emptied away:
+    # what a process pays once (its provider client's TLS trust, its
+    # connections and the server's new sessions behind them, each statement's
+    # compilation and preparation) is not a payment's cost, and pgbench's
+    # baselines leave their connections out too ("without initial connection
+    # time"). 256: eight claims of 32, past psycopg's preparation at a
+    # statement's fifth use.
+    warm_payments_per_worker: int = 256
     profile_dir: Path | None = None
     keep_logs: bool = False
     # None: every phase; otherwise only these (for working on one of them).
@@ -234,6 +243,7 @@ class BenchConfig:
             growth_rows=(0, 5_000, 30_000) if quick else (0, 1_000_000, 10_000_000),
             rounds_in_turn=2 if quick else 4,
             record_delay_payments=300 if quick else 3_000,
+            warm_payments_per_worker=32 if quick else 256,
             profile_dir=profile_dir,
             keep_logs=keep_logs,
             phases=phases,
@@ -631,6 +641,27 @@ class Bench:
         for worker in workers:
             worker.wait_log("started")
         return workers
+
+    def warm_up(self, workers: int, watched: list[Proc], tag: str, payment_method: str) -> None:
+        """Before a round is measured: `warm_payments_per_worker` payments for
+        each of its `workers` just started, drained, then the ledger emptied
+        again (BenchConfig.warm_payments_per_worker says why). Keys tagged
+        `tag` and "w", new to the provider; fails as a drain does."""
+        count = self.config.warm_payments_per_worker * workers
+        if count <= 0:
+            return
+        self.seed_accepted(count, f"{tag}w", payment_method)
+        started = time.monotonic()
+        while pending := self.scalar("SELECT count(*) FROM outbox WHERE done_at IS NULL"):
+            for proc in watched:
+                proc.check_alive()
+            if time.monotonic() - started > 120.0:
+                raise BenchError(
+                    f"warming up {tag}: {pending} of {count} payments still pending after 120s "
+                    f"(logs in {self.workdir})"
+                )
+            time.sleep(DRAIN_POLL_SECONDS)
+        self.truncate()
 
     def seed_accepted(self, count: int, tag: str, payment_method: str) -> float:
         """`count` ACCEPTED payments with due submit rows, visible at one commit;
@@ -1360,6 +1391,7 @@ class Bench:
             dispatch_concurrency=cfg.worker_concurrency,
             dispatch_batch=cfg.worker_batch,
             dispatch_rounds=rounds,
+            warm_payments_per_worker=cfg.warm_payments_per_worker,
             dispatch_round_per_s={
                 "ours": [round(d.rate, 1) for d in ours],
                 "pgbench": [round(t, 1) for t in tps],
@@ -1602,6 +1634,7 @@ class Bench:
             procs = self.start_workers(
                 fleet, f"{tag}-worker", workers, concurrency, batch, provider.url
             )
+            self.warm_up(workers, [*procs, provider.proc], tag, payment_method)
             calls_before, provider_cpu = provider.calls(), on_cpu_seconds(provider.proc.pid)
             seeded_at = self.seed_accepted(payments, tag, payment_method)
             watch = self.watch(
@@ -2077,6 +2110,7 @@ class Bench:
                     cfg.worker_batch,
                     sandbox,
                 )
+                self.warm_up(count, [*workers, sandbox_proc], f"x{count}r{turn}", "pm_ok")
                 seeded_at = self.seed_accepted(n, f"x{count}r{turn}", "pm_ok")
                 watch = self.watch(
                     {"workers": [w.pid for w in workers], "sandbox": [sandbox_proc.pid]}
