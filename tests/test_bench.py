@@ -71,8 +71,19 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     # Dispatch and the latency-bound phase in rounds against the provider stand-in,
     # the full sandbox beside it (issue 39).
     assert len(figures["dispatch_round_ratios"]) == figures["dispatch_rounds"] == 2
-    # Each round's workers drained payments of their own before it was measured.
-    assert figures["warm_payments_per_worker"] == 32
+    # Each round's workers drained payments before it was measured: dispatch's
+    # rounds against the stand-in and the sandbox, the latency-bound phase's
+    # (one worker) and every scaling round's.
+    warm = figures["warm_payments_per_worker"]
+    assert warm == 32
+    rounds = figures["dispatch_rounds"]
+    assert figures["warm_payments_drained"] == {
+        "dispatch": rounds * figures["dispatch_workers"] * warm,
+        "dispatch_sandbox": rounds * figures["dispatch_workers"] * warm,
+        "latency_bound": figures["latency_bound_rounds"] * warm,
+        "latency_bound_sandbox": figures["latency_bound_rounds"] * warm,
+        "scaling": rounds * sum(figures["scaling_workers"]) * warm,
+    }
     assert figures["dispatch_ratio_spread"] == [
         min(figures["dispatch_round_ratios"]),
         max(figures["dispatch_round_ratios"]),

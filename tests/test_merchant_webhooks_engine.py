@@ -115,19 +115,31 @@ async def test_the_idle_look_takes_no_engine_connection_on_postgresql(
 
 async def test_a_worker_gives_its_sender_its_own_connections(engine: AsyncEngine) -> None:
     """`intentledger worker` builds one set of connections for the dispatcher's
-    hot path and the sender's look (closed once, by the worker)."""
+    hot path and the sender's look; the worker's `close` closes them, once,
+    the look's among them."""
     settings = Settings(
         database_url=engine.url.render_as_string(hide_password=False),
         provider_url="http://127.0.0.1:9",
     )
     worker = build_worker(settings, engine, ControlledClock(), None)
-    assert worker.webhooks is not None
-    assert worker.webhooks.direct is worker.dispatcher.direct
-    assert (worker.dispatcher.direct is not None) == (engine.dialect.name == "postgresql")
-    await worker.close()
+    try:
+        assert worker.webhooks is not None
+        direct = worker.dispatcher.direct
+        assert worker.webhooks.direct is direct
+        assert (direct is not None) == (engine.dialect.name == "postgresql")
+        assert await worker.webhooks.start_due(1) == 0
+        opened = list(direct._idle) if direct is not None else []
+        assert len(opened) == (1 if direct is not None else 0), "the look's connection"
+    finally:
+        await worker.close()
+    assert all(raw.closed for raw in opened)
+    if direct is not None:
+        assert direct._idle == []
     on_engine = build_worker(settings, engine, ControlledClock(), None, direct=False)
-    assert on_engine.webhooks is not None and on_engine.webhooks.direct is None
-    await on_engine.close()
+    try:
+        assert on_engine.webhooks is not None and on_engine.webhooks.direct is None
+    finally:
+        await on_engine.close()
 
 
 async def test_each_change_that_is_news_is_announced_with_what_it_changed(

@@ -30,7 +30,7 @@ from intentledger.engine.clock import Clock
 from intentledger.engine.webhook_endpoints import Resolver, check_target, resolve
 from intentledger.observability.metrics import WEBHOOKS_OUT
 from intentledger.store.direct import DirectConnections
-from intentledger.store.webhooks import AttemptResult, Claimed, WebhookStore
+from intentledger.store.webhooks import AttemptResult, Claimed, WebhookStore, any_due
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ class WebhookSender:
     async def _any_due(self) -> bool:
         now = self.clock()
         if self.direct is not None:
-            return await self.direct.run(lambda conn: WebhookStore(conn).any_due(now))
+            return await self.direct.run(lambda conn: any_due(conn, now))
         async with self.engine.connect() as conn:
             return await WebhookStore(conn).any_due(now)
 

@@ -9,6 +9,7 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import Integer, Select, Update, bindparam, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from intentledger.store.direct import LedgerConnection
 from intentledger.store.ids import IDS, among_ids
@@ -187,8 +188,17 @@ def _move_on(claimed: Claimed, owner: str, result: AttemptResult) -> dict[str, A
     }
 
 
+async def any_due(conn: LedgerConnection, now: datetime) -> bool:
+    """Whether a delivery is due: the sender's idle look, the one read of
+    these tables a worker's own connections (store/direct.py) send."""
+    query = select(webhook_deliveries.c.id).where(
+        webhook_deliveries.c.status == "pending", webhook_deliveries.c.due_at <= now
+    )
+    return (await conn.execute(query.limit(1))).first() is not None
+
+
 class WebhookStore:
-    def __init__(self, conn: LedgerConnection) -> None:
+    def __init__(self, conn: AsyncConnection) -> None:
         self.conn = conn
         self._is_postgres = conn.dialect.name == "postgresql"
 
@@ -292,10 +302,7 @@ class WebhookStore:
     # -- the workers' side ------------------------------------------------------
 
     async def any_due(self, now: datetime) -> bool:
-        query = select(webhook_deliveries.c.id).where(
-            webhook_deliveries.c.status == "pending", webhook_deliveries.c.due_at <= now
-        )
-        return (await self.conn.execute(query.limit(1))).first() is not None
+        return await any_due(self.conn, now)
 
     async def claim_due(
         self, now: datetime, lease: timedelta, owner: str, limit: int, in_flight_limit: int

@@ -58,6 +58,7 @@ from intentledger.providers.base import (
     read_events,
 )
 from intentledger.providers.http import call_deadline
+from intentledger.store.database import Pooler
 from intentledger.store.direct import direct_connections_for
 from intentledger.store.judging import operation_states
 from intentledger.testing.conformance import ConformanceError
@@ -244,6 +245,7 @@ async def check_chaos(
     faults: Mapping[str, float] = FAULTS,
     fault_proxy: Callable[[str, int], FaultProxy] = FaultProxy,
     budget: timedelta = timedelta(seconds=180),
+    pooler: Pooler = "none",
 ) -> dict[str, Any]:
     """`payments` payments, and refunds of some as they succeed, sent by a
     worker through `build(proxy_base, CALL_TIMEOUT)` (the adapter against the
@@ -252,8 +254,12 @@ async def check_chaos(
     in the provider's error shapes if it has one), with its plug-in's
     `consistency` and `retention`. `reader` reads the notifications the fake
     posts (None: the provider sends none). `engine` is a migrated, empty
-    ledger. The run lasts until every operation is settled or waits for a
-    person and the fake is quiet, or `budget` has passed; then it is judged.
+    ledger; on PostgreSQL the worker's batched first attempts run on
+    connections of their own made from its URL, as `intentledger worker`'s
+    do, and `pooler` says what that URL reaches ("pgbouncer": a pooler in
+    transaction mode, where nothing is prepared). The run lasts until every
+    operation is settled or waits for a person and the fake is quiet, or
+    `budget` has passed; then it is judged.
     Returns the report; raises `ConformanceError` with it otherwise."""
     rng = random.Random(seed)
     started = time.monotonic()
@@ -282,7 +288,7 @@ async def check_chaos(
             # As `intentledger worker` runs: on PostgreSQL the batched first
             # attempts on connections of their own (closed by `worker.close`).
             direct=direct_connections_for(
-                engine.url.render_as_string(hide_password=False), engine.dialect
+                engine.url.render_as_string(hide_password=False), engine.dialect, pooler
             ),
         ),
         Reconciler(
@@ -329,20 +335,23 @@ async def check_chaos(
     finally:
         if sending is not None and not sending.done():
             sending.cancel()
-        # No new notification; what is on its way reaches the ledger before
-        # the workers stop (one may make work for them).
-        await runner.cleanup()
-        if line is not None:
-            await line.settle(within=2 * LATE_SECONDS + 5)
-            for task in list(line.in_flight):
-                task.cancel()
-        stop.set()
-        if working is not None:
-            with contextlib.suppress(Exception):
-                await working
-        await worker.close()
-        # After every forward the proxy made has reached the fake.
-        await proxy.stop()
+        try:
+            # No new notification; what is on its way reaches the ledger before
+            # the workers stop (one may make work for them).
+            await runner.cleanup()
+            if line is not None:
+                await line.settle(within=2 * LATE_SECONDS + 5)
+                for task in list(line.in_flight):
+                    task.cancel()
+        finally:
+            stop.set()
+            if working is not None:
+                with contextlib.suppress(Exception):
+                    await working
+            # Its own connections too (on PostgreSQL), whatever failed above.
+            await worker.close()
+            # After every forward the proxy made has reached the fake.
+            await proxy.stop()
     # Every writer has stopped: the truth, then the ledger (the other way
     # round, a write landing between the two reads would count against it).
     truth = await fake.truth()

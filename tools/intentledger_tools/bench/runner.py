@@ -177,14 +177,15 @@ class BenchConfig:
     record_delay_provider_seconds: float = 0.02
     record_delay_hang_share: float = 0.05
     record_delay_submit_timeout: float = 2.0
-    # Payments each freshly started worker of a dispatch, latency-bound or
-    # scaling round drains before the round is measured, then emptied away:
-    # what a process pays once (its provider client's TLS trust, its
-    # connections and the server's new sessions behind them, each statement's
-    # compilation and preparation) is not a payment's cost, and pgbench's
-    # baselines leave their connections out too ("without initial connection
-    # time"). 256: eight claims of 32, past psycopg's preparation at a
-    # statement's fifth use.
+    # Payments for each freshly started worker of a dispatch, latency-bound or
+    # scaling round to drain before the round is measured (seeded together:
+    # the workers share them as they claim), then emptied away. What a process
+    # pays once (its provider client's TLS trust, its connections and the
+    # server's new sessions behind them, each statement's compilation, the
+    # adaptive limit's first climb) is not a payment's cost; pgbench's
+    # baselines leave out their connections ("without initial connection
+    # time"). 256: eight claims of a dispatch worker's 32, past psycopg's
+    # preparation of a statement at its fifth use on a connection.
     warm_payments_per_worker: int = 256
     profile_dir: Path | None = None
     keep_logs: bool = False
@@ -642,11 +643,14 @@ class Bench:
             worker.wait_log("started")
         return workers
 
-    def warm_up(self, workers: int, watched: list[Proc], tag: str, payment_method: str) -> None:
-        """Before a round is measured: `warm_payments_per_worker` payments for
-        each of its `workers` just started, drained, then the ledger emptied
-        again (BenchConfig.warm_payments_per_worker says why). Keys tagged
-        `tag` and "w", new to the provider; fails as a drain does."""
+    def warm_up(
+        self, phase: str, workers: int, watched: list[Proc], tag: str, payment_method: str
+    ) -> None:
+        """Before a round of `phase` is measured: `warm_payments_per_worker`
+        payments for each of its `workers` just started, drained, then the
+        ledger emptied again (BenchConfig.warm_payments_per_worker says why),
+        counted in `warm_payments_drained`. Keys tagged `tag` and "w", new to
+        the provider; fails as a drain does."""
         count = self.config.warm_payments_per_worker * workers
         if count <= 0:
             return
@@ -655,13 +659,24 @@ class Bench:
         while pending := self.scalar("SELECT count(*) FROM outbox WHERE done_at IS NULL"):
             for proc in watched:
                 proc.check_alive()
-            if time.monotonic() - started > 120.0:
+            if time.monotonic() - started > max(120.0, count / 20):
                 raise BenchError(
-                    f"warming up {tag}: {pending} of {count} payments still pending after 120s "
+                    f"warming up {tag}: {pending} of {count} payments still pending "
                     f"(logs in {self.workdir})"
                 )
             time.sleep(DRAIN_POLL_SECONDS)
-        self.truncate()
+        # The workers are running: their idle polls (the claim, the sweeper,
+        # the webhook sender's look) take locks the TRUNCATE waits for, in an
+        # order of their own; a deadlock the server breaks is tried again.
+        for attempt in range(3):
+            try:
+                self.truncate()
+                break
+            except psycopg.errors.DeadlockDetected:
+                if attempt == 2:
+                    raise
+        drained = self.figures.setdefault("warm_payments_drained", {})
+        drained[phase] = drained.get(phase, 0) + count
 
     def seed_accepted(self, count: int, tag: str, payment_method: str) -> float:
         """`count` ACCEPTED payments with due submit rows, visible at one commit;
@@ -1634,7 +1649,13 @@ class Bench:
             procs = self.start_workers(
                 fleet, f"{tag}-worker", workers, concurrency, batch, provider.url
             )
-            self.warm_up(workers, [*procs, provider.proc], tag, payment_method)
+            self.warm_up(
+                what.split()[0].replace("-", "_"),
+                workers,
+                [*procs, provider.proc],
+                tag,
+                payment_method,
+            )
             calls_before, provider_cpu = provider.calls(), on_cpu_seconds(provider.proc.pid)
             seeded_at = self.seed_accepted(payments, tag, payment_method)
             watch = self.watch(
@@ -2110,7 +2131,9 @@ class Bench:
                     cfg.worker_batch,
                     sandbox,
                 )
-                self.warm_up(count, [*workers, sandbox_proc], f"x{count}r{turn}", "pm_ok")
+                self.warm_up(
+                    "scaling", count, [*workers, sandbox_proc], f"x{count}r{turn}", "pm_ok"
+                )
                 seeded_at = self.seed_accepted(n, f"x{count}r{turn}", "pm_ok")
                 watch = self.watch(
                     {"workers": [w.pid for w in workers], "sandbox": [sandbox_proc.pid]}
