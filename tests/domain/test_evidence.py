@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
@@ -559,3 +559,14 @@ def test_a_flag_says_why_a_person_must_see_the_event() -> None:
         event_type="CHARGEBACK", status=None, amount=(1000, "EUR"), operation=PAYMENT
     )
     assert chargeback == "CHARGEBACK: the provider moved money outside our writes"
+
+
+def test_an_effect_is_made_again_from_its_fields_alone() -> None:
+    """`judge` finishes an effect by making it again from its `__dict__`
+    (cheaper than `dataclasses.replace`): that holds only while every field
+    is set by `__init__` and kept in the instance's `__dict__`."""
+    assert not hasattr(Effect, "__slots__")
+    assert all(f.init for f in fields(Effect))
+    effect = Effect(Move.SETTLE, "r", verify=True, rule="x", not_final="y")
+    assert Effect(**effect.__dict__) == effect
+    assert set(effect.__dict__) == {f.name for f in fields(Effect)}

@@ -26,10 +26,11 @@ _BY_VALUE: dict[str, State] = {state.value: state for state in State}
 
 
 def state_of(value: str) -> State:
-    """`State(value)` at a tenth of its CPU, without the enum machinery's
-    Python call: a worker reads a record's state several times a payment.
-    Takes a member too (a StrEnum hashes as its value); refuses what `State`
-    refuses, with the same ValueError."""
+    """`State(value)` for a stored state (a string) or a member (a StrEnum
+    hashes as its value), at a tenth of its CPU, without the enum
+    machinery's Python call: a worker reads a record's state several times a
+    payment. A string that names no state is refused with `State`'s
+    ValueError."""
     try:
         return _BY_VALUE[value]
     except KeyError:
