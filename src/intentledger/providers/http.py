@@ -87,6 +87,35 @@ _IBAN_SHAPE = re.compile(r"\b[A-Z]{2}[0-9]{2}(?:[ ]?[A-Z0-9]){11,30}\b")
 _CARD_SHAPE = re.compile(r"\b(?:[0-9][ -]?){12,18}[0-9]\b")
 
 
+# What PostgreSQL stores of none of its text and jsonb values, though SQLite
+# keeps them: the NUL character and a lone surrogate (and in jsonb, a number
+# JSON cannot hold: NaN or an infinity). A provider's answer is recorded
+# whatever it holds: an answer the ledger could not store would leave its
+# payment SUBMITTING although the provider moved the money, and the same
+# answer replayed at every look (tests/test_unstorable_answers.py). So each
+# such character of an answer is read as U+FFFD, the replacement character,
+# and such a number as its text ("NaN").
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """`text` with each character a database of ours cannot store as U+FFFD."""
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _storable(value: Any) -> Any:
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        return {
+            storable_text(name) if isinstance(name, str) else name: _storable(item)
+            for name, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_storable(item) for item in value]
+    return value
+
+
 def last_four(value: str) -> str:
     compact = value.replace(" ", "")
     return "****" + compact[-4:] if len(compact) > 4 else "****"
@@ -161,7 +190,9 @@ async def observe(
         return _no_response(TimeoutError())
     except NEVER_SENT as exc:
         return ProviderAnswer(
-            Transport.NOT_SENT, error_class=_qualified(exc), detail={"error": str(exc)}
+            Transport.NOT_SENT,
+            error_class=_qualified(exc),
+            detail={"error": storable_text(str(exc))},
         )
     except Exception as exc:
         return _no_response(exc)
@@ -172,7 +203,9 @@ async def observe(
 
 def _no_response(exc: Exception) -> ProviderAnswer:
     return ProviderAnswer(
-        Transport.NO_RESPONSE, error_class=_qualified(exc), detail={"error": str(exc)}
+        Transport.NO_RESPONSE,
+        error_class=_qualified(exc),
+        detail={"error": storable_text(str(exc))},
     )
 
 
@@ -190,10 +223,10 @@ def answer_of(
         body = response.json()
         detail["body"] = redacted(body)
     except ValueError:
-        detail["body_text"] = redacted_text(response.text[:2000])
+        detail["body_text"] = storable_text(redacted_text(response.text[:2000]))
     for name in keep_headers:
         if name in response.headers:
-            detail[name.lower()] = response.headers[name]
+            detail[name.lower()] = storable_text(response.headers[name])
     seen: dict[str, Any] = {
         "status": response.status_code,
         "error_code": _error_code(body) if response.status_code >= 400 else None,
@@ -265,8 +298,18 @@ class ProviderResponse:
         beyond 64 bits as a float, its digits lost, and a guard sending such
         bodies here (a search for a run of 19 digits) cost more instructions
         than orjson saved: 29,200 against 25,000 per answer of the bench's
-        stand-in (docs/benchmarks.md, step 52)."""
-        return jsonlib.loads(self.content)
+        stand-in (docs/benchmarks.md, step 52).
+
+        What it reads is what every database of ours can store (`_UNSTORABLE`
+        above): NaN and the infinities as their text, a NUL or a lone
+        surrogate in a string or a name as U+FFFD. Only a `\\u` escape or a
+        byte beyond ASCII can make either character (the parser refuses a raw
+        control character in a string, and reads UTF-8's bytes of a surrogate
+        as one), so an answer with neither is not walked again."""
+        body = jsonlib.loads(self.content, parse_constant=str)
+        if b"\\u" in self.content or not self.content.isascii():
+            return _storable(body)
+        return body
 
 
 class ProviderClient:
