@@ -13,6 +13,7 @@ kept as it came.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -118,6 +119,37 @@ async def test_a_refusal_that_is_not_json_is_recorded_with_its_nul_replaced(
     assert observed.http_status == 503
     detail = observed.detail if isinstance(observed.detail, dict) else json.loads(observed.detail)
     assert detail["body_text"] == "busy\ufffdnow"
+
+
+async def test_a_retry_after_beyond_utf_8_is_recorded_with_its_byte_replaced(
+    engine: AsyncEngine,
+) -> None:
+    # aiohttp reads a header's bytes beyond UTF-8 as lone surrogates, which
+    # neither database stores: the answer's raw Retry-After held one.
+    answer = (
+        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\xff\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+    )
+
+    async def answering(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answering, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    clock = MovableClock()
+    operation_id = await accept(engine, clock, "pm_ok")
+    try:
+        worker = make_worker(engine, f"http://127.0.0.1:{port}", clock)
+        assert await worker.deliver_batch(limit=10) == 1
+    finally:
+        server.close()
+        await server.wait_closed()
+    (observed,) = await rows(engine, observations_with_detail, operation_id)
+    assert (await operation(engine, operation_id)).state != "SUBMITTING"
+    assert (observed.http_status, observed.retry_after_raw) == (503, "5\ufffd")
 
 
 def response(content: bytes) -> ProviderResponse:

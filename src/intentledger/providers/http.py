@@ -231,7 +231,9 @@ def answer_of(
         "status": response.status_code,
         "error_code": _error_code(body) if response.status_code >= 400 else None,
         "provider_reference": _reference(body) if response.is_success else None,
-        "retry_after": tuple(response.headers.getall("retry-after", ())),
+        # A header's bytes beyond UTF-8 come as lone surrogates (aiohttp's
+        # reading), which no database of ours stores.
+        "retry_after": tuple(storable_text(v) for v in response.headers.getall("retry-after", ())),
         "detail": detail,
     }
     answer = ProviderAnswer(Transport.RESPONSE, **seen)
