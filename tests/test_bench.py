@@ -126,8 +126,17 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
         "dispatch_library_floor_cpu_ms_per_payment",
         "dispatch_worker_over_library_floor",
         "dispatch_library_floor_to_postgres_cpu",
+        # The same replay with each claim's calls between its transactions, in one process.
+        "floor_together_cpu_ms_per_payment",
+        "floor_together_postgres_cpu_ms_per_payment",
+        "dispatch_floor_together_over_apart",
     ]
     assert all(figures[key] > 0 for key in floors), {key: figures[key] for key in floors}
+    assert figures["dispatch_floor_together_over_apart"] == pytest.approx(
+        figures["floor_together_cpu_ms_per_payment"]
+        / figures["dispatch_library_floor_cpu_ms_per_payment"],
+        rel=0.01,
+    )
     assert figures["floor_payments"] == 992 and figures["floor_http_calls"] == 1_000
     # And the pure work of as many first attempts, in groups of the record's size.
     assert figures["dispatch_domain_cpu_ms_per_payment"] > 0
@@ -140,6 +149,12 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     )
     assert figures["dispatch_floor_and_domain_to_postgres_cpu"] == pytest.approx(
         bound / server_ms, rel=0.01
+    )
+    together = (
+        figures["floor_together_cpu_ms_per_payment"] + figures["dispatch_domain_cpu_ms_per_payment"]
+    )
+    assert figures["dispatch_floor_together_and_domain_to_postgres_cpu"] == pytest.approx(
+        together / server_ms, rel=0.01
     )
     assert figures["intake_api_to_postgres_cpu"] > 0
     # Beside it, intake's HTTP floor: our server stack answering as an intent is

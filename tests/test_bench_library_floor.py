@@ -232,6 +232,57 @@ def test_a_count_of_rows_the_claims_cannot_take_whole_is_refused(
     assert "5 undelivered outbox rows" in done.stderr and "Traceback" not in done.stderr
 
 
+# The claim also hands on each row's operation (`op_k`), which a worker calls with.
+TOGETHER_SCRIPT = SCRIPT.replace(
+    "SELECT c.ids[1] AS id_1, c.ids[2] AS id_2 ",
+    "SELECT c.ids[1] AS id_1, c.ids[2] AS id_2, "
+    "'op_' || c.ids[1] AS op_1, 'op_' || c.ids[2] AS op_2 ",
+)
+
+
+@needs_postgres
+def test_the_floor_together_calls_for_every_claimed_row_between_its_transactions(
+    databases: Databases, tmp_path: Path
+) -> None:
+    url = floor_database(databases, 20)
+    script = tmp_path / "together.pgbench"
+    script.write_text(TOGETHER_SCRIPT)
+    with running_stand_in(tmp_path) as provider:
+        done = run_floor(
+            *("together", "--script", str(script), "--clients", "2", "--url", provider),
+            *("--warmup", "5", "--database-url", url),
+        )
+        assert done.returncode == 0, done.stderr
+        result = result_of(done.stdout)
+        assert result["mode"] == "together" and result["payments"] == 20
+        assert result["cpu_seconds"] > 0
+        # The warm-up's calls and one for each claimed row, by its operation.
+        assert httpx.get(f"{provider}/stand-in/calls").json()["calls"] == 25
+        for row in (1, 20):
+            found = httpx.get(f"{provider}/v1/charges", params={"reference": f"op_{row}"})
+            assert len(found.json()["data"]) == 1, found.text
+    with psycopg.connect(libpq_url(url)) as conn:
+        left = conn.execute("SELECT count(*) FROM outbox WHERE done_at IS NULL").fetchone()
+        notes = conn.execute("SELECT count(DISTINCT outbox_id) FROM notes").fetchone()
+    assert left == (0,) and notes == (20,)
+
+
+@needs_postgres
+def test_the_floor_together_refuses_a_claim_that_names_no_operations(
+    databases: Databases, tmp_path: Path
+) -> None:
+    url = floor_database(databases, 4)
+    script = tmp_path / "floor.pgbench"
+    script.write_text(SCRIPT)
+    with running_stand_in(tmp_path) as provider:
+        done = run_floor(
+            *("together", "--script", str(script), "--clients", "1", "--url", provider),
+            *("--warmup", "0", "--database-url", url),
+        )
+    assert done.returncode == 1
+    assert "must hand on op_1..op_2" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_the_http_floor_makes_its_calls_when_signalled_and_stays_to_be_watched(
     tmp_path: Path,
 ) -> None:

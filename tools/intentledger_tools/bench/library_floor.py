@@ -3,6 +3,8 @@ they do a payment's work and nothing else (issue 39).
 
 python -m intentledger_tools.bench.library_floor sql --script dispatch-batch.pgbench \\
     --driver psycopg|sqlalchemy --clients K [--database-url URL] [--signalled]
+python -m intentledger_tools.bench.library_floor together --script dispatch-batch.pgbench \\
+    --clients K --url BASE [--warmup W] [--database-url URL] [--signalled]
 python -m intentledger_tools.bench.library_floor http --url BASE --calls N \\
     --concurrency C [--warmup W] [--signalled]
 
@@ -26,6 +28,12 @@ intentledger's code on the path (no domain, no tasks, no settlement queue).
   (`engine.begin()`, a pooled connection pinged at checkout) and
   `exec_driver_sql`. Every row a statement returns is fetched, as our code
   reads them.
+- `together` is `sql` through psycopg with each claim's charge calls (as
+  `http` makes them, to the stand-in at URL) made at once between the
+  script's pre-submit and its record, where a worker makes them: the two
+  libraries in one event loop, a task per call, every client's claim in
+  flight. What it costs beyond `sql` and `http` measured apart is what
+  running them together costs, before any code of ours.
 - `http` makes N charge calls as the worker's sandbox adapter sends them
   (`POST /v1/charges`, the same headers with a fresh `Idempotency-Key`, the
   same JSON body) with plain aiohttp configured as our provider client
@@ -54,7 +62,7 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -332,8 +340,18 @@ RELEASE = "UPDATE outbox SET due_at = '-infinity' WHERE id = ANY(%(ids)s)"
 PARTIAL_CLAIM_PAUSE_SECONDS = 0.005
 
 
+# Run before a script's last block (the record) with the claim's variables:
+# the `together` mode's provider calls.
+BeforeRecord = Callable[[dict[str, Any]], Awaitable[None]]
+
+
 async def replay_client(
-    session: Session, blocks: list[Block], binder: Binder, batch: int, progress: Progress
+    session: Session,
+    blocks: list[Block],
+    binder: Binder,
+    batch: int,
+    progress: Progress,
+    before_record: BeforeRecord | None = None,
 ) -> None:
     """Run the script over and over until no due row is left unclaimed.
 
@@ -342,6 +360,8 @@ async def replay_client(
     names every row: its rows are released and claimed again whole. (pgbench
     with `-t` stops after a fixed count and would run such a script on.) A
     client stops once every row is claimed: what the others hold they finish.
+    `before_record` runs between the last two blocks (the pre-submit and the
+    record), where a worker makes its calls.
     """
     claim, *rest = blocks
     while progress.unclaimed > 0:
@@ -362,7 +382,9 @@ async def replay_client(
         progress.unclaimed -= batch
         binder.learn(row)
         variables.update(row)
-        for block in rest:
+        for number, block in enumerate(rest, start=1):
+            if before_record is not None and number == len(rest):
+                await before_record(variables)
             await session.run(block, variables)
         progress.payments += batch
         progress.scripts += 1
@@ -424,25 +446,54 @@ async def sql_floor(args: argparse.Namespace) -> dict[str, Any]:
         await _fill_pool(engine, args.clients)
         sessions = [SqlAlchemySession(engine, b) for b in binders]
     progress = Progress(unclaimed=due)
+    provider = None
+    before_record: BeforeRecord | None = None
+    if args.mode == "together":
+        # Each claim's calls at once, as a worker starts them after its
+        # pre-submit: a task each (asyncio.gather's), every client's in flight.
+        provider = provider_session(args.clients * batch)
+        url = args.url.rstrip("/") + CHARGE_PATH
+
+        async def calls(operation_ids: Sequence[str]) -> None:
+            await asyncio.gather(*(charge(provider, url, op) for op in operation_ids))
+
+        names = [f"op_{k}" for k in range(1, batch + 1)]
+        claim = blocks[0].steps[0]
+        assert isinstance(claim, Statement)  # script_batch checked it
+        if set(re.findall(r"\bAS (op_\d+)\b", claim.text)) != set(names):
+            raise ScriptError(f"the claim must hand on {names[0]}..{names[-1]} to call with")
+
+        async def claim_calls(variables: dict[str, Any]) -> None:
+            await calls([variables[name] for name in names])
+
+        before_record = claim_calls
     try:
+        if provider is not None:
+            keys = list(charge_keys(args.warmup))
+            for start in range(0, len(keys), args.clients * batch):
+                await calls(keys[start : start + args.clients * batch])
         if go is not None:
             say(READY)
             await go()
         wall, cpu = time.monotonic(), time.process_time()
         clients = zip(sessions, binders, strict=True)
-        await asyncio.gather(*(replay_client(s, blocks, b, batch, progress) for s, b in clients))
+        await asyncio.gather(
+            *(replay_client(s, blocks, b, batch, progress, before_record) for s, b in clients)
+        )
         wall, cpu = time.monotonic() - wall, time.process_time() - cpu
     finally:
         for conn in conns:
             await conn.close()
         if engine is not None:
             await engine.dispose()
+        if provider is not None:
+            await provider.close()
     with psycopg.connect(libpq, autocommit=True) as admin:
         left = _count(admin, "SELECT count(*) FROM outbox WHERE done_at IS NULL")
     if left:
         raise ReplayError(f"the replay left {left} of {due} outbox rows undelivered")
     result = {
-        "mode": "sql",
+        "mode": args.mode,
         "driver": args.driver,
         "clients": args.clients,
         "payments": progress.payments,
@@ -476,20 +527,20 @@ def charge_keys(count: int) -> Iterator[str]:
         yield "op_" + secrets.token_hex(12)
 
 
-async def http_floor(args: argparse.Namespace) -> dict[str, Any]:
+def provider_session(connections: int) -> Any:
+    """An aiohttp session made as our provider client makes its own
+    (providers/http.py, ProviderClient): pool, headers, timeouts, orjson."""
     import aiohttp
     import certifi
     import orjson
 
-    go = await wait_for_signal(signal.SIGUSR1) if args.signalled else None
-    # Our provider client's pool and session (providers/http.py, ProviderClient).
     connector = aiohttp.TCPConnector(
-        limit=max(DEFAULT_PROVIDER_CONNECTIONS, args.concurrency),
+        limit=max(DEFAULT_PROVIDER_CONNECTIONS, connections),
         limit_per_host=0,
         keepalive_timeout=IDLE_CONNECTION_SECONDS,
         ssl=ssl.create_default_context(cafile=certifi.where()),
     )
-    session = aiohttp.ClientSession(
+    return aiohttp.ClientSession(
         connector=connector,
         headers=SESSION_HEADERS,
         timeout=aiohttp.ClientTimeout(
@@ -502,26 +553,33 @@ async def http_floor(args: argparse.Namespace) -> dict[str, Any]:
         json_serialize_bytes=orjson.dumps,
         trust_env=False,
     )
-    url = args.url.rstrip("/") + CHARGE_PATH
 
-    async def call(operation_id: str) -> None:
-        body = {"reference": operation_id, **CHARGE_BODY}
-        headers = {"Idempotency-Key": f"{operation_id}:1"}
-        async with session.request(
-            "POST", url, json=body, headers=headers, allow_redirects=False
-        ) as response:
-            content = await response.read()
-            status = response.status
-        answer = json.loads(content)
-        if status != 200 or "id" not in answer:
-            raise ReplayError(f"the provider answered {status}: {content[:200]!r}")
+
+async def charge(session: Any, url: str, operation_id: str) -> None:
+    """One charge call as the sandbox adapter sends it, its answer read whole and parsed."""
+    body = {"reference": operation_id, **CHARGE_BODY}
+    headers = {"Idempotency-Key": f"{operation_id}:1"}
+    async with session.request(
+        "POST", url, json=body, headers=headers, allow_redirects=False
+    ) as response:
+        content = await response.read()
+        status = response.status
+    answer = json.loads(content)
+    if status != 200 or "id" not in answer:
+        raise ReplayError(f"the provider answered {status}: {content[:200]!r}")
+
+
+async def http_floor(args: argparse.Namespace) -> dict[str, Any]:
+    go = await wait_for_signal(signal.SIGUSR1) if args.signalled else None
+    session = provider_session(args.concurrency)
+    url = args.url.rstrip("/") + CHARGE_PATH
 
     async def calls(keys: list[str]) -> None:
         pending = iter(keys)
 
         async def caller() -> None:
             for key in pending:
-                await call(key)
+                await charge(session, url, key)
 
         await asyncio.gather(*(caller() for _ in range(args.concurrency)))
 
@@ -594,6 +652,21 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("INTENTLEDGER_DATABASE_URL"),
         help="postgresql:// URL (default: INTENTLEDGER_DATABASE_URL)",
     )
+    together = modes.add_parser(
+        "together",
+        help="replay the batch script through psycopg with each claim's charge calls "
+        "made between its pre-submit and its record, in one process",
+    )
+    together.add_argument("--script", required=True, help="dispatch-batch.pgbench")
+    together.add_argument("--clients", type=_positive, required=True)
+    together.add_argument("--url", required=True, help="the stand-in's base URL (its /_sandbox)")
+    together.add_argument("--warmup", type=int, default=300)
+    together.add_argument(
+        "--database-url",
+        default=os.environ.get("INTENTLEDGER_DATABASE_URL"),
+        help="postgresql:// URL (default: INTENTLEDGER_DATABASE_URL)",
+    )
+    together.set_defaults(driver="psycopg")
     http = modes.add_parser("http", help="charge calls to the provider stand-in")
     http.add_argument("--url", required=True, help="the stand-in's base URL (its /_sandbox)")
     http.add_argument("--calls", type=_positive, required=True)
@@ -610,17 +683,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     from intentledger import eventloop
 
     args = parser().parse_args(argv)
-    if args.mode == "sql":
+    replays = args.mode in ("sql", "together")
+    if replays:
         try:
             args.script_text = Path(args.script).read_text()
         except OSError as exc:
             parser().error(f"cannot read the script: {exc}")
-    if args.mode == "sql" and not args.database_url:
+    if replays and not args.database_url:
         parser().error("--database-url or INTENTLEDGER_DATABASE_URL is required")
     # Frozen as our workers freeze their start: the floor runs as they run.
     eventloop.freeze_what_starts_with_the_process()
     try:
-        eventloop.run(sql_floor(args) if args.mode == "sql" else http_floor(args))
+        eventloop.run(sql_floor(args) if replays else http_floor(args))
     except (ScriptError, ReplayError, OSError) as exc:
         print(f"library_floor: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

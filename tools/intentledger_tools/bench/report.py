@@ -336,6 +336,16 @@ def table(figures: dict[str, Any]) -> Table:
             _num(f.get("dispatch_library_floor_to_postgres_cpu")),
             "— (not judged: beside the goal above)",
         )
+    if f.get("floor_together_cpu_ms_per_payment") is not None:
+        out.add_row(
+            "the libraries together: the psycopg replay with each claim's calls between "
+            "its transactions, one process; over the floor measured apart; it and the pure "
+            "work over PostgreSQL's CPU per payment in the rounds",
+            _num(f.get("floor_together_cpu_ms_per_payment"), " ms"),
+            _num(f.get("dispatch_floor_together_over_apart")),
+            _num(f.get("dispatch_floor_together_and_domain_to_postgres_cpu")),
+            "— (not judged: beside the goal above)",
+        )
     if f.get("dispatch_domain_cpu_ms_per_payment") is not None:
         out.add_row(
             "the pure work per payment of a batched first attempt, no I/O "

@@ -1539,6 +1539,32 @@ class Bench:
         watched["http"] = cpu
         figures["floor_http_cpu_ms_per_call"] = cpu["floor"] * 1000 / calls
         figures["floor_http_per_s"] = round(calls / result["wall_seconds"], 1)
+        self.say(
+            f"dispatch: the libraries' floor together: the batch script through psycopg, "
+            f"{clients} connections, each claim's {batch} calls between its pre-submit and "
+            f"its record, {payments} payments"
+        )
+        self.truncate()
+        self.seed_accepted(payments, "lt", "pm_ok")
+        with self.fleet() as fleet:
+            _, stand_in_url = self.start_stand_in(fleet, "floor-together-stand-in", 0.0)
+            done, watch = self.run_library_floor(
+                fleet,
+                "floor-together",
+                ["together", "--script", script, "--clients", str(clients), "--url", stand_in_url],
+            )
+        left = self.scalar("SELECT count(*) FROM outbox WHERE done_at IS NULL")
+        if done["payments"] != payments or left:
+            raise BenchError(
+                f"the floor together delivered {done['payments']} of {payments} payments "
+                f"and left {left} undelivered"
+            )
+        watched["together"] = watch
+        together = watch["floor"] * 1000 / payments
+        together_server = watch["postgres"] * 1000 / payments if "postgres" in watch else None
+        figures["floor_together_cpu_ms_per_payment"] = together
+        figures["floor_together_postgres_cpu_ms_per_payment"] = together_server
+        figures["floor_together_per_s"] = round(payments / done["wall_seconds"], 1)
         # The worker's batched first attempts send their statements through
         # psycopg alone (store/direct.py): its replay is their floor.
         sql, http = figures["floor_psycopg_cpu_ms_per_payment"], cpu["floor"] * 1000 / calls
@@ -1562,6 +1588,12 @@ class Bench:
             dispatch_floor_and_domain_to_postgres_cpu=(
                 (floor + domain) / server_ms_per_payment if server_ms_per_payment else None
             ),
+            # The libraries in one loop, a task per call, against the floor
+            # measured apart; then with the pure work over the rounds' server.
+            dispatch_floor_together_over_apart=together / floor if floor else None,
+            dispatch_floor_together_and_domain_to_postgres_cpu=(
+                (together + domain) / server_ms_per_payment if server_ms_per_payment else None
+            ),
         )
         self.say(
             "dispatch: the libraries' floor per payment: psycopg "
@@ -1569,7 +1601,9 @@ class Bench:
             f"{_cpu_ms(figures['floor_sqlalchemy_cpu_ms_per_payment'])} (server "
             f"{_cpu_ms(figures['floor_sqlalchemy_postgres_cpu_ms_per_payment'])}), "
             f"aiohttp {_cpu_ms(http)} per call; the floor "
-            f"{_cpu_ms(floor)} against the workers' {_cpu_ms(workers_ms_per_payment)}"
+            f"{_cpu_ms(floor)}, together {_cpu_ms(together)} (server "
+            f"{_cpu_ms(together_server)}), against the workers' "
+            f"{_cpu_ms(workers_ms_per_payment)}"
         )
 
     def domain_cost(self, payments: int, claim: int, group: int) -> float:
