@@ -225,14 +225,15 @@ def test_an_event_about_a_reference_we_do_not_know_is_stored_and_acknowledged(
     unmapped = hooked.deliver(intent_event("evt_customer", "customer.created", {"id": "cus_1"}))
     assert unmapped.status_code == 200 and unmapped.json()["disposition"] == "unmapped_type"
     assert hooked.stored_events() == before + 3
-    # A lone surrogate PostgreSQL could not store: refused as unreadable, not a 500.
-    odd = json.dumps(intent_event("evt_odd", "payment_intent.succeeded", stranger)).replace(
-        "pi_stranger", "pi_\\ud800"
-    )
-    signed = stripe.WebhookSignature.generate_signature_header(odd, WEBHOOK_SECRET)
-    assert assert_problem(hooked.post_raw(odd.encode(), signed), 400)["type"].endswith(
-        "unreadable-event"
-    )
+    # A lone surrogate or a NUL PostgreSQL could not store (SQLite would): refused
+    # on both databases, not a 500 — a NUL by the edge's strict parse already.
+    refusals = {"pi_\\ud800": "unreadable-event", "pi_\\u0000": "malformed-json"}
+    for unstorable, refusal in refusals.items():
+        odd = json.dumps(intent_event("evt_odd", "payment_intent.succeeded", stranger)).replace(
+            "pi_stranger", unstorable
+        )
+        signed = stripe.WebhookSignature.generate_signature_header(odd, WEBHOOK_SECRET)
+        assert assert_problem(hooked.post_raw(odd.encode(), signed), 400)["type"].endswith(refusal)
     assert hooked.stored_events() == before + 3
 
 

@@ -15,16 +15,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from aiohttp import web
+from hypothesis import example, given
+from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from intentledger.providers.http import ProviderResponse, storable_text
-from intentledger.store.tables import observations_with_detail
+from intentledger.domain.transport import REFERENCE_WIDTH, ChargeSeen, ProviderAnswer, Transport
+from intentledger.providers.base import UnreadableEvent, read_event_json
+from intentledger.providers.http import ProviderResponse, answer_of, redacted, storable_text
+from intentledger.store.tables import (
+    observations,
+    observations_with_detail,
+    operations,
+    provider_events,
+)
 from tests.conftest import free_port
 from tests.test_dispatch import MovableClock, accept, make_worker, operation, rows
 
@@ -59,6 +70,17 @@ SUCCESSES: dict[str, tuple[bytes, Callable[[dict[str, Any]], Any], Any]] = {
         b'{"id": "ch_1", "status": "succeeded", "rates": [Infinity, -Infinity, 1.5]}',
         lambda body: body["rates"],
         ["Infinity", "-Infinity", 1.5],
+    ),
+    "a number no double holds": (
+        b'{"id": "ch_1", "status": "succeeded", "fee": 1e400, "rate": -2.5e-3}',
+        lambda body: [body["fee"], body["rate"]],
+        ["1e400", -0.0025],
+    ),
+    "UTF-16 with no byte-order mark": (
+        # Every byte ASCII, and no `\u` in them: its NUL bytes say it is not UTF-8.
+        '{"id": "ch_1", "status": "succeeded", "description": "a\\u0000b"}'.encode("utf-16-le"),
+        lambda body: body["description"],
+        "a\ufffdb",
     ),
     "a NUL in the reference": (
         b'{"id": "ch_\\u0000", "status": "succeeded"}',
@@ -121,6 +143,61 @@ async def test_a_refusal_that_is_not_json_is_recorded_with_its_nul_replaced(
     assert detail["body_text"] == "busy\ufffdnow"
 
 
+async def test_a_reference_longer_than_the_ledger_keeps_is_kept_cut_to_its_width(
+    engine: AsyncEngine,
+) -> None:
+    # PostgreSQL refuses a value wider than its column, where SQLite keeps it.
+    long_id = "ch_" + "x" * 300
+    body = json.dumps({"id": long_id, "status": "succeeded"}).encode()
+    operation_id, observed = await deliver_once(engine, 200, body)
+    settled = await operation(engine, operation_id)
+    assert (settled.state, settled.outcome) == ("OUTCOME_KNOWN", "succeeded")
+    assert settled.provider_reference == observed.provider_reference == long_id[:REFERENCE_WIDTH]
+
+
+def test_the_reference_width_is_every_reference_column_s_and_a_look_s_too() -> None:
+    columns = [
+        operations.c.provider_reference,
+        observations.c.provider_reference,
+        provider_events.c.object_id,
+        provider_events.c.reference,
+    ]
+    assert {column.type.length for column in columns} == {REFERENCE_WIDTH}
+    seen = ChargeSeen("ch_" + "y" * 300, "succeeded")
+    assert seen.provider_reference == ("ch_" + "y" * 300)[:REFERENCE_WIDTH]
+    answer = replace(ProviderAnswer(Transport.RESPONSE, status=200), provider_reference="z" * 256)
+    assert answer.provider_reference == "z" * REFERENCE_WIDTH
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # JSON the reference path records: a refusal judged on its own, not settled in a group.
+        b'{"error": {"type": "api_error", "message": "a\\u0000b", "code": NaN, "at": 1e999}}',
+        # A success nested deeper than Python reads: kept as text, judged unreadable.
+        b'{"id": "ch_1", "status": "succeeded", "a": ' * 5_000 + b"1" + b"}" * 5_000,
+    ],
+    ids=["a refusal's JSON", "a success too deep to read"],
+)
+async def test_an_answer_for_the_reference_path_is_recorded_whatever_it_holds(
+    engine: AsyncEngine, body: bytes
+) -> None:
+    status = 503 if body.startswith(b'{"error"') else 200
+    operation_id, observed = await deliver_once(engine, status, body)
+    assert (await operation(engine, operation_id)).state != "SUBMITTING"
+    assert observed.http_status == status
+    detail = observed.detail if isinstance(observed.detail, dict) else json.loads(observed.detail)
+    if status == 503:
+        assert detail["body"]["error"] == {
+            "type": "api_error",
+            "message": "a\ufffdb",
+            "code": "NaN",
+            "at": "1e999",
+        }
+    else:
+        assert detail["body_text"] == body[:2000].decode()
+
+
 async def test_a_retry_after_beyond_utf_8_is_recorded_with_its_byte_replaced(
     engine: AsyncEngine,
 ) -> None:
@@ -172,3 +249,99 @@ def test_an_answer_with_nothing_to_replace_is_read_as_parsed() -> None:
 )
 def test_only_what_a_database_refuses_is_replaced(text: str, stored: str) -> None:
     assert storable_text(text) == stored
+
+
+# -- the class: any body, any encoding, any header -------------------------------------------
+
+# What a database refuses, beside what it keeps, and what JSON must escape.
+CHARACTERS = st.sampled_from(["a", "é", "😀", "\x00", "\ud800", "\udfff", '"', "\\"])
+TEXT = st.lists(CHARACTERS, max_size=4).map("".join)
+NUMBERS = st.integers(-(2**70), 2**70) | st.floats(allow_nan=True, allow_infinity=True)
+VALUES = st.recursive(
+    st.none() | st.booleans() | NUMBERS | TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
+    max_leaves=30,
+)
+# JSON's encodings as Python's parser reads them from bytes (it finds UTF-16
+# and UTF-32 by their NUL bytes or a byte-order mark), escaped or written raw.
+ENCODINGS = st.sampled_from(["escaped", "utf-8", "utf-16", "utf-16-le", "utf-16-be", "utf-32"])
+
+
+def body_of(value: Any, encoding: str) -> bytes:
+    if encoding == "escaped":
+        return json.dumps(value).encode()
+    return json.dumps(value, ensure_ascii=False).encode(encoding, "surrogatepass")
+
+
+def unstorable(value: Any) -> bool:
+    """Whether `value` holds what a database of ours refuses."""
+    if isinstance(value, str):
+        return "\x00" in value or any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(unstorable(k) or unstorable(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(unstorable(item) for item in value)
+    return False
+
+
+def read(status: int, content: bytes, retry_after: str | None = None) -> Any:
+    headers: CIMultiDict[str] = CIMultiDict()
+    if retry_after is not None:
+        headers["Retry-After"] = retry_after
+    return answer_of(ProviderResponse(status, CIMultiDictProxy(headers), content))
+
+
+@example(value={"d": "\x00"}, encoding="utf-16-le", status=200, retry_after=None)
+@given(
+    value=VALUES,
+    encoding=ENCODINGS,
+    status=st.sampled_from([200, 402, 503]),
+    retry_after=st.none() | TEXT,
+)
+def test_every_answer_reads_as_what_every_database_stores(
+    value: Any, encoding: str, status: int, retry_after: str | None
+) -> None:
+    answer = read(status, body_of(value, encoding), retry_after)
+    recorded = (answer.detail, answer.provider_reference, answer.error_code, answer.retry_after)
+    assert not unstorable(recorded)
+    # And only that is replaced: a body with none of it is kept as it was parsed.
+    if not unstorable(value):
+        assert answer.detail["body"] == redacted(value)
+
+
+@given(content=st.binary(max_size=64), status=st.sampled_from([200, 503]))
+def test_any_bytes_read_as_what_every_database_stores(content: bytes, status: int) -> None:
+    assert not unstorable(read(status, content).detail)
+
+
+@pytest.mark.parametrize("depth", [10, 900, 990, 1_000, 5_000, 100_000])
+def test_a_body_nested_deeper_than_the_reader_goes_is_kept_as_text(depth: int) -> None:
+    # Python's parser and the walks after it stop near a thousand levels: a
+    # body deeper than that is recorded as text, never left unrecorded.
+    content = b'{"id": "ch_1", "a": ' * depth + b"1" + b"}" * depth
+    answer = read(200, content)
+    assert ("body" in answer.detail) != ("body_text" in answer.detail)
+    if "body_text" in answer.detail:
+        assert answer.detail["body_text"] == content[:2000].decode()
+        assert answer.provider_reference is None
+    else:
+        assert answer.provider_reference == "ch_1"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"id": "evt_1", "fee": NaN}',
+        b'{"id": "evt_1", "fee": 1e400}',
+        b'{"id": "evt_\\ud800"}',
+        b'{"a": ' * 100_000 + b"1" + b"}" * 100_000,
+    ],
+    ids=["NaN", "overflow", "lone surrogate", "too deep"],
+)
+def test_an_event_no_database_of_ours_stores_is_unreadable(body: bytes) -> None:
+    # The edge refuses all but the lone surrogate before a reader sees them (and
+    # a NUL, which only it refuses); a reader refuses them all the same.
+    with pytest.raises(UnreadableEvent):
+        read_event_json(body)

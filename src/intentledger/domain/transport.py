@@ -59,9 +59,24 @@ class Classification:
     reason: str
 
 
+# The longest provider reference the ledger keeps (its columns' width). A
+# longer one is kept cut to it, as every webhook reader cuts an event's: an
+# answer, a look and an event about one execution then name it alike, and
+# PostgreSQL, which refuses a longer value where SQLite keeps it, never
+# refuses the record of an outcome.
+REFERENCE_WIDTH = 255
+
+
+def _kept_reference(reference: str | None) -> str | None:
+    if reference is not None and len(reference) > REFERENCE_WIDTH:
+        return reference[:REFERENCE_WIDTH]
+    return reference
+
+
 @dataclass(frozen=True)
 class ProviderAnswer:
-    """What one provider call produced, as seen on the wire."""
+    """What one provider call produced, as seen on the wire (its reference
+    kept to `REFERENCE_WIDTH`)."""
 
     transport: Transport
     error_class: str | None = None  # e.g. "aiohttp.SocketTimeoutError" when no response
@@ -72,6 +87,11 @@ class ProviderAnswer:
     detail: dict[str, object] = field(default_factory=dict)
     # The adapter's reading of a response (None: the adapter does not map it).
     mapped: Classification | None = None
+
+    def __post_init__(self) -> None:
+        kept = _kept_reference(self.provider_reference)
+        if kept is not self.provider_reference:
+            object.__setattr__(self, "provider_reference", kept)
 
 
 def usual_answer(answer: ProviderAnswer) -> bool:
@@ -123,6 +143,11 @@ class ChargeSeen:
     # provider's own status when the adapter does not map it (never final).
     status: str
     raw_status: str | None = None  # the provider's own status, as it said it
+
+    def __post_init__(self) -> None:
+        kept = _kept_reference(self.provider_reference)
+        if kept is not self.provider_reference:
+            object.__setattr__(self, "provider_reference", kept)
 
 
 @dataclass(frozen=True)

@@ -156,10 +156,17 @@ def read_events(
 
 def read_event_json(body: bytes) -> Any:
     """A verified webhook body as JSON that every database can store: no lone
-    surrogate anywhere (PostgreSQL refuses one that SQLite keeps)."""
+    surrogate, NaN or infinity anywhere (PostgreSQL refuses each, where SQLite
+    keeps them), nested no deeper than Python reads. A NUL character, which
+    PostgreSQL refuses too, never reaches a reader: the edge's strict parse
+    refuses it in every body (api/edge.py).
+
+    Refused rather than changed as a call's answer is (providers/http.py):
+    Adyen signs the values read from an event, not its bytes, so a changed
+    value would no longer be what its provider signed."""
     try:
         event = json.loads(body)
         canonical_json(event)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise UnreadableEvent(f"the body is not storable JSON: {exc}") from exc
     return event

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json as jsonlib
+import math
 import re
 import ssl
 from collections.abc import Awaitable, Callable
@@ -89,18 +90,26 @@ _CARD_SHAPE = re.compile(r"\b(?:[0-9][ -]?){12,18}[0-9]\b")
 
 # What PostgreSQL stores of none of its text and jsonb values, though SQLite
 # keeps them: the NUL character and a lone surrogate (and in jsonb, a number
-# JSON cannot hold: NaN or an infinity). A provider's answer is recorded
-# whatever it holds: an answer the ledger could not store would leave its
-# payment SUBMITTING although the provider moved the money, and the same
-# answer replayed at every look (tests/test_unstorable_answers.py). So each
-# such character of an answer is read as U+FFFD, the replacement character,
-# and such a number as its text ("NaN").
+# JSON cannot hold: NaN, an infinity, or a number too large for a double, which
+# Python reads as one). A provider's answer is recorded whatever it holds: an
+# answer the ledger could not store would leave its payment SUBMITTING
+# although the provider moved the money, and the same answer replayed at every
+# look (tests/test_unstorable_answers.py). So each such character of an answer
+# is read as U+FFFD, the replacement character, and such a number as its text
+# ("NaN", "1e400").
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def storable_text(text: str) -> str:
     """`text` with each character a database of ours cannot store as U+FFFD."""
     return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _number(text: str) -> float | str:
+    """A JSON number with a fraction or an exponent: a float, or its text when
+    no double holds it (an overflow reads as an infinity)."""
+    value = float(text)
+    return value if math.isfinite(value) else text
 
 
 def _storable(value: Any) -> Any:
@@ -222,7 +231,10 @@ def answer_of(
     try:
         body = response.json()
         detail["body"] = redacted(body)
-    except ValueError:
+    except (ValueError, RecursionError):
+        # Not JSON, or nested deeper than the parser or the walks above go
+        # (about a thousand levels): recorded as text, never left unrecorded.
+        body = None
         detail["body_text"] = storable_text(redacted_text(response.text[:2000]))
     for name in keep_headers:
         if name in response.headers:
@@ -303,13 +315,17 @@ class ProviderResponse:
         stand-in (docs/benchmarks.md, step 52).
 
         What it reads is what every database of ours can store (`_UNSTORABLE`
-        above): NaN and the infinities as their text, a NUL or a lone
-        surrogate in a string or a name as U+FFFD. Only a `\\u` escape or a
-        byte beyond ASCII can make either character (the parser refuses a raw
-        control character in a string, and reads UTF-8's bytes of a surrogate
-        as one), so an answer with neither is not walked again."""
-        body = jsonlib.loads(self.content, parse_constant=str)
-        if b"\\u" in self.content or not self.content.isascii():
+        above): NaN, the infinities and a number no double holds as their
+        text, a NUL or a lone surrogate in a string or a name as U+FFFD. In
+        UTF-8 only a `\\u` escape or a byte beyond ASCII can make either
+        character (the parser refuses a raw control character in a string,
+        and reads UTF-8's bytes of a surrogate as one); a body in UTF-16 or
+        UTF-32, which the parser also reads, has NUL bytes or a byte-order
+        mark beyond ASCII. So an answer with none of these is not walked
+        again."""
+        content = self.content
+        body = jsonlib.loads(content, parse_constant=str, parse_float=_number)
+        if b"\\u" in content or b"\x00" in content or not content.isascii():
             return _storable(body)
         return body
 
