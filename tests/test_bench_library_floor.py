@@ -250,7 +250,7 @@ def test_the_floor_together_calls_for_every_claimed_row_between_its_transactions
     with running_stand_in(tmp_path) as provider:
         done = run_floor(
             *("together", "--script", str(script), "--clients", "2", "--url", provider),
-            *("--warmup", "5", "--database-url", url),
+            *("--concurrency", "3", "--warmup", "5", "--database-url", url),
         )
         assert done.returncode == 0, done.stderr
         result = result_of(done.stdout)
@@ -277,7 +277,7 @@ def test_the_floor_together_refuses_a_claim_that_names_no_operations(
     with running_stand_in(tmp_path) as provider:
         done = run_floor(
             *("together", "--script", str(script), "--clients", "1", "--url", provider),
-            *("--warmup", "0", "--database-url", url),
+            *("--concurrency", "2", "--warmup", "0", "--database-url", url),
         )
     assert done.returncode == 1
     assert "must hand on op_1..op_2" in done.stderr and "Traceback" not in done.stderr

@@ -112,6 +112,30 @@ def _number(text: str) -> float | str:
     return value if math.isfinite(value) else text
 
 
+# The deepest an answer's body is read as JSON; a deeper one is kept as text.
+# Every walk of a body after its reading (the redaction, the adapters' own,
+# the writers' JSON) recurses, a level or two of Python's stack a level, and
+# a body a few hundred levels deep ran them out of it: an answer nobody could
+# record. No provider's answer nests near this (the edge takes requests to 32).
+MAX_ANSWER_DEPTH = 64
+# The body's own reading, made once: a decoder made at every call cost about
+# a microsecond an answer.
+_DECODER = jsonlib.JSONDecoder(parse_constant=str, parse_float=_number)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests containers deeper than `limit` (without recursing)."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            pending.extend((child, depth + 1) for child in children)
+    return False
+
+
 def _storable(value: Any) -> Any:
     if isinstance(value, str):
         return storable_text(value)
@@ -322,9 +346,18 @@ class ProviderResponse:
         and reads UTF-8's bytes of a surrogate as one); a body in UTF-16 or
         UTF-32, which the parser also reads, has NUL bytes or a byte-order
         mark beyond ASCII. So an answer with none of these is not walked
-        again."""
+        again.
+
+        A body nested deeper than `MAX_ANSWER_DEPTH` is not JSON here (a
+        ValueError): it cannot be deeper than it has brackets, so only one
+        with more is measured."""
         content = self.content
-        body = jsonlib.loads(content, parse_constant=str, parse_float=_number)
+        # What `json.loads` does with bytes, with the decoder made once.
+        body = _DECODER.decode(content.decode(jsonlib.detect_encoding(content), "surrogatepass"))
+        if content.count(b"{") + content.count(b"[") > MAX_ANSWER_DEPTH and _deeper_than(
+            body, MAX_ANSWER_DEPTH
+        ):
+            raise ValueError(f"the body nests deeper than {MAX_ANSWER_DEPTH} levels")
         if b"\\u" in content or b"\x00" in content or not content.isascii():
             return _storable(body)
         return body

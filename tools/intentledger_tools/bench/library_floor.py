@@ -4,7 +4,7 @@ they do a payment's work and nothing else (issue 39).
 python -m intentledger_tools.bench.library_floor sql --script dispatch-batch.pgbench \\
     --driver psycopg|sqlalchemy --clients K [--database-url URL] [--signalled]
 python -m intentledger_tools.bench.library_floor together --script dispatch-batch.pgbench \\
-    --clients K --url BASE [--warmup W] [--database-url URL] [--signalled]
+    --clients K --url BASE --concurrency C [--warmup W] [--database-url URL] [--signalled]
 python -m intentledger_tools.bench.library_floor http --url BASE --calls N \\
     --concurrency C [--warmup W] [--signalled]
 
@@ -29,11 +29,12 @@ intentledger's code on the path (no domain, no tasks, no settlement queue).
   `exec_driver_sql`. Every row a statement returns is fetched, as our code
   reads them.
 - `together` is `sql` through psycopg with each claim's charge calls (as
-  `http` makes them, to the stand-in at URL) made at once between the
-  script's pre-submit and its record, where a worker makes them: the two
-  libraries in one event loop, a task per call, every client's claim in
-  flight. What it costs beyond `sql` and `http` measured apart is what
-  running them together costs, before any code of ours.
+  `http` makes them, to the stand-in at URL) made between the script's
+  pre-submit and its record, where a worker makes them: the two libraries
+  in one event loop, a task per call, at most C calls in flight (a
+  worker's concurrency, as `http` makes them). What it costs beyond `sql`
+  and `http` measured apart is what running them together costs, before any
+  code of ours.
 - `http` makes N charge calls as the worker's sandbox adapter sends them
   (`POST /v1/charges`, the same headers with a fresh `Idempotency-Key`, the
   same JSON body) with plain aiohttp configured as our provider client
@@ -450,12 +451,19 @@ async def sql_floor(args: argparse.Namespace) -> dict[str, Any]:
     before_record: BeforeRecord | None = None
     if args.mode == "together":
         # Each claim's calls at once, as a worker starts them after its
-        # pre-submit: a task each (asyncio.gather's), every client's in flight.
-        provider = provider_session(args.clients * batch)
+        # pre-submit: a task each (asyncio.gather's), as many in flight as a
+        # worker's concurrency allows (the `http` floor's), the rest waiting
+        # for a free one, as a worker's claims wait for free slots.
+        provider = provider_session(args.concurrency)
         url = args.url.rstrip("/") + CHARGE_PATH
+        free = asyncio.Semaphore(args.concurrency)
+
+        async def limited(operation_id: str) -> None:
+            async with free:
+                await charge(provider, url, operation_id)
 
         async def calls(operation_ids: Sequence[str]) -> None:
-            await asyncio.gather(*(charge(provider, url, op) for op in operation_ids))
+            await asyncio.gather(*(limited(op) for op in operation_ids))
 
         names = [f"op_{k}" for k in range(1, batch + 1)]
         claim = blocks[0].steps[0]
@@ -470,8 +478,8 @@ async def sql_floor(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if provider is not None:
             keys = list(charge_keys(args.warmup))
-            for start in range(0, len(keys), args.clients * batch):
-                await calls(keys[start : start + args.clients * batch])
+            for start in range(0, len(keys), args.concurrency):
+                await calls(keys[start : start + args.concurrency])
         if go is not None:
             say(READY)
             await go()
@@ -660,6 +668,9 @@ def parser() -> argparse.ArgumentParser:
     together.add_argument("--script", required=True, help="dispatch-batch.pgbench")
     together.add_argument("--clients", type=_positive, required=True)
     together.add_argument("--url", required=True, help="the stand-in's base URL (its /_sandbox)")
+    together.add_argument(
+        "--concurrency", type=_positive, required=True, help="calls in flight at most"
+    )
     together.add_argument("--warmup", type=int, default=300)
     together.add_argument(
         "--database-url",

@@ -1542,7 +1542,7 @@ class Bench:
         self.say(
             f"dispatch: the libraries' floor together: the batch script through psycopg, "
             f"{clients} connections, each claim's {batch} calls between its pre-submit and "
-            f"its record, {payments} payments"
+            f"its record, {cfg.worker_concurrency} at a time, {payments} payments"
         )
         self.truncate()
         self.seed_accepted(payments, "lt", "pm_ok")
@@ -1551,7 +1551,10 @@ class Bench:
             done, watch = self.run_library_floor(
                 fleet,
                 "floor-together",
-                ["together", "--script", script, "--clients", str(clients), "--url", stand_in_url],
+                [
+                    *("together", "--script", script, "--clients", str(clients)),
+                    *("--url", stand_in_url, "--concurrency", str(cfg.worker_concurrency)),
+                ],
             )
         left = self.scalar("SELECT count(*) FROM outbox WHERE done_at IS NULL")
         if done["payments"] != payments or left:
@@ -1567,7 +1570,10 @@ class Bench:
         figures["floor_together_per_s"] = round(payments / done["wall_seconds"], 1)
         # The worker's batched first attempts send their statements through
         # psycopg alone (store/direct.py): its replay is their floor.
-        sql, http = figures["floor_psycopg_cpu_ms_per_payment"], cpu["floor"] * 1000 / calls
+        sql, http = (
+            figures["floor_psycopg_cpu_ms_per_payment"],
+            figures["floor_http_cpu_ms_per_call"],
+        )
         floor, server = sql + http, figures["floor_psycopg_postgres_cpu_ms_per_payment"]
         self.figures.update(
             figures,
