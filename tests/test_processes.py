@@ -97,22 +97,31 @@ async def race_workers(
     worker_urls: list[str],
     worker_args: list[str] | None = None,
 ) -> list[str]:
-    """PAYMENTS accepted, then one worker per URL racing for them: every payment
-    must be submitted exactly once, and every worker must take part. Returns
-    the workers' logs."""
-    for start in range(0, PAYMENTS, 50):
-        await asyncio.gather(
-            *(
-                accept(engine, system_clock, "pm_ok", key=f"race-{i}")
-                for i in range(start, start + 50)
-            )
-        )
+    """One worker per URL, every one running, then PAYMENTS accepted for them to
+    race for: every payment must be submitted exactly once, and every worker
+    must take part. Returns the workers' logs. (Accepted before the workers
+    started, the payments were all settled at times by the first workers up,
+    on a loaded machine, before the last one had begun: no race at all.)"""
     worker_count = len(worker_urls)
     workers = [
         start_worker(url, sandbox, tmp_path / f"worker-{n}.log", extra=worker_args or [])
         for n, url in enumerate(worker_urls)
     ]
     try:
+        for worker in workers:
+            await asyncio.to_thread(
+                wait_until,
+                lambda w=worker: "worker " in w.output() and " started" in w.output(),
+                60,
+                f"{worker.log.name} to start",
+            )
+        for start in range(0, PAYMENTS, 50):
+            await asyncio.gather(
+                *(
+                    accept(engine, system_clock, "pm_ok", key=f"race-{i}")
+                    for i in range(start, start + 50)
+                )
+            )
         await wait_for_state(engine, "OUTCOME_KNOWN", PAYMENTS, timeout=180)
     except AssertionError as exc:
         tails = "\n".join(f"--- {w.log.name}\n{w.output()[-1500:]}" for w in workers)
