@@ -27,7 +27,11 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from intentledger.domain.canonical import request_hash
 from intentledger.domain.transport import REFERENCE_WIDTH, ChargeSeen, ProviderAnswer, Transport
+from intentledger.engine import intake
+from intentledger.engine.cards import new_card_id, prepare_issue
+from intentledger.engine.intake import Intent
 from intentledger.providers import adyen, stripe
 from intentledger.providers.base import UnreadableEvent, read_event_json
 from intentledger.providers.http import (
@@ -37,7 +41,9 @@ from intentledger.providers.http import (
     redacted,
     storable_text,
 )
+from intentledger.store.ledger import Ledger
 from intentledger.store.tables import (
+    cards,
     observations,
     observations_with_detail,
     operations,
@@ -45,6 +51,8 @@ from intentledger.store.tables import (
 )
 from tests.conftest import free_port
 from tests.test_dispatch import MovableClock, accept, make_worker, operation, rows
+
+CARD_ROUTE = "POST /v1/cards"
 
 # A charge's success, with what PostgreSQL refuses where a provider may put it.
 SUCCESSES: dict[str, tuple[bytes, Callable[[dict[str, Any]], Any], Any]] = {
@@ -97,12 +105,14 @@ SUCCESSES: dict[str, tuple[bytes, Callable[[dict[str, Any]], Any], Any]] = {
 }
 
 
-async def provider_answering(status: int, body: bytes) -> AsyncIterator[str]:
-    async def charge(request: web.Request) -> web.Response:
+async def provider_answering(
+    status: int, body: bytes, path: str = "/v1/charges"
+) -> AsyncIterator[str]:
+    async def write(request: web.Request) -> web.Response:
         return web.Response(status=status, body=body, content_type="application/json")
 
     app = web.Application()
-    app.router.add_post("/v1/charges", charge)
+    app.router.add_post(path, write)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
@@ -162,12 +172,46 @@ async def test_a_reference_longer_than_the_ledger_keeps_is_kept_cut_to_its_width
     assert settled.provider_reference == observed.provider_reference == long_id[:REFERENCE_WIDTH]
 
 
+async def test_a_card_the_provider_names_with_the_widest_reference_is_issued(
+    engine: AsyncEngine,
+) -> None:
+    # A card's provider id had a column of 64 characters: on PostgreSQL an issue
+    # answered with a longer id could not be recorded, and the card stayed
+    # pending, its issue SUBMITTING, at every look.
+    clock = MovableClock()
+    card_id = new_card_id()
+    body = {"label": "travel"}
+    intent = Intent(
+        actor="alice",
+        route=CARD_ROUTE,
+        idempotency_key=f"card-{card_id}",
+        request_hash=request_hash("alice", CARD_ROUTE, body),
+        body=body,
+        provider="sandbox",
+        kind="card_issue",
+    )
+    accepted = await intake.accept(engine, clock, intent, prepare=prepare_issue(card_id, "travel"))
+    operation_id = str(accepted.operation["operation_id"])
+    long_id = "ic_" + "c" * 300
+    answer = json.dumps({"id": long_id, "status": "active"}).encode()
+    async for url in provider_answering(200, answer, path="/v1/cards"):
+        worker = make_worker(engine, url, clock)
+        assert await worker.deliver_batch(limit=10) == 1
+    issued = await operation(engine, operation_id)
+    assert (issued.state, issued.outcome) == ("OUTCOME_KNOWN", "succeeded")
+    async with engine.connect() as conn:
+        card = await Ledger(conn).get_card(card_id)
+    assert card is not None
+    assert (card.status, card.provider_card_id) == ("active", long_id[:REFERENCE_WIDTH])
+
+
 def test_the_reference_width_is_every_reference_column_s_and_a_look_s_too() -> None:
     columns = [
         operations.c.provider_reference,
         observations.c.provider_reference,
         provider_events.c.object_id,
         provider_events.c.reference,
+        cards.c.provider_card_id,
     ]
     assert {column.type.length for column in columns} == {REFERENCE_WIDTH}
     seen = ChargeSeen("ch_" + "y" * 300, "succeeded")

@@ -256,8 +256,9 @@ def answer_of(
         body = response.json()
         detail["body"] = redacted(body)
     except (ValueError, RecursionError):
-        # Not JSON, or nested deeper than the parser or the walks above go
-        # (about a thousand levels): recorded as text, never left unrecorded.
+        # Not JSON, nested deeper than `MAX_ANSWER_DEPTH`, or deeper than the
+        # parser itself goes (about a thousand levels, a RecursionError):
+        # recorded as text, never left unrecorded.
         body = None
         detail["body_text"] = storable_text(redacted_text(response.text[:2000]))
     for name in keep_headers:

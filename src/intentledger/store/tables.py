@@ -421,7 +421,9 @@ cards = Table(
     Column("card_id", String(40), nullable=False),
     _actor(),
     Column("label", String(100), nullable=True),
-    Column("provider_card_id", String(64), nullable=True),
+    # As wide as every provider reference (domain/transport.py, REFERENCE_WIDTH;
+    # migration 0022).
+    Column("provider_card_id", String(255), nullable=True),
     # pending (issue in flight) | active | frozen | not_issued
     Column("status", String(16), nullable=False),
     # True while an operation on the card has no known outcome.
