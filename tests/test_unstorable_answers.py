@@ -28,7 +28,13 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.canonical import request_hash
-from intentledger.domain.transport import REFERENCE_WIDTH, ChargeSeen, ProviderAnswer, Transport
+from intentledger.domain.transport import (
+    ERROR_CLASS_WIDTH,
+    REFERENCE_WIDTH,
+    ChargeSeen,
+    ProviderAnswer,
+    Transport,
+)
 from intentledger.engine import intake
 from intentledger.engine.cards import new_card_id, prepare_issue
 from intentledger.engine.intake import Intent
@@ -36,6 +42,7 @@ from intentledger.providers import adyen, stripe
 from intentledger.providers.base import UnreadableEvent, read_event_json
 from intentledger.providers.http import (
     MAX_ANSWER_DEPTH,
+    ProviderClient,
     ProviderResponse,
     answer_of,
     redacted,
@@ -205,6 +212,32 @@ async def test_a_card_the_provider_names_with_the_widest_reference_is_issued(
     assert (card.status, card.provider_card_id) == ("active", long_id[:REFERENCE_WIDTH])
 
 
+class AnAdapterLibrarysExceptionForAConnectionLostAfterTheRequestWasWritten(Exception):
+    """What a plug-in adapter's library may raise: a qualified name wider than
+    the ledger's column for it."""
+
+
+async def test_an_error_class_wider_than_the_ledger_keeps_is_recorded_cut(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def lost(*args: Any, **kwargs: Any) -> Any:
+        raise AnAdapterLibrarysExceptionForAConnectionLostAfterTheRequestWasWritten("lost")
+
+    monkeypatch.setattr(ProviderClient, "request", lost)
+    clock = MovableClock()
+    operation_id = await accept(engine, clock, "pm_ok")
+    worker = make_worker(engine, f"http://127.0.0.1:{free_port()}", clock)
+    assert await worker.deliver_batch(limit=10) == 1
+    # No response: UNKNOWN, with what the call raised kept to the column's width.
+    assert (await operation(engine, operation_id)).state == "UNKNOWN"
+    (observed,) = await rows(engine, observations_with_detail, operation_id)
+    qualified = (
+        "tests." + AnAdapterLibrarysExceptionForAConnectionLostAfterTheRequestWasWritten.__name__
+    )
+    assert len(qualified) > ERROR_CLASS_WIDTH
+    assert observed.error_class == qualified[:ERROR_CLASS_WIDTH]
+
+
 def test_the_reference_width_is_every_reference_column_s_and_a_look_s_too() -> None:
     columns = [
         operations.c.provider_reference,
@@ -218,6 +251,10 @@ def test_the_reference_width_is_every_reference_column_s_and_a_look_s_too() -> N
     assert seen.provider_reference == ("ch_" + "y" * 300)[:REFERENCE_WIDTH]
     answer = replace(ProviderAnswer(Transport.RESPONSE, status=200), provider_reference="z" * 256)
     assert answer.provider_reference == "z" * REFERENCE_WIDTH
+    # And the error class's.
+    assert observations.c.error_class.type.length == ERROR_CLASS_WIDTH
+    lost = ProviderAnswer(Transport.NO_RESPONSE, error_class="e" * (ERROR_CLASS_WIDTH + 1))
+    assert lost.error_class == "e" * ERROR_CLASS_WIDTH
 
 
 @pytest.mark.parametrize(

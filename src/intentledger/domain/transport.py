@@ -67,6 +67,13 @@ class Classification:
 REFERENCE_WIDTH = 255
 
 
+# The longest error class the ledger keeps (its column's width). The class is
+# the qualified name of whatever the call raised, and a provider's adapter may
+# be a plug-in whose libraries name their exceptions at any length: a longer
+# name is kept cut, so the answer it describes is never refused its record.
+ERROR_CLASS_WIDTH = 64
+
+
 def _kept_reference(reference: str | None) -> str | None:
     if reference is not None and len(reference) > REFERENCE_WIDTH:
         return reference[:REFERENCE_WIDTH]
@@ -76,7 +83,7 @@ def _kept_reference(reference: str | None) -> str | None:
 @dataclass(frozen=True)
 class ProviderAnswer:
     """What one provider call produced, as seen on the wire (its reference
-    kept to `REFERENCE_WIDTH`)."""
+    kept to `REFERENCE_WIDTH`, its error class to `ERROR_CLASS_WIDTH`)."""
 
     transport: Transport
     error_class: str | None = None  # e.g. "aiohttp.SocketTimeoutError" when no response
@@ -92,6 +99,9 @@ class ProviderAnswer:
         kept = _kept_reference(self.provider_reference)
         if kept is not self.provider_reference:
             object.__setattr__(self, "provider_reference", kept)
+        error_class = self.error_class
+        if error_class is not None and len(error_class) > ERROR_CLASS_WIDTH:
+            object.__setattr__(self, "error_class", error_class[:ERROR_CLASS_WIDTH])
 
 
 def usual_answer(answer: ProviderAnswer) -> bool:
