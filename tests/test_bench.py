@@ -130,6 +130,9 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
         "floor_together_cpu_ms_per_payment",
         "floor_together_postgres_cpu_ms_per_payment",
         "dispatch_floor_together_over_apart",
+        # And with each claim's pure work around its calls, in the same loop.
+        "floor_together_domain_cpu_ms_per_payment",
+        "floor_together_domain_postgres_cpu_ms_per_payment",
     ]
     assert all(figures[key] > 0 for key in floors), {key: figures[key] for key in floors}
     assert figures["dispatch_floor_together_over_apart"] == pytest.approx(
@@ -156,6 +159,22 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     assert figures["dispatch_floor_together_and_domain_to_postgres_cpu"] == pytest.approx(
         together / server_ms, rel=0.01
     )
+    in_one_loop = figures["floor_together_domain_cpu_ms_per_payment"]
+    assert figures["dispatch_floor_together_domain_to_postgres_cpu"] == pytest.approx(
+        in_one_loop / server_ms, rel=0.01
+    )
+    assert figures["dispatch_domain_in_loop_over_apart"] == pytest.approx(
+        (in_one_loop - figures["floor_together_cpu_ms_per_payment"])
+        / figures["dispatch_domain_cpu_ms_per_payment"],
+        rel=0.01,
+    )
+    assert set(figures["floor_cpu"]) == {
+        "psycopg",
+        "sqlalchemy",
+        "http",
+        "together",
+        "together_domain",
+    }
     assert figures["intake_api_to_postgres_cpu"] > 0
     # Beside it, intake's HTTP floor: our server stack answering as an intent is
     # answered, after intake's median latency, with nothing of ours on the path.

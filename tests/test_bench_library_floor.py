@@ -241,8 +241,9 @@ TOGETHER_SCRIPT = SCRIPT.replace(
 
 
 @needs_postgres
+@pytest.mark.parametrize("domain", [False, True], ids=["libraries", "with-pure-work"])
 def test_the_floor_together_calls_for_every_claimed_row_between_its_transactions(
-    databases: Databases, tmp_path: Path
+    databases: Databases, tmp_path: Path, domain: bool
 ) -> None:
     url = floor_database(databases, 20)
     script = tmp_path / "together.pgbench"
@@ -251,10 +252,13 @@ def test_the_floor_together_calls_for_every_claimed_row_between_its_transactions
         done = run_floor(
             *("together", "--script", str(script), "--clients", "2", "--url", provider),
             *("--concurrency", "3", "--warmup", "5", "--database-url", url),
+            *(["--domain"] if domain else []),
         )
         assert done.returncode == 0, done.stderr
         result = result_of(done.stdout)
         assert result["mode"] == "together" and result["payments"] == 20
+        # With --domain each claim's pure work settled every one of its payments.
+        assert result["domain"] is domain
         assert result["cpu_seconds"] > 0
         # The warm-up's calls and one for each claimed row, by its operation.
         assert httpx.get(f"{provider}/stand-in/calls").json()["calls"] == 25

@@ -4,7 +4,8 @@ they do a payment's work and nothing else (issue 39).
 python -m intentledger_tools.bench.library_floor sql --script dispatch-batch.pgbench \\
     --driver psycopg|sqlalchemy --clients K [--database-url URL] [--signalled]
 python -m intentledger_tools.bench.library_floor together --script dispatch-batch.pgbench \\
-    --clients K --url BASE --concurrency C [--warmup W] [--database-url URL] [--signalled]
+    --clients K --url BASE --concurrency C [--domain] [--warmup W] [--database-url URL] \\
+    [--signalled]
 python -m intentledger_tools.bench.library_floor http --url BASE --calls N \\
     --concurrency C [--warmup W] [--signalled]
 
@@ -34,7 +35,10 @@ intentledger's code on the path (no domain, no tasks, no settlement queue).
   in one event loop, a task per call, at most C calls in flight (a
   worker's concurrency, as `http` makes them). What it costs beyond `sql`
   and `http` measured apart is what running them together costs, before any
-  code of ours.
+  code of ours. With `--domain`, each claim's pure work too
+  (bench/domain_cost.py), in the same loop, where a worker does it: the
+  libraries and the domain with none of our glue, what the workers' CPU
+  ratio would read if they did nothing else.
 - `http` makes N charge calls as the worker's sandbox adapter sends them
   (`POST /v1/charges`, the same headers with a fresh `Idempotency-Key`, the
   same JSON body) with plain aiohttp configured as our provider client
@@ -471,8 +475,12 @@ async def sql_floor(args: argparse.Namespace) -> dict[str, Any]:
         if set(re.findall(r"\bAS (op_\d+)\b", claim.text)) != set(names):
             raise ScriptError(f"the claim must hand on {names[0]}..{names[-1]} to call with")
 
-        async def claim_calls(variables: dict[str, Any]) -> None:
-            await calls([variables[name] for name in names])
+        if args.domain:
+            claim_calls = _with_pure_work(calls, names, batch)
+        else:
+
+            async def claim_calls(variables: dict[str, Any]) -> None:
+                await calls([variables[name] for name in names])
 
         before_record = claim_calls
     try:
@@ -511,7 +519,39 @@ async def sql_floor(args: argparse.Namespace) -> dict[str, Any]:
         "wall_seconds": round(wall, 3),
         "cpu_seconds": round(cpu, 3),
     }
+    if args.mode == "together":
+        result["domain"] = args.domain
     return await reported(result, args.signalled)
+
+
+def _with_pure_work(
+    calls: Callable[[Sequence[str]], Awaitable[None]], names: Sequence[str], batch: int
+) -> BeforeRecord:
+    """A claim's calls with its pure work around them, in the same loop, where a
+    worker does it: the pre-submit's (records from rows, attempts, requests,
+    news) before the calls, the group record's (answers judged and settled,
+    observation rows, news) after them, a group being the claim
+    (bench/domain_cost.py). Every payment must settle plainly, or the run
+    fails: a change of the domain that made this stop measuring the path
+    would otherwise go unseen. Imported here: the other modes load no domain."""
+    from datetime import timedelta
+
+    from intentledger.domain.evidence import Limits
+    from intentledger_tools.bench import domain_cost
+
+    # The rows as the claim's read returns them, one set made once: a worker's
+    # rows come from psycopg, whose reading the replay already does.
+    rows = [domain_cost.operation_row(number) for number in range(batch)]
+    limits = Limits(timedelta(hours=1))
+
+    async def claim_calls(variables: dict[str, Any]) -> None:
+        prepared = domain_cost.pre_submit(rows)
+        await calls([variables[name] for name in names])
+        settled = domain_cost.record(prepared, limits)
+        if settled != batch:
+            raise ReplayError(f"the pure work settled {settled} of a claim's {batch} payments")
+
+    return claim_calls
 
 
 def _count(conn: Any, query: str) -> int:
@@ -672,6 +712,11 @@ def parser() -> argparse.ArgumentParser:
         "--concurrency", type=_positive, required=True, help="calls in flight at most"
     )
     together.add_argument("--warmup", type=int, default=300)
+    together.add_argument(
+        "--domain",
+        action="store_true",
+        help="with each claim's pure work (bench/domain_cost.py) around its calls",
+    )
     together.add_argument(
         "--database-url",
         default=os.environ.get("INTENTLEDGER_DATABASE_URL"),

@@ -1539,35 +1539,8 @@ class Bench:
         watched["http"] = cpu
         figures["floor_http_cpu_ms_per_call"] = cpu["floor"] * 1000 / calls
         figures["floor_http_per_s"] = round(calls / result["wall_seconds"], 1)
-        self.say(
-            f"dispatch: the libraries' floor together: the batch script through psycopg, "
-            f"{clients} connections, each claim's {batch} calls between its pre-submit and "
-            f"its record, {cfg.worker_concurrency} at a time, {payments} payments"
-        )
-        self.truncate()
-        self.seed_accepted(payments, "lt", "pm_ok")
-        with self.fleet() as fleet:
-            _, stand_in_url = self.start_stand_in(fleet, "floor-together-stand-in", 0.0)
-            done, watch = self.run_library_floor(
-                fleet,
-                "floor-together",
-                [
-                    *("together", "--script", script, "--clients", str(clients)),
-                    *("--url", stand_in_url, "--concurrency", str(cfg.worker_concurrency)),
-                ],
-            )
-        left = self.scalar("SELECT count(*) FROM outbox WHERE done_at IS NULL")
-        if done["payments"] != payments or left:
-            raise BenchError(
-                f"the floor together delivered {done['payments']} of {payments} payments "
-                f"and left {left} undelivered"
-            )
-        watched["together"] = watch
-        together = watch["floor"] * 1000 / payments
-        together_server = watch["postgres"] * 1000 / payments if "postgres" in watch else None
-        figures["floor_together_cpu_ms_per_payment"] = together
-        figures["floor_together_postgres_cpu_ms_per_payment"] = together_server
-        figures["floor_together_per_s"] = round(payments / done["wall_seconds"], 1)
+        together, together_server = self.floor_together(clients, payments, watched, figures)
+        with_domain, _ = self.floor_together(clients, payments, watched, figures, with_domain=True)
         # The worker's batched first attempts send their statements through
         # psycopg alone (store/direct.py): its replay is their floor.
         sql, http = (
@@ -1600,6 +1573,15 @@ class Bench:
             dispatch_floor_together_and_domain_to_postgres_cpu=(
                 (together + domain) / server_ms_per_payment if server_ms_per_payment else None
             ),
+            # The libraries and the pure work in one loop, a worker's shape with
+            # none of its glue: what the workers' ratio would read if they did
+            # nothing else; and the pure work there against the same measured apart.
+            dispatch_floor_together_domain_to_postgres_cpu=(
+                with_domain / server_ms_per_payment if server_ms_per_payment else None
+            ),
+            dispatch_domain_in_loop_over_apart=(
+                (with_domain - together) / domain if domain else None
+            ),
         )
         self.say(
             "dispatch: the libraries' floor per payment: psycopg "
@@ -1608,9 +1590,64 @@ class Bench:
             f"{_cpu_ms(figures['floor_sqlalchemy_postgres_cpu_ms_per_payment'])}), "
             f"aiohttp {_cpu_ms(http)} per call; the floor "
             f"{_cpu_ms(floor)}, together {_cpu_ms(together)} (server "
-            f"{_cpu_ms(together_server)}), against the workers' "
+            f"{_cpu_ms(together_server)}), with the pure work {_cpu_ms(with_domain)}, "
+            "against the workers' "
             f"{_cpu_ms(workers_ms_per_payment)}"
         )
+
+    def floor_together(
+        self,
+        clients: int,
+        payments: int,
+        watched: dict[str, dict[str, float]],
+        figures: dict[str, Any],
+        *,
+        with_domain: bool = False,
+    ) -> tuple[float, float | None]:
+        """The batch script through psycopg with each claim's calls between its
+        pre-submit and its record, in one process (`library_floor together`),
+        and with `with_domain` each claim's pure work around its calls: its
+        CPU and the server's per payment, each in milliseconds, kept in
+        `figures` and `watched` under `together` (or `together_domain`)."""
+        cfg = self.config
+        assert self.batch_capture is not None
+        batch = self.batch_capture.batch
+        name = "together_domain" if with_domain else "together"
+        self.say(
+            f"dispatch: the libraries' floor together: the batch script through psycopg, "
+            f"{clients} connections, each claim's {batch} calls between its pre-submit and "
+            f"its record, {cfg.worker_concurrency} at a time, "
+            + ("with each claim's pure work around them, " if with_domain else "")
+            + f"{payments} payments"
+        )
+        self.truncate()
+        self.seed_accepted(payments, "lt", "pm_ok")
+        with self.fleet() as fleet:
+            _, stand_in_url = self.start_stand_in(fleet, f"floor-{name}-stand-in", 0.0)
+            done, watch = self.run_library_floor(
+                fleet,
+                f"floor-{name}",
+                [
+                    "together",
+                    *("--script", str(self.workdir / "dispatch-batch.pgbench")),
+                    *("--clients", str(clients), "--url", stand_in_url),
+                    *("--concurrency", str(cfg.worker_concurrency)),
+                    *(["--domain"] if with_domain else []),
+                ],
+            )
+        left = self.scalar("SELECT count(*) FROM outbox WHERE done_at IS NULL")
+        if done["payments"] != payments or left:
+            raise BenchError(
+                f"the floor {name} delivered {done['payments']} of {payments} payments "
+                f"and left {left} undelivered"
+            )
+        watched[name] = watch
+        cpu = watch["floor"] * 1000 / payments
+        server = watch["postgres"] * 1000 / payments if "postgres" in watch else None
+        figures[f"floor_{name}_cpu_ms_per_payment"] = cpu
+        figures[f"floor_{name}_postgres_cpu_ms_per_payment"] = server
+        figures[f"floor_{name}_per_s"] = round(payments / done["wall_seconds"], 1)
+        return cpu, server
 
     def domain_cost(self, payments: int, claim: int, group: int) -> float:
         """The pure work's CPU milliseconds per payment, in pre-submits of `claim`
