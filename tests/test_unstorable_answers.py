@@ -18,6 +18,7 @@ import json
 import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -39,7 +40,13 @@ from intentledger.engine import intake
 from intentledger.engine.cards import new_card_id, prepare_issue
 from intentledger.engine.intake import Intent
 from intentledger.providers import adyen, stripe
-from intentledger.providers.base import UnreadableEvent, read_event_json
+from intentledger.providers.base import (
+    EVENT_ID_WIDTH,
+    EVENT_TYPE_WIDTH,
+    UnreadableEvent,
+    WebhookEvent,
+    read_event_json,
+)
 from intentledger.providers.http import (
     MAX_ANSWER_DEPTH,
     ProviderClient,
@@ -255,6 +262,33 @@ def test_the_reference_width_is_every_reference_column_s_and_a_look_s_too() -> N
     assert observations.c.error_class.type.length == ERROR_CLASS_WIDTH
     lost = ProviderAnswer(Transport.NO_RESPONSE, error_class="e" * (ERROR_CLASS_WIDTH + 1))
     assert lost.error_class == "e" * ERROR_CLASS_WIDTH
+
+
+def test_an_event_any_reader_makes_is_kept_to_its_columns() -> None:
+    # The built-in readers cut an event's fields themselves; a plug-in's reader
+    # need not: whatever it makes is stored (a longer value, refused by
+    # PostgreSQL, answered every redelivery with an error).
+    assert provider_events.c.event_id.type.length == EVENT_ID_WIDTH
+    assert provider_events.c.type.type.length == EVENT_TYPE_WIDTH
+    event = WebhookEvent(
+        event_id="evt_" + "e" * 300,
+        type="charge." + "t" * 200,
+        signed_at=datetime(2026, 12, 7, tzinfo=UTC),
+        object_id="ch_" + "o" * 300,
+        reference="op_" + "r" * 300,
+        status="succeeded",
+        payload={},
+    )
+    assert (len(event.event_id), len(event.type)) == (EVENT_ID_WIDTH, EVENT_TYPE_WIDTH)
+    assert event.object_id == ("ch_" + "o" * 300)[:REFERENCE_WIDTH]
+    assert event.reference == ("op_" + "r" * 300)[:REFERENCE_WIDTH]
+    plain = WebhookEvent("evt_1", "charge.succeeded", event.signed_at, None, None, None, {})
+    assert (plain.event_id, plain.type, plain.object_id, plain.reference) == (
+        "evt_1",
+        "charge.succeeded",
+        None,
+        None,
+    )
 
 
 @pytest.mark.parametrize(

@@ -146,11 +146,11 @@ class AdyenNotifications:
         # another statement, judged (or flagged) on its own.
         said = f":{amount[0]}:{amount[1]}" if amount is not None else ""
         return WebhookEvent(
-            event_id=f"{psp}:{code}:{success}{said}"[:255],
-            type=code[:100],
+            event_id=f"{psp}:{code}:{success}{said}",
+            type=code,
             signed_at=_event_date(item.get("eventDate"), now),
-            object_id=about[:255],
-            reference=reference[:255] if isinstance(reference, str) else None,
+            object_id=about,
+            reference=reference if isinstance(reference, str) else None,
             status=meaning.status,
             payload=item,
             object_kind=meaning.object_kind,

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from intentledger.domain.canonical import canonical_json
-from intentledger.domain.transport import LookupAnswer, ProviderAnswer
+from intentledger.domain.transport import REFERENCE_WIDTH, LookupAnswer, ProviderAnswer
 
 KINDS = ("payment", "beneficiary", "card_issue", "card_freeze", "card_unfreeze", "refund")
 
@@ -85,9 +85,18 @@ class Provider(Protocol):
     async def aclose(self) -> None: ...
 
 
+# The widest event id and type the ledger keeps (provider_events' columns); an
+# event's object id and reference are kept to REFERENCE_WIDTH, as answers' are.
+EVENT_ID_WIDTH = 255
+EVENT_TYPE_WIDTH = 100
+
+
 @dataclass(frozen=True)
 class WebhookEvent:
-    """A provider's webhook, verified and read by its adapter."""
+    """A provider's webhook, verified and read by its adapter: its ids, type
+    and reference kept to their columns' widths, whichever reader made it (a
+    longer one, refused by PostgreSQL, would answer every redelivery with an
+    error)."""
 
     event_id: str
     type: str
@@ -110,6 +119,20 @@ class WebhookEvent:
     # The amount the event says moved (minor units, currency), where it names
     # one: an event about another amount than the operation's settles nothing.
     amount: tuple[int, str] | None = None
+
+    def __post_init__(self) -> None:
+        for name, width in _EVENT_WIDTHS:
+            value = getattr(self, name)
+            if value is not None and len(value) > width:
+                object.__setattr__(self, name, value[:width])
+
+
+_EVENT_WIDTHS = (
+    ("event_id", EVENT_ID_WIDTH),
+    ("type", EVENT_TYPE_WIDTH),
+    ("object_id", REFERENCE_WIDTH),
+    ("reference", REFERENCE_WIDTH),
+)
 
 
 class UnreadableEvent(ValueError):

@@ -640,11 +640,11 @@ class StripeWebhooks:
         elif kind in REFUND_EVENTS and _re_id(intent) is not None:
             status, object_kind = refund_lookup_word(intent), "refund"
         return WebhookEvent(
-            event_id=event_id[:255],
-            type=kind[:100],
+            event_id=event_id,
+            type=kind,
             signed_at=datetime.fromtimestamp(signed, UTC),
-            object_id=str(intent["id"])[:255] if "id" in intent else None,
-            reference=str(reference)[:255] if reference is not None else None,
+            object_id=str(intent["id"]) if "id" in intent else None,
+            reference=str(reference) if reference is not None else None,
             status=status,
             payload=_without_secrets(event),
             object_kind=object_kind,

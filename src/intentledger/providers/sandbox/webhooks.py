@@ -122,11 +122,11 @@ class SandboxWebhookReader:
         kind = str(event.get("type", ""))
         mapped = kind.startswith("charge.") and isinstance(charge.get("id"), str)
         return WebhookEvent(
-            event_id=event["id"][:255],
-            type=kind[:100],
+            event_id=event["id"],
+            type=kind,
             signed_at=datetime.fromtimestamp(signed, UTC),
-            object_id=str(charge["id"])[:255] if "id" in charge else None,
-            reference=str(charge["reference"])[:255] if "reference" in charge else None,
+            object_id=str(charge["id"]) if "id" in charge else None,
+            reference=str(charge["reference"]) if "reference" in charge else None,
             status=status_word(status) if mapped else None,
             payload=event,
             object_kind="payment" if mapped else None,  # a charge's events only
