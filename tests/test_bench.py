@@ -163,11 +163,8 @@ def test_quick_bench_ends_with_the_json_line(databases: Databases, tmp_path: Pat
     assert figures["dispatch_floor_together_domain_to_postgres_cpu"] == pytest.approx(
         in_one_loop / server_ms, rel=0.01
     )
-    assert figures["dispatch_domain_in_loop_over_apart"] == pytest.approx(
-        (in_one_loop - figures["floor_together_cpu_ms_per_payment"])
-        / figures["dispatch_domain_cpu_ms_per_payment"],
-        rel=0.01,
-    )
+    # Of which the pure work's own CPU, timed around it in that process.
+    assert 0 < figures["floor_together_domain_pure_cpu_ms_per_payment"] < in_one_loop
     assert set(figures["floor_cpu"]) == {
         "psycopg",
         "sqlalchemy",

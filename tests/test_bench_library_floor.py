@@ -257,8 +257,13 @@ def test_the_floor_together_calls_for_every_claimed_row_between_its_transactions
         assert done.returncode == 0, done.stderr
         result = result_of(done.stdout)
         assert result["mode"] == "together" and result["payments"] == 20
-        # With --domain each claim's pure work settled every one of its payments.
+        # With --domain each claim's pure work settled every one of its payments,
+        # its own CPU timed (and in the process's).
         assert result["domain"] is domain
+        if domain:
+            assert 0 < result["domain_cpu_seconds"] < result["cpu_seconds"]
+        else:
+            assert "domain_cpu_seconds" not in result
         assert result["cpu_seconds"] > 0
         # The warm-up's calls and one for each claimed row, by its operation.
         assert httpx.get(f"{provider}/stand-in/calls").json()["calls"] == 25

@@ -452,6 +452,7 @@ async def sql_floor(args: argparse.Namespace) -> dict[str, Any]:
         sessions = [SqlAlchemySession(engine, b) for b in binders]
     progress = Progress(unclaimed=due)
     provider = None
+    pure: PureWork | None = None
     before_record: BeforeRecord | None = None
     if args.mode == "together":
         # Each claim's calls at once, as a worker starts them after its
@@ -475,14 +476,12 @@ async def sql_floor(args: argparse.Namespace) -> dict[str, Any]:
         if set(re.findall(r"\bAS (op_\d+)\b", claim.text)) != set(names):
             raise ScriptError(f"the claim must hand on {names[0]}..{names[-1]} to call with")
 
-        if args.domain:
-            claim_calls = _with_pure_work(calls, names, batch)
-        else:
-
-            async def claim_calls(variables: dict[str, Any]) -> None:
-                await calls([variables[name] for name in names])
+        async def claim_calls(variables: dict[str, Any]) -> None:
+            await calls([variables[name] for name in names])
 
         before_record = claim_calls
+        if args.domain:
+            before_record = pure = PureWork(calls, names, batch)
     try:
         if provider is not None:
             keys = list(charge_keys(args.warmup))
@@ -521,37 +520,59 @@ async def sql_floor(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.mode == "together":
         result["domain"] = args.domain
+        if pure is not None:
+            result["domain_cpu_seconds"] = round(pure.cpu_seconds, 4)
     return await reported(result, args.signalled)
 
 
-def _with_pure_work(
-    calls: Callable[[Sequence[str]], Awaitable[None]], names: Sequence[str], batch: int
-) -> BeforeRecord:
-    """A claim's calls with its pure work around them, in the same loop, where a
-    worker does it: the pre-submit's (records from rows, attempts, requests,
+class PureWork:
+    """A claim's calls with its pure work around them, in the same loop, where
+    a worker does it: the pre-submit's (records from rows, attempts, requests,
     news) before the calls, the group record's (answers judged and settled,
     observation rows, news) after them, a group being the claim
     (bench/domain_cost.py). Every payment must settle plainly, or the run
-    fails: a change of the domain that made this stop measuring the path
-    would otherwise go unseen. Imported here: the other modes load no domain."""
-    from datetime import timedelta
+    fails: a change of the domain that made this stop measuring the path would
+    otherwise go unseen. `cpu_seconds`: the process's CPU in the pure work
+    alone (each piece runs without an await, so nothing else is counted)."""
 
-    from intentledger.domain.evidence import Limits
-    from intentledger_tools.bench import domain_cost
+    def __init__(
+        self, calls: Callable[[Sequence[str]], Awaitable[None]], names: Sequence[str], batch: int
+    ) -> None:
+        # Imported here: the other modes load no domain.
+        from datetime import timedelta
 
-    # The rows as the claim's read returns them, one set made once: a worker's
-    # rows come from psycopg, whose reading the replay already does.
-    rows = [domain_cost.operation_row(number) for number in range(batch)]
-    limits = Limits(timedelta(hours=1))
+        from intentledger.domain.evidence import Limits
+        from intentledger_tools.bench import domain_cost
 
-    async def claim_calls(variables: dict[str, Any]) -> None:
-        prepared = domain_cost.pre_submit(rows)
-        await calls([variables[name] for name in names])
-        settled = domain_cost.record(prepared, limits)
-        if settled != batch:
-            raise ReplayError(f"the pure work settled {settled} of a claim's {batch} payments")
+        self._calls = calls
+        self._names = names
+        self._batch = batch
+        self._domain = domain_cost
+        # The rows as the claim's read returns them, one set made once: a
+        # worker's rows come from psycopg, whose reading the replay already does.
+        self._rows = [domain_cost.operation_row(number) for number in range(batch)]
+        self._limits = Limits(timedelta(hours=1))
+        self.cpu_seconds = 0.0
+        # Once unmeasured, as domain_cost runs first: first calls' caches and
+        # imports are not the work's.
+        self._settle(self._domain.pre_submit(self._rows))
+        self.cpu_seconds = 0.0
 
-    return claim_calls
+    async def __call__(self, variables: dict[str, Any]) -> None:
+        started = time.process_time()
+        prepared = self._domain.pre_submit(self._rows)
+        self.cpu_seconds += time.process_time() - started
+        await self._calls([variables[name] for name in self._names])
+        self._settle(prepared)
+
+    def _settle(self, prepared: Any) -> None:
+        started = time.process_time()
+        settled = self._domain.record(prepared, self._limits)
+        self.cpu_seconds += time.process_time() - started
+        if settled != self._batch:
+            raise ReplayError(
+                f"the pure work settled {settled} of a claim's {self._batch} payments"
+            )
 
 
 def _count(conn: Any, query: str) -> int:

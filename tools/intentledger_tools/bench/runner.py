@@ -1575,12 +1575,9 @@ class Bench:
             ),
             # The libraries and the pure work in one loop, a worker's shape with
             # none of its glue: what the workers' ratio would read if they did
-            # nothing else; and the pure work there against the same measured apart.
+            # nothing else.
             dispatch_floor_together_domain_to_postgres_cpu=(
                 with_domain / server_ms_per_payment if server_ms_per_payment else None
-            ),
-            dispatch_domain_in_loop_over_apart=(
-                (with_domain - together) / domain if domain else None
             ),
         )
         self.say(
@@ -1647,6 +1644,12 @@ class Bench:
         figures[f"floor_{name}_cpu_ms_per_payment"] = cpu
         figures[f"floor_{name}_postgres_cpu_ms_per_payment"] = server
         figures[f"floor_{name}_per_s"] = round(payments / done["wall_seconds"], 1)
+        if with_domain:
+            # The pure work's own CPU inside that loop, at pre-submits and group
+            # records of a claim's size.
+            figures["floor_together_domain_pure_cpu_ms_per_payment"] = (
+                done["domain_cpu_seconds"] * 1000 / payments
+            )
         return cpu, server
 
     def domain_cost(self, payments: int, claim: int, group: int) -> float:
