@@ -265,9 +265,8 @@ def test_the_reference_width_is_every_reference_column_s_and_a_look_s_too() -> N
 
 
 def test_an_event_any_reader_makes_is_kept_to_its_columns() -> None:
-    # The built-in readers cut an event's fields themselves; a plug-in's reader
-    # need not: whatever it makes is stored (a longer value, refused by
-    # PostgreSQL, answered every redelivery with an error).
+    # Whatever a reader makes, a plug-in's too, is stored: a longer value,
+    # refused by PostgreSQL, answered every redelivery with an error.
     assert provider_events.c.event_id.type.length == EVENT_ID_WIDTH
     assert provider_events.c.type.type.length == EVENT_TYPE_WIDTH
     event = WebhookEvent(
@@ -282,6 +281,13 @@ def test_an_event_any_reader_makes_is_kept_to_its_columns() -> None:
     assert (len(event.event_id), len(event.type)) == (EVENT_ID_WIDTH, EVENT_TYPE_WIDTH)
     assert event.object_id == ("ch_" + "o" * 300)[:REFERENCE_WIDTH]
     assert event.reference == ("op_" + "r" * 300)[:REFERENCE_WIDTH]
+    # The event id is what a redelivery is known by: kept unique, not cut alike.
+    # Two ids that share their first 255 characters stay two, each its own
+    # whenever it is delivered.
+    twin = replace(event, event_id="evt_" + "e" * 299 + "f")
+    assert len(twin.event_id) == EVENT_ID_WIDTH and twin.event_id != event.event_id
+    assert event.event_id.startswith("evt_eee") and replace(event).event_id == event.event_id
+    assert replace(event, event_id="evt_" + "e" * 300).event_id == event.event_id
     plain = WebhookEvent("evt_1", "charge.succeeded", event.signed_at, None, None, None, {})
     assert (plain.event_id, plain.type, plain.object_id, plain.reference) == (
         "evt_1",
@@ -289,6 +295,9 @@ def test_an_event_any_reader_makes_is_kept_to_its_columns() -> None:
         None,
         None,
     )
+    # A plug-in's integer id is read as the built-in readers make every id: text.
+    numbered = WebhookEvent(12345, "charge.succeeded", event.signed_at, 67, None, None, {})  # type: ignore[arg-type]
+    assert (numbered.event_id, numbered.object_id) == ("12345", "67")
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,7 @@ class Classification:
 
 
 # The longest provider reference the ledger keeps (its columns' width). A
-# longer one is kept cut to it, as every webhook reader cuts an event's: an
+# longer one is kept cut to it, as a webhook event keeps its own: an
 # answer, a look and an event about one execution then name it alike, and
 # PostgreSQL, which refuses a longer value where SQLite keeps it, never
 # refuses the record of an outcome.

@@ -9,6 +9,7 @@ lookup by our reference is. Adapters are found through the entry-point group
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -123,8 +124,16 @@ class WebhookEvent:
     def __post_init__(self) -> None:
         for name, width in _EVENT_WIDTHS:
             value = getattr(self, name)
-            if value is not None and len(value) > width:
-                object.__setattr__(self, name, value[:width])
+            if value is None:
+                continue
+            # Text, as the built-in readers make it: a plug-in's integer id
+            # would otherwise fail here, or be cast by one database and not
+            # the other.
+            text = value if type(value) is str else str(value)
+            if len(text) > width:
+                text = _event_id_kept(text) if name == "event_id" else text[:width]
+            if text is not value:
+                object.__setattr__(self, name, text)
 
 
 _EVENT_WIDTHS = (
@@ -133,6 +142,15 @@ _EVENT_WIDTHS = (
     ("object_id", REFERENCE_WIDTH),
     ("reference", REFERENCE_WIDTH),
 )
+
+
+def _event_id_kept(event_id: str) -> str:
+    """An event id wider than its column, kept unique: its start and a digest
+    of all of it. The id is what a redelivery is known by, and two ids cut
+    alike would make a second event read as the first one redelivered, its
+    evidence dropped; a redelivery of either keeps its own."""
+    digest = hashlib.sha256(event_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{event_id[: EVENT_ID_WIDTH - len(digest) - 1]}~{digest}"
 
 
 class UnreadableEvent(ValueError):

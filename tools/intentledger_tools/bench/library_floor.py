@@ -480,9 +480,10 @@ async def sql_floor(args: argparse.Namespace) -> dict[str, Any]:
             await calls([variables[name] for name in names])
 
         before_record = claim_calls
-        if args.domain:
-            before_record = pure = PureWork(calls, names, batch)
     try:
+        if args.mode == "together" and args.domain:
+            # Inside the `try`: its warm-up can fail, and the connections must close.
+            before_record = pure = PureWork(calls, names, batch)
         if provider is not None:
             keys = list(charge_keys(args.warmup))
             for start in range(0, len(keys), args.concurrency):
@@ -533,7 +534,8 @@ class PureWork:
     (bench/domain_cost.py). Every payment must settle plainly, or the run
     fails: a change of the domain that made this stop measuring the path would
     otherwise go unseen. `cpu_seconds`: the process's CPU in the pure work
-    alone (each piece runs without an await, so nothing else is counted)."""
+    alone (each piece runs without an await, so no other task's work is
+    counted; a young collection its allocations set off is)."""
 
     def __init__(
         self, calls: Callable[[Sequence[str]], Awaitable[None]], names: Sequence[str], batch: int
