@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from intentledger.domain.mandates import MISSING, is_active
+from intentledger.domain.quick_init import quick_init
 from intentledger.domain.safety import attempt_key
 from intentledger.domain.states import NextAction, State
 
@@ -59,6 +60,7 @@ class Authorisation:
     inputs: Mapping[str, Any]
 
 
+@quick_init
 @dataclass(frozen=True)
 class AttemptPlan:
     number: int

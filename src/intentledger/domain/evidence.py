@@ -33,6 +33,7 @@ from enum import StrEnum
 from typing import Literal
 
 from intentledger.domain.backoff import next_check_at, recheck_delay
+from intentledger.domain.quick_init import quick_init
 from intentledger.domain.retry_after import DEFAULT_CEILING, RetryAfter
 from intentledger.domain.safety import SafetyRules
 from intentledger.domain.states import FINAL, UNRESOLVED, NextAction, Outcome, State
@@ -56,6 +57,7 @@ AUDIT_LOOKS = 10
 RESEND_FLOOR = timedelta(seconds=1)
 
 
+@quick_init
 @dataclass(frozen=True)
 class AttemptFacts:
     """One attempt and the most its submit's answer proved (None: no answer yet,
@@ -68,6 +70,7 @@ class AttemptFacts:
     sent_at: datetime | None = None
 
 
+@quick_init
 @dataclass(frozen=True)
 class Facts:
     """What the ledger knows about one operation before the new evidence."""
@@ -94,6 +97,7 @@ class Facts:
     last_attempt_pending: bool = False
 
 
+@quick_init
 @dataclass(frozen=True)
 class SubmitAnswer:
     """What a submit's call produced (Verdict.UNKNOWN also for no answer at all:
@@ -274,6 +278,7 @@ class Move(StrEnum):
     RESOLVE_CONTRADICTION = "resolve_contradiction"
 
 
+@quick_init
 @dataclass(frozen=True)
 class Effect:
     move: Move

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from intentledger.domain.quick_init import quick_init
 from intentledger.domain.states import FINAL, State
 
 OUTCOME_KNOWN = "operation.outcome_known"
@@ -40,6 +41,7 @@ EVENT_TYPES: tuple[str, ...] = (
 )
 
 
+@quick_init
 @dataclass(frozen=True)
 class OperationView:
     """The parts of an operation whose change is news."""

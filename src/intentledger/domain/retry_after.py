@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
+from intentledger.domain.quick_init import quick_init
+
 __all__ = [
     "DEFAULT_CEILING",
     "EMPTY",
@@ -56,6 +58,7 @@ INVALID_DATE = "invalid-date"  # the shape of an HTTP-date naming no real instan
 UNPARSEABLE = "unparseable"  # anything else outside the grammar
 
 
+@quick_init
 @dataclass(frozen=True)
 class RetryAfter:
     """What one response's ``Retry-After`` said, kept raw and parsed side by side.

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from intentledger.domain.quick_init import quick_init
+
 
 class Transport(StrEnum):
     # The connection was never established: the request cannot have been read.
@@ -53,6 +55,7 @@ PROVING = frozenset(
 NOT_EXECUTED = frozenset({Verdict.NOT_EXECUTED, Verdict.MISCONFIGURED})
 
 
+@quick_init
 @dataclass(frozen=True)
 class Classification:
     verdict: Verdict
@@ -80,6 +83,7 @@ def _kept_reference(reference: str | None) -> str | None:
     return reference
 
 
+@quick_init
 @dataclass(frozen=True)
 class ProviderAnswer:
     """What one provider call produced, as seen on the wire (its reference

@@ -23,6 +23,7 @@ from typing import Any
 
 from intentledger.domain.cards import CARD_KINDS, adopted_card_id, settled_projection
 from intentledger.domain.evidence import Share, mandate_share, recorded_executions
+from intentledger.domain.quick_init import quick_init
 from intentledger.domain.refunds import refund_mandate_share
 from intentledger.domain.states import (
     FINAL,
@@ -39,6 +40,7 @@ from intentledger.store.ledger import Ledger, Made, MandateShift, OperationWrite
 from intentledger.store.records import OperationRecord
 
 
+@quick_init
 @dataclass(frozen=True)
 class OperationChange:
     """One change to one operation, decided before any of it is written."""

@@ -29,6 +29,7 @@ from intentledger.domain.dispatch_plan import (
     plan_attempt,
 )
 from intentledger.domain.evidence import Effect, Limits, SubmitAnswer
+from intentledger.domain.quick_init import quick_init
 from intentledger.domain.retry_after import RetryAfter, parse_retry_after
 from intentledger.domain.states import NextAction, State
 from intentledger.domain.transport import Classification, ProviderAnswer, Verdict, classify
@@ -59,6 +60,7 @@ class DispatchSettings:
     recheck_backoff: timedelta
 
 
+@quick_init
 @dataclass(frozen=True)
 class Submission:
     """What the pre-submit transaction committed to send."""

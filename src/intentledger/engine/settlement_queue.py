@@ -36,6 +36,7 @@ from typing import Any
 
 from intentledger.domain.dispatch_plan import FIRST_ATTEMPT
 from intentledger.domain.evidence import AttemptFacts, Facts, Limits, Move, SubmitAnswer, judge
+from intentledger.domain.quick_init import quick_init
 from intentledger.domain.retry_after import parse_retry_after
 from intentledger.domain.states import State, state_of
 from intentledger.domain.transport import ProviderAnswer, classify
@@ -67,6 +68,7 @@ DEFAULT_WINDOW = timedelta(milliseconds=2)
 GROUPS_IN_FLIGHT = 2
 
 
+@quick_init
 @dataclass(frozen=True)
 class Prepared:
     """A first attempt the pre-submit transaction committed, and the operation
@@ -84,6 +86,7 @@ class Prepared:
         return self.operation.version
 
 
+@quick_init
 @dataclass(frozen=True)
 class Sent:
     prepared: Prepared

@@ -17,11 +17,13 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from intentledger.domain.canonical import canonical_json
+from intentledger.domain.quick_init import quick_init
 from intentledger.domain.transport import REFERENCE_WIDTH, LookupAnswer, ProviderAnswer
 
 KINDS = ("payment", "beneficiary", "card_issue", "card_freeze", "card_unfreeze", "refund")
 
 
+@quick_init
 @dataclass(frozen=True)
 class ProviderRequest:
     """One write to the provider: a charge, a beneficiary, a card or a card action."""

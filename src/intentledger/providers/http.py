@@ -24,6 +24,7 @@ import orjson
 from multidict import CIMultiDictProxy
 
 from intentledger.deadline import Deadline
+from intentledger.domain.quick_init import quick_init
 from intentledger.domain.transport import Classification, ProviderAnswer, Transport
 
 # The request was never written, so the provider cannot have read it. In
@@ -314,6 +315,7 @@ def _tls_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())
 
 
+@quick_init
 @dataclass(frozen=True)
 class ProviderResponse:
     """A whole answer, read before the connection went back to its pool."""

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, func, insert, select, update
 
+from intentledger.domain.quick_init import quick_init
 from intentledger.domain.states import State
 from intentledger.store.direct import LedgerConnection
 from intentledger.store.records import (
@@ -65,6 +66,7 @@ class MandateShift:
     spent: int
 
 
+@quick_init
 @dataclass(frozen=True)
 class OperationWrite:
     """The rows of one planned change to an operation (engine/changes.py)."""
