@@ -110,7 +110,8 @@ def test_eager_accept_picks_the_loop_and_nothing_else(monkeypatch: pytest.Monkey
 def test_the_frozen_start_is_never_walked_and_what_comes_after_is_still_collected() -> None:
     """In a process of its own, as a worker or server calls it: the start's own
     garbage is collected first, not frozen; what the imports made is out of the
-    collector's walks; a cycle made afterwards is still freed."""
+    collector's walks; a cycle made afterwards is still freed, and the youngest
+    generation waits for more than CPython's 700 objects, not for ever."""
     script = """
 import gc, weakref
 import intentledger.cli
@@ -132,12 +133,21 @@ del left_behind
 eventloop.freeze_what_starts_with_the_process()
 assert collected_first() is None, "the start's garbage was frozen, not collected"
 assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()
+assert gc.get_threshold() == (eventloop.YOUNG_GENERATION_THRESHOLD, 10, 10), gc.get_threshold()
 after = cycle()
 freed_after = weakref.ref(after)
 del after, before
 gc.collect()
 assert freed_after() is None, "a cycle made after the freeze was not collected"
 assert kept_before() is not None, "a frozen object was walked"
+# Cyclic garbage is still collected on its own, once enough of it is left.
+waiting = weakref.ref(cycle())
+for made in range(3 * eventloop.YOUNG_GENERATION_THRESHOLD):
+    if waiting() is None:
+        break
+    cycle()
+assert waiting() is None, "cyclic garbage was never collected"
+assert made > 700, made
 print("ok")
 """
     done = subprocess.run(
