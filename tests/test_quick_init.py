@@ -35,9 +35,12 @@ HOT = {
 }
 
 
-def _every_module() -> None:
+def _ours() -> list[type]:
+    """Every class of the package given a quick `__init__` (this module's own
+    are tested on their own)."""
     for module in pkgutil.walk_packages(intentledger.__path__, "intentledger."):
         importlib.import_module(module.name)
+    return [cls for cls in quick_classes() if cls.__module__.startswith("intentledger.")]
 
 
 def _outcome(init: Callable[..., None], cls: type, *args: Any, **kwargs: Any) -> Any:
@@ -70,17 +73,15 @@ def _factory_made(cls: type, name: str, value: Any) -> Any:
 
 
 def test_the_hot_classes_keep_their_quick_init() -> None:
-    _every_module()
-    quick = {(cls.__module__, cls.__name__) for cls in quick_classes()}
+    quick = {(cls.__module__, cls.__name__) for cls in _ours()}
     for module, names in HOT.items():
         for name in names:
             assert (module, name) in quick, f"{module}.{name} lost its quick __init__"
 
 
 def test_every_quick_class_takes_the_parameters_dataclasses_gave_it() -> None:
-    _every_module()
-    assert quick_classes()
-    for cls in quick_classes():
+    assert _ours()
+    for cls in _ours():
         ours = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
         theirs = inspect.signature(dataclass_init_of(cls)).parameters
         assert list(ours) == list(theirs), cls
@@ -95,15 +96,38 @@ def test_every_quick_class_takes_the_parameters_dataclasses_gave_it() -> None:
                 assert parameter.default is original.default, (cls, name)
 
 
+def _samples() -> dict[type, dict[str, Any]]:
+    """Values a class's `__post_init__` reads and accepts, for the classes whose
+    `__post_init__` refuses a value of no type; each value distinct."""
+    from intentledger.domain.transport import Classification, ProviderAnswer, Transport, Verdict
+
+    return {
+        ProviderAnswer: {
+            "transport": Transport.RESPONSE,
+            "error_class": "e" * 70,  # cut to its column's width by `__post_init__`
+            "status": 402,
+            "error_code": "card_declined",
+            "provider_reference": "r" * 300,  # cut too
+            "retry_after": ("120",),
+            "detail": {"body": {"id": "ch_1"}},
+            "mapped": Classification(Verdict.FAILED, "declined"),
+        },
+    }
+
+
 def test_every_quick_class_makes_what_dataclasses_makes() -> None:
     """Each class with a value of its own for every parameter, with `None` for
-    each (what a `__post_init__` reading them copes with), and with each default
-    left out: the same fields, set in the same order, or the same error."""
-    _every_module()
-    for cls in quick_classes():
+    each, with values its `__post_init__` accepts where it refuses values of
+    no type, and with each default left out: the same fields, set in the same
+    order, or the same error."""
+    samples = _samples()
+    for cls in _ours():
         parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]  # type: ignore[misc]
         own = {p.name: object() for p in parameters}
-        for values in (own, dict.fromkeys(own)):
+        if isinstance(_outcome(dataclass_init_of(cls), cls, **own), tuple):
+            assert cls in samples, f"{cls.__name__} refuses values of no type: give it samples"
+            assert list(samples[cls]) == list(own), cls
+        for values in (own, dict.fromkeys(own), samples.get(cls, own)):
             positional = [values[p.name] for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
             keyword = {p.name: values[p.name] for p in parameters if p.kind is p.KEYWORD_ONLY}
             _same(cls, *positional, **keyword)
@@ -161,6 +185,10 @@ def test_an_instance_is_still_frozen_and_behaves_as_a_dataclass() -> None:
     assert pickle.loads(pickle.dumps(made)) == made
     assert hash(made.plain) == hash(1) and made == _EveryShape(1, needed=2)
     assert _EveryShape.__init__.__qualname__ == "_EveryShape.__init__"
+    # Shown alike: annotations, defaults, and a factory's default as "<factory>".
+    assert str(inspect.signature(_EveryShape.__init__)) == str(
+        inspect.signature(dataclass_init_of(_EveryShape))
+    )
 
 
 def test_what_it_cannot_write_for_is_refused() -> None:
@@ -196,6 +224,37 @@ def test_what_it_cannot_write_for_is_refused() -> None:
         value: int = 1
         default_value: int = 2
 
-    for cls in (Plain, Mutable, Slotted, WithInitVar, NoInit, Clashing, Prefixed):
+    @dataclass(frozen=True)
+    class OwnInit:
+        value: int
+
+        def __init__(self, value: int) -> None:
+            object.__setattr__(self, "value", value * 2)
+
+    class Guarded:
+        @property
+        def value(self) -> int:
+            return 1
+
+        @value.setter
+        def value(self, value: int) -> None:
+            raise AttributeError("guarded")
+
+    @dataclass(frozen=True)
+    class OverGuard(Guarded):
+        value: int  # type: ignore[assignment]
+
+    for cls in (
+        Plain,
+        Mutable,
+        Slotted,
+        WithInitVar,
+        NoInit,
+        Clashing,
+        Prefixed,
+        OwnInit,
+        OverGuard,
+        _EveryShape,  # given one already
+    ):
         with pytest.raises(TypeError):
             quick_init(cls)

@@ -93,8 +93,7 @@ def freeze_what_starts_with_the_process() -> None:
     collector's walks"). Frozen objects are never collected: they live as
     long as the process, and one that becomes cyclic garbage later stays,
     with what it holds then, once (nothing frozen is replaced while the
-    process runs). What the process makes after this is collected as
-    before.
+    process runs). What the process makes after this is still collected.
 
     The youngest generation is collected once the objects made since the
     last collection outnumber those freed by `YOUNG_GENERATION_THRESHOLD`,
@@ -104,9 +103,13 @@ def freeze_what_starts_with_the_process() -> None:
     in flight and promoting them, and the collector took 4-6 % of its CPU;
     at 10,000 it collected one to four times a drain of 5,000 payments,
     0.2-0.7 % (docs/benchmarks.md, "The youngest generation collected less
-    often"). Almost every object is freed
-    by its count of references, not by the collector, so what waits longer
-    is only cyclic garbage, and at most that many objects of it."""
+    often"). Almost every object is freed by its count of references, not
+    by the collector, so what waits longer is cyclic garbage: a cycle
+    dropped before its first collection waits for up to that many container
+    objects made (net of those freed) rather than 700, one promoted while
+    alive for a collection of the middle generation, every tenth; and what
+    such a cycle holds that is no container (an answer's bytes in an
+    exception's frames) waits with it, uncounted."""
     # First what the start leaves behind (a schema check's engine, a retried
     # connection's garbage): frozen, it would stay for good.
     gc.collect()

@@ -11,13 +11,19 @@ answer, the request, the change and its views), 5 % of its CPU
 order, the same defaults, default factories, keyword-only fields and fields
 left out of it, and `__post_init__` called last — that stores each field in
 the instance's `__dict__` instead, as attrs does for its frozen classes. The
-instances are the same, and still refuse every assignment afterwards.
-`tests/test_quick_init.py` compares each class given one with dataclasses'
-own `__init__`.
+instances hold the same fields, set in the same order, and still refuse
+every assignment afterwards; `tests/test_quick_init.py` compares each class
+given one with dataclasses' own `__init__`. One thing differs: CPython 3.11
+keeps a new instance's attributes inline until its `__dict__` is asked for,
+and this asks at once, so each instance holds a dict of its own, one more
+object for the cyclic collector (which a worker collects rarely:
+eventloop.py's `YOUNG_GENERATION_THRESHOLD`).
 
 Refused (a `TypeError` when the class is made): a class that is not a frozen
-dataclass writing its `__init__`, one with slots (no `__dict__`), one with an
-`InitVar` (a parameter that is no field), and a field named like a name the
+dataclass whose `__init__` dataclasses wrote, or was given one already; one
+with slots (no `__dict__`); one with an `InitVar` (a parameter that is no
+field); one whose base classes hold a descriptor under a field's name (a
+write to `__dict__` would pass it by); and a field named like a name the
 written `__init__` uses.
 """
 
@@ -36,9 +42,16 @@ _Class = TypeVar("_Class", bound=type)
 # (for the tests' comparison).
 _DATACLASS_INIT: dict[type, Callable[..., None]] = {}
 
-# Stands for "not given" where a field's default is made by a factory (as
-# dataclasses' own sentinel does).
-_FACTORY_DEFAULT = object()
+
+class _FactoryDefault:
+    """Stands for "not given" where a field's default is made by a factory,
+    shown as dataclasses shows its own."""
+
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_FACTORY_DEFAULT = _FactoryDefault()
 # Names the written `__init__` binds besides the fields.
 _OWN_NAMES = frozenset({"self", "kept", "MISSING"})
 
@@ -51,8 +64,20 @@ def quick_init(cls: _Class) -> _Class:
         raise TypeError(f"{cls.__name__}: quick_init is for a frozen dataclass writing __init__")
     if "__slots__" in cls.__dict__:
         raise TypeError(f"{cls.__name__}: a class with slots has no __dict__ to write")
-    fields = dataclasses.fields(cls)
     original: Callable[..., None] = cls.__init__  # type: ignore[misc]
+    if cls in _DATACLASS_INIT or original.__code__.co_filename != "<string>":
+        raise TypeError(f"{cls.__name__}: its __init__ is not the one dataclasses wrote")
+    fields = dataclasses.fields(cls)
+    passed_by = [
+        f.name
+        for f in fields
+        for base in cls.__mro__[1:]
+        if hasattr(type(base.__dict__.get(f.name)), "__set__")
+    ]
+    if passed_by:
+        raise TypeError(
+            f"{cls.__name__}: a base class's descriptors {passed_by} would be passed by"
+        )
     expected = [f.name for f in fields if f.init]
     given = list(inspect.signature(original).parameters)[1:]
     if sorted(given) != sorted(expected):
@@ -100,6 +125,7 @@ def quick_init(cls: _Class) -> _Class:
     written.__qualname__ = f"{cls.__qualname__}.__init__"
     written.__module__ = cls.__module__
     written.__doc__ = original.__doc__
+    written.__annotations__ = dict(original.__annotations__)
     _DATACLASS_INIT[cls] = original
     cls.__init__ = written  # type: ignore[misc]
     return cls
