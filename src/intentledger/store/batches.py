@@ -10,7 +10,7 @@ rows), each set sorted by key so two batches can never deadlock each other.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -485,6 +485,23 @@ def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     instants equal when their wall-clock readings match in the same zone,
     even an hour apart across a change of clocks (`fold`), and those must
     not share a text; our clock and our columns give UTC."""
+    instant = _instants_written_once()
+    return orjson.dumps(rows, default=instant, option=orjson.OPT_PASSTHROUGH_DATETIME).decode()
+
+
+def _json_answer_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Observation rows, whose `detail` is a provider's answer as parsed: by
+    the standard library, which writes an integer beyond 64 bits as it came
+    and NaN as NaN (which the database refuses: the group fails and each
+    answer takes the reference path), where orjson would refuse the one and
+    write the other as null (store/intake.py). Each distinct instant is
+    written once, as in `json_rows`."""
+    return json.dumps(rows, default=_instants_written_once(), ensure_ascii=False)
+
+
+def _instants_written_once() -> Callable[[object], str]:
+    """`json_instant` for one call's rows, each instant in UTC written once
+    (`json_rows` says why only those)."""
     written: dict[datetime, str] = {}
 
     def instant(value: object) -> str:
@@ -495,16 +512,7 @@ def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
             text = written[value] = json_instant(value)
         return text
 
-    return orjson.dumps(rows, default=instant, option=orjson.OPT_PASSTHROUGH_DATETIME).decode()
-
-
-def _json_answer_rows(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Observation rows, whose `detail` is a provider's answer as parsed: by
-    the standard library, which writes an integer beyond 64 bits as it came
-    and NaN as NaN (which the database refuses: the group fails and each
-    answer takes the reference path), where orjson would refuse the one and
-    write the other as null (store/intake.py)."""
-    return json.dumps(rows, default=json_instant, ensure_ascii=False)
+    return instant
 
 
 def json_instant(value: object) -> str:
