@@ -1,10 +1,11 @@
 """A frozen dataclass's `__init__`, written to cost a third of dataclasses' own.
 
 dataclasses writes a frozen class's `__init__` to set each field through
-`object.__setattr__` (the class's own `__setattr__` refuses): about 110 ns a
-field in CPython 3.11, where a class that is not frozen takes 25. A worker
-makes about 150 such fields a payment (the evidence's facts and effect, the
-answer, the request, the change and its views), 5 % of its CPU
+`object.__setattr__` (the class's own `__setattr__` refuses): about 120 ns a
+field in CPython 3.11, where a class that is not frozen takes 25. A worker's
+pure work makes about 135 such fields a payment (the evidence's facts and
+effect, the answer, the request, the change and its views); written here,
+that work fell from about 55 µs a payment to 45, 3 % of a worker's CPU
 (docs/benchmarks.md, "Frozen records made at a third of the cost").
 
 `quick_init` writes the same `__init__` — the same parameters in the same
