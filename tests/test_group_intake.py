@@ -19,6 +19,7 @@ from intentledger.engine.clock import system_clock
 from intentledger.engine.group_intake import IntakeGroups
 from intentledger.engine.intake import IntakeResult, Intent, accept, operation_values
 from intentledger.engine.refusal import IdempotencyKeyReused
+from intentledger.store import group_statement as group_statement_module
 from intentledger.store.group_statement import GroupStatement, group_statement_for
 from intentledger.store.intake import ACCEPT_GROUP_COLUMNS
 from intentledger.store.tables import idempotency_records, operations, outbox, transitions
@@ -52,16 +53,19 @@ def groups_committed() -> float:
 
 
 def record_psycopg_statements(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
-    """Each statement sent by a psycopg connection's own `execute` (the group
-    statement's; SQLAlchemy sends through cursors), and whether it autocommits."""
+    """Each group statement sent on the group statement's own connection
+    (through libpq; SQLAlchemy sends through cursors), and whether that
+    connection autocommits."""
     sent: list[tuple[str, bool]] = []
-    original = psycopg.AsyncConnection.execute
+    original = GroupStatement._call
 
-    async def execute(self: psycopg.AsyncConnection[Any], query: Any, *args: Any, **kw: Any) -> Any:
-        sent.append((str(query), self.autocommit))
-        return await original(self, query, *args, **kw)
+    async def call(
+        self: GroupStatement, conn: psycopg.AsyncConnection[Any], values: Any
+    ) -> list[bytes]:
+        sent.append((group_statement_module._ACCEPT_GROUP_SQL.decode(), conn.autocommit))
+        return await original(self, conn, values)
 
-    monkeypatch.setattr(psycopg.AsyncConnection, "execute", execute)
+    monkeypatch.setattr(GroupStatement, "_call", call)
     return sent
 
 

@@ -11,33 +11,88 @@ about a fifth of an API process's CPU per intent (docs/benchmarks.md step
 (engine/group_intake.py), so one connection, kept open and in autocommit, is
 all it needs: one round trip per group, nothing else sent.
 
+psycopg makes the connection (the URL, its host list, authentication, TLS)
+and closes it; the statement itself goes through psycopg's libpq layer
+(`psycopg.pq`), the way psycopg's own generators drive libpq, with one
+readiness wait on the event loop. A cursor's execute also made a cursor, its
+adapters and a query object, asked the prepared-statement cache, polled the
+socket for writing and set and cancelled a timer on every wait: measured
+here, 148 µs of CPU a group of eight against 97 for the same statement sent
+this way (docs/benchmarks.md, "The group statement through libpq"). Its
+parameters are of five known kinds (`_text`), written as psycopg's text
+dumpers write them, and its only column read back is text.
+
+The statement is prepared once per connection, as psycopg prepares a
+statement after its fifth use. Behind a pooler nothing is prepared, as on
+every other connection (store/database.py: `connect_args`): each group then
+sends the statement's text with its values.
+
 There is no pre-ping. A connection that fails its statement (the server
-restarted, a pooler dropped it) is closed and the error goes to the caller,
-which accepts the group's intents one by one on the ledger engine, whose
-pre-ping replaces dead connections; the next group opens a new connection.
-The connection is made with `connect_args`, so behind a pooler nothing is
-prepared, as on every other connection.
+restarted, a pooler dropped it) or whose statement was cancelled midway (the
+server asked to cancel it too, as psycopg asks) is closed and the error goes
+to the caller, which accepts the group's intents one by one on the ledger
+engine, whose pre-ping replaces dead connections; the next group opens a new
+connection. A statement error is psycopg's exception for its SQLSTATE, as a
+cursor would raise it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.pq import ExecStatus, TransactionStatus
 
 from intentledger.store.database import Pooler, connect_args, dialect_of, libpq_url
-from intentledger.store.intake import Accepted, accept_group_call, accept_group_parameters
+from intentledger.store.intake import (
+    ACCEPT_GROUP_PARAMETERS,
+    Accepted,
+    accept_group_call,
+    accept_group_parameters,
+)
 
-_ACCEPT_GROUP = accept_group_call("%({})s")
+log = logging.getLogger(__name__)
+
+# How long a cancelled statement's cancel request may take (psycopg's own bound).
+CANCEL_TIMEOUT_SECONDS = 5.0
+
+# libpq's placeholders, by position; the name is psycopg's kind of name for
+# a statement of its own ("_pg3_N") turned ours, so the two never meet.
+_ACCEPT_GROUP_SQL = accept_group_call("${1}").encode("ascii")
+_PREPARED_NAME = b"intentledger_accept_group"
+
+
+def _text(value: object, encoding: str) -> bytes | None:
+    """A parameter in PostgreSQL's text form, as psycopg's text dumpers write
+    it; the server types it from the function's signature and the casts."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode(encoding)
+    if isinstance(value, bool):  # before int: True is an int
+        return b"t" if value else b"f"
+    if isinstance(value, int):
+        return str(value).encode("ascii")
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            # Read in the session's time zone it would be another instant.
+            raise TypeError("the group statement takes aware instants, not naive ones")
+        return value.isoformat().encode("ascii")
+    raise TypeError(f"the group statement has no text form for {type(value).__name__}")
 
 
 class GroupStatement:
     def __init__(self, url: str, pooler: Pooler = "none") -> None:
         self._conninfo = libpq_url(url)
         self._connect_args = connect_args(url, pooler)
+        self._prepare = pooler == "none"
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        # Whether `_conn` holds the prepared statement.
+        self._prepared = False
 
     async def accept_group(
         self, accepted: Sequence[Accepted], reason: str, now: datetime
@@ -50,20 +105,107 @@ class GroupStatement:
             conn = self._conn = await psycopg.AsyncConnection.connect(
                 self._conninfo, autocommit=True, **self._connect_args
             )
+            self._prepared = False
         try:
-            cursor = await conn.execute(_ACCEPT_GROUP, parameters)
-            found = await cursor.fetchall()
-        except BaseException:
+            encoding = conn.info.encoding
+            values = [_text(parameters[name], encoding) for name in ACCEPT_GROUP_PARAMETERS]
+            rows = await self._call(conn, values)
+        except BaseException as exc:
             # Whatever state it is in (dead, or cancelled mid-statement), the
             # next group starts on a new connection.
-            await self.close()
+            try:
+                if isinstance(exc, asyncio.CancelledError):
+                    await _cancel_on_the_server(conn)
+            finally:
+                await self.close()
             raise
-        return {row[0] for row in found}
+        return {row.decode(encoding) for row in rows}
+
+    async def _call(
+        self, conn: psycopg.AsyncConnection[Any], values: Sequence[bytes | None]
+    ) -> list[bytes]:
+        """The statement's first column of each row it returns."""
+        pgconn = conn.pgconn
+        if not self._prepare:
+            pgconn.send_query_params(_ACCEPT_GROUP_SQL, values)
+            return await _first_column(conn)
+        if not self._prepared:
+            pgconn.send_prepare(_PREPARED_NAME, _ACCEPT_GROUP_SQL)
+            await _first_column(conn)
+            self._prepared = True
+        pgconn.send_query_prepared(_PREPARED_NAME, values)
+        return await _first_column(conn)
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
+        self._prepared = False
         if conn is not None:
             await conn.close()
+
+
+async def _first_column(conn: psycopg.AsyncConnection[Any]) -> list[bytes]:
+    """What the command just sent returns, once libpq has sent it all and read
+    its every result: the first column of its rows, or psycopg's error for
+    the first result that failed."""
+    pgconn = conn.pgconn
+    loop = asyncio.get_running_loop()
+    while pgconn.flush():
+        await _ready(loop, pgconn.socket, writing=True)
+    while True:
+        pgconn.consume_input()
+        if not pgconn.is_busy():
+            break
+        await _ready(loop, pgconn.socket, writing=False)
+    column: list[bytes] = []
+    failed: psycopg.Error | None = None
+    while (result := pgconn.get_result()) is not None:
+        status = result.status
+        if status == ExecStatus.TUPLES_OK:
+            column.extend(
+                value
+                for row in range(result.ntuples)
+                if (value := result.get_value(row, 0)) is not None
+            )
+        elif status != ExecStatus.COMMAND_OK and failed is None:
+            failed = psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+    if failed is not None:
+        raise failed
+    return column
+
+
+async def _ready(loop: asyncio.AbstractEventLoop, socket: int, *, writing: bool) -> None:
+    """Until the connection's socket can be written (or read)."""
+    ready: asyncio.Future[None] = loop.create_future()
+    if writing:
+        loop.add_writer(socket, _wake, ready)
+    else:
+        loop.add_reader(socket, _wake, ready)
+    try:
+        await ready
+    finally:
+        if writing:
+            loop.remove_writer(socket)
+        else:
+            loop.remove_reader(socket)
+
+
+async def _cancel_on_the_server(conn: psycopg.AsyncConnection[Any]) -> None:
+    """psycopg's rule for a query whose task is cancelled: the server is asked
+    to cancel it too. Closing the connection alone would not stop it: a
+    backend waiting on a lock notices its client gone only once it has the
+    lock, and then commits the group (tests/test_group_statement.py)."""
+    if conn.pgconn.transaction_status != TransactionStatus.ACTIVE:
+        return
+    try:
+        await conn.cancel_safe(timeout=CANCEL_TIMEOUT_SECONDS)
+    except Exception as exc:
+        log.warning("the group statement's cancellation failed: %s", exc)
+
+
+def _wake(ready: asyncio.Future[None]) -> None:
+    # The socket stays ready until the waiting task runs and stops watching it.
+    if not ready.done():
+        ready.set_result(None)
 
 
 def group_statement_for(url: str, pooler: Pooler = "none") -> GroupStatement | None:

@@ -84,7 +84,7 @@ ACCEPT_GROUP_ARGUMENTS = (
     "CAST({keys_claimed} AS boolean), CAST({due_at} AS timestamptz), "
     "CAST({lease_owner} AS text), CAST({deliveries} AS integer)"
 )
-_ARGUMENTS = (
+ACCEPT_GROUP_PARAMETERS = (
     "rows",
     "now",
     "from_state",
@@ -99,9 +99,14 @@ _ARGUMENTS = (
 
 
 def accept_group_call(placeholder: str) -> str:
-    """The function's call with each argument written as `placeholder` names it."""
+    """The function's call with each argument written as `placeholder` names
+    it: formatted with the parameter's name and its 1-based position in
+    `ACCEPT_GROUP_PARAMETERS` (`":{}"`, or `"${1}"` for libpq's own)."""
     arguments = ACCEPT_GROUP_ARGUMENTS.format(
-        **{name: placeholder.format(name) for name in _ARGUMENTS}
+        **{
+            name: placeholder.format(name, position)
+            for position, name in enumerate(ACCEPT_GROUP_PARAMETERS, 1)
+        }
     )
     return f"SELECT new_operation_id, new_outbox_row_id FROM intentledger_accept_group({arguments})"
 
