@@ -352,6 +352,20 @@ async def test_a_transaction_cancelled_mid_statement_leaves_no_connection_behind
         await task
 
     assert await direct.run(_backend) != used[0]
+    # The server was asked to cancel the statement, as psycopg asks: closing
+    # the connection alone leaves a backend in pg_sleep (or waiting on a
+    # lock) running until it ends.
+    for _ in range(100):
+        running = await direct.run(
+            lambda conn: conn.execute(
+                text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"),
+                {"pid": used[0]},
+            )
+        )
+        if not running.scalar():
+            break
+        await asyncio.sleep(0.05)
+    assert not running.scalar(), "the cancelled statement still runs on the server"
 
 
 def _counted(name: str, labels: dict[str, str]) -> float:

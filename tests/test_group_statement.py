@@ -13,12 +13,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.waiting import Ready, Wait
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.canonical import request_hash
 from intentledger.engine.clock import system_clock
 from intentledger.engine.intake import ACCEPTED_REASON, Intent, accepted_by, operation_values
+from intentledger.store import group_statement as group_statement_module
 from intentledger.store.database import Pooler
 from intentledger.store.group_statement import GroupStatement, _text
 from intentledger.store.intake import Accepted, IntakeLedger
@@ -242,3 +244,36 @@ def test_parameters_are_written_as_psycopgs_text_dumpers_write_them(backend: str
         _text(datetime(2026, 12, 7, 11, 0), "utf-8")
     with pytest.raises(TypeError, match="float"):
         _text(1.5, "utf-8")
+
+
+async def test_a_statement_larger_than_the_socket_takes_is_sent_in_turns(
+    engine: AsyncEngine, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group whose values outgrow what the socket takes at once: libpq sends
+    it in turns, the statement waiting for the socket between them (and
+    reading what the server sends meanwhile), and every byte arrives."""
+    waits: list[Wait] = []
+    original = group_statement_module._ready
+
+    async def counted(loop: asyncio.AbstractEventLoop, fileno: int, wait: Wait) -> Ready:
+        waits.append(wait)
+        return await original(loop, fileno, wait)
+
+    monkeypatch.setattr(group_statement_module, "_ready", counted)
+    description = "ü" * (8 * 1024 * 1024)  # 16 MiB of UTF-8
+    statement = GroupStatement(database_url)
+    now = system_clock()
+    big = group([intent("big", description=description)], now)
+    try:
+        claimed = await statement.accept_group(big, ACCEPTED_REASON, now)
+    finally:
+        await statement.close()
+    assert claimed == {str(big[0][0]["operation_id"])}
+    assert Wait.RW in waits, "the statement went out in one send: make it larger"
+    async with engine.connect() as conn:
+        context = await conn.scalar(
+            select(operations.c.request_context).where(
+                operations.c.operation_id == big[0][0]["operation_id"]
+            )
+        )
+    assert context["body"]["description"] == description

@@ -46,6 +46,7 @@ from typing import Any
 
 import psycopg
 from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.waiting import Ready, Wait
 
 from intentledger.store.database import Pooler, connect_args, dialect_of, libpq_url
 from intentledger.store.intake import (
@@ -150,12 +151,15 @@ async def _first_column(conn: psycopg.AsyncConnection[Any]) -> list[bytes]:
     pgconn = conn.pgconn
     loop = asyncio.get_running_loop()
     while pgconn.flush():
-        await _ready(loop, pgconn.socket, writing=True)
+        # libpq's rule for a send that must wait: read what the server sends
+        # meanwhile, or each side may wait for the other.
+        if await _ready(loop, pgconn.socket, Wait.RW) & Ready.R:
+            pgconn.consume_input()
     while True:
         pgconn.consume_input()
         if not pgconn.is_busy():
             break
-        await _ready(loop, pgconn.socket, writing=False)
+        await _ready(loop, pgconn.socket, Wait.R)
     column: list[bytes] = []
     failed: psycopg.Error | None = None
     while (result := pgconn.get_result()) is not None:
@@ -173,20 +177,25 @@ async def _first_column(conn: psycopg.AsyncConnection[Any]) -> list[bytes]:
     return column
 
 
-async def _ready(loop: asyncio.AbstractEventLoop, socket: int, *, writing: bool) -> None:
-    """Until the connection's socket can be written (or read)."""
-    ready: asyncio.Future[None] = loop.create_future()
-    if writing:
-        loop.add_writer(socket, _wake, ready)
-    else:
-        loop.add_reader(socket, _wake, ready)
+async def _ready(loop: asyncio.AbstractEventLoop, socket: int, wait: Wait) -> Ready:
+    """Until the connection's socket is ready for what `wait` asks: which it
+    is ready for. A socket the loop cannot watch (closed under it) is
+    psycopg's `OperationalError`, as psycopg's own wait makes it."""
+    ready: asyncio.Future[Ready] = loop.create_future()
+    reading, writing = bool(wait & Wait.R), bool(wait & Wait.W)
     try:
-        await ready
+        if reading:
+            loop.add_reader(socket, _wake, ready, Ready.R)
+        if writing:
+            loop.add_writer(socket, _wake, ready, Ready.W)
+        return await ready
+    except OSError as exc:
+        raise psycopg.OperationalError("connection socket closed") from exc
     finally:
+        if reading:
+            loop.remove_reader(socket)
         if writing:
             loop.remove_writer(socket)
-        else:
-            loop.remove_reader(socket)
 
 
 async def _cancel_on_the_server(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -202,10 +211,10 @@ async def _cancel_on_the_server(conn: psycopg.AsyncConnection[Any]) -> None:
         log.warning("the group statement's cancellation failed: %s", exc)
 
 
-def _wake(ready: asyncio.Future[None]) -> None:
+def _wake(ready: asyncio.Future[Ready], state: Ready) -> None:
     # The socket stays ready until the waiting task runs and stops watching it.
     if not ready.done():
-        ready.set_result(None)
+        ready.set_result(state)
 
 
 def group_statement_for(url: str, pooler: Pooler = "none") -> GroupStatement | None:
