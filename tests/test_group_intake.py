@@ -55,7 +55,7 @@ def groups_committed() -> float:
 def record_psycopg_statements(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
     """Each group statement sent on the group statement's own connection
     (through libpq; SQLAlchemy sends through cursors), and whether that
-    connection autocommits."""
+    connection autocommits. What the server ran is read from the server."""
     sent: list[tuple[str, bool]] = []
     original = GroupStatement._call
 
@@ -208,13 +208,23 @@ async def test_on_postgresql_a_group_is_one_autocommitted_statement(
     results = await asyncio.gather(*(groups.accept(intent(f"k{n}")) for n in range(20)))
     assert not any(r.replayed for r in results)
     assert len(on_group_connection) == 1 and on_group_connection[0][1] is True
-    # Migration 0019's function: its plan is kept per server connection.
-    assert "intentledger_accept_group(" in on_group_connection[0][0]
     assert on_ledger == []  # no BEGIN, no COMMIT, no pre-ping: the statement alone
     assert groups_committed() - before == 1  # and it was counted
+    statement = groups.group_statement
+    assert statement is not None and statement._conn is not None
     async with engine.connect() as conn:
         stored = await conn.scalar(select(func.count()).select_from(operations))
+        # What the server last ran on the group's connection, and that it
+        # left no transaction open: migration 0019's function, whose plan is
+        # kept per server connection.
+        last = (
+            await conn.execute(
+                text("SELECT query, state FROM pg_stat_activity WHERE pid = :pid"),
+                {"pid": statement._conn.info.backend_pid},
+            )
+        ).one()
     assert stored == 21
+    assert "intentledger_accept_group(" in last.query and last.state == "idle"
 
 
 @pytest.mark.parametrize("backend", ["postgresql"])

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.pq import ExecStatus
 from psycopg.waiting import Ready, Wait
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,7 +23,7 @@ from intentledger.domain.canonical import request_hash
 from intentledger.engine.clock import system_clock
 from intentledger.engine.intake import ACCEPTED_REASON, Intent, accepted_by, operation_values
 from intentledger.store import group_statement as group_statement_module
-from intentledger.store.database import Pooler
+from intentledger.store.database import Pooler, libpq_url
 from intentledger.store.group_statement import GroupStatement, _text
 from intentledger.store.intake import Accepted, IntakeLedger
 from intentledger.store.tables import idempotency_records, operations, outbox, transitions
@@ -231,19 +233,84 @@ async def test_a_statement_cancelled_midway_leaves_its_connection_and_nothing_wr
         await statement.close()
 
 
-def test_parameters_are_written_as_psycopgs_text_dumpers_write_them(backend: str) -> None:
-    instant = datetime(2026, 12, 7, 11, 0, 0, 5, tzinfo=UTC)
-    assert _text(None, "utf-8") is None
-    assert _text(True, "utf-8") == b"t" and _text(False, "utf-8") == b"f"
-    assert _text(0, "utf-8") == b"0" and _text(-12, "utf-8") == b"-12"
-    assert _text("zoë", "utf-8") == "zoë".encode()
-    assert _text(instant, "utf-8") == b"2026-12-07T11:00:00.000005+00:00"
-    east = instant.astimezone(timezone(timedelta(hours=2)))
-    assert _text(east, "utf-8") == b"2026-12-07T13:00:00.000005+02:00"  # the same instant
+@pytest.mark.parametrize(
+    "value", [None, True, False, 0, -12, 2**62, "", "pm_ok", "zoë ☕ 🔑", '{"a": "\\u0000"}']
+)
+def test_values_are_written_as_psycopgs_text_dumpers_write_them(backend: str, value: Any) -> None:
+    expected = None
+    if value is not None:
+        expected = bytes(Transformer().get_dumper(value, PyFormat.TEXT).dump(value))
+    assert _text(value, "utf-8") == expected
+    # psycopg writes UTF-8 where the connection's encoding is SQL_ASCII.
+    assert _text(value, "ascii") == expected
+
+
+async def test_instants_are_read_by_the_server_as_the_same_instants(database_url: str) -> None:
+    """psycopg writes an instant with a space where `isoformat` writes a T:
+    the server reads each as the instant it is, whatever its offset."""
+    instants = [
+        datetime(2026, 12, 7, 11, 0, 0, 5, tzinfo=UTC),
+        datetime(2026, 12, 7, 13, 0, 0, 999999, tzinfo=timezone(timedelta(hours=2))),
+        datetime(1999, 12, 31, 23, 59, 59, tzinfo=timezone(timedelta(hours=-9, minutes=-30))),
+    ]
+    async with await psycopg.AsyncConnection.connect(libpq_url(database_url)) as conn:
+        await conn.execute("SET TIME ZONE 'Pacific/Chatham'")  # neither UTC nor a whole hour
+        for instant in instants:
+            written = _text(instant, "utf-8")
+            assert written is not None
+            cursor = await conn.execute(
+                "SELECT CAST(%s::text AS timestamptz) = %s", (written.decode(), instant)
+            )
+            assert await cursor.fetchone() == (True,)
+
+
+class _NoOffset(tzinfo):
+    def utcoffset(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+    def tzname(self, dt: datetime | None) -> str | None:
+        return None
+
+
+def test_what_has_no_exact_text_is_refused(backend: str) -> None:
     with pytest.raises(TypeError, match="aware"):
         _text(datetime(2026, 12, 7, 11, 0), "utf-8")
+    with pytest.raises(TypeError, match="aware"):  # a zone that knows no offset
+        _text(datetime(2026, 12, 7, 11, 0, tzinfo=_NoOffset()), "utf-8")
     with pytest.raises(TypeError, match="float"):
         _text(1.5, "utf-8")
+    with pytest.raises(psycopg.DataError, match="NUL"):  # libpq would cut the value there
+        _text("before\x00after", "utf-8")
+
+
+async def test_a_connection_in_sql_ascii_stores_the_same_text(
+    engine: AsyncEngine, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client encoding of SQL_ASCII (PGCLIENTENCODING) on a UTF-8 database:
+    text that is not ASCII is written as UTF-8, as psycopg writes it, and is
+    stored as it was sent."""
+    monkeypatch.setenv("PGCLIENTENCODING", "SQL_ASCII")
+    statement = GroupStatement(database_url)
+    now = system_clock()
+    try:
+        claimed = await statement.accept_group(
+            group([intent("ключ-✓", actor="zoë")], now), ACCEPTED_REASON, now
+        )
+        assert statement._conn is not None and statement._conn.info.encoding == "ascii"
+    finally:
+        await statement.close()
+        monkeypatch.delenv("PGCLIENTENCODING")  # read back as the ledger engine reads
+    assert len(claimed) == 1
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                select(idempotency_records.c.actor, idempotency_records.c.idempotency_key)
+            )
+        ).one()
+    assert tuple(row) == ("zoë", "ключ-✓")
 
 
 async def test_a_statement_larger_than_the_socket_takes_is_sent_in_turns(
@@ -276,4 +343,142 @@ async def test_a_statement_larger_than_the_socket_takes_is_sent_in_turns(
                 operations.c.operation_id == big[0][0]["operation_id"]
             )
         )
-    assert context["body"]["description"] == description
+    assert context is not None and context["body"]["description"] == description
+
+
+# -- how the answer is read, against a scripted libpq ---------------------------------------
+
+
+class _Result:
+    def __init__(self, status: ExecStatus, rows: Sequence[bytes] = ()) -> None:
+        self.status = status
+        self.rows = list(rows)
+        self.ntuples = len(self.rows)
+
+    def get_value(self, row: int, column: int) -> bytes:
+        assert column == 0
+        return self.rows[row]
+
+
+_END = _Result(ExecStatus.EMPTY_QUERY)  # stands for ReadyForQuery: no more results
+
+
+class _ScriptedLibpq:
+    """libpq as `_first_column` drives it. Each arrival (results, or the end)
+    comes in on the `consume_input` after a wait for reading. `get_result`
+    while busy fails the test: the real one would block the thread, and with
+    it the event loop, until the server's next bytes came."""
+
+    socket = 7
+
+    def __init__(self, arrivals: list[list[_Result]], flushes: Sequence[int] = (0,)) -> None:
+        self.arrivals = arrivals
+        self.flushes = list(flushes)
+        self.available: list[_Result] = []
+        self.finished = False
+        self.waited_for_reading = False
+        self.consumed_while_sending = 0
+
+    def flush(self) -> int:
+        return self.flushes.pop(0)
+
+    def consume_input(self) -> None:
+        if self.flushes:
+            self.consumed_while_sending += 1
+        if self.waited_for_reading and self.arrivals:
+            for result in self.arrivals.pop(0):
+                if result is _END:
+                    self.finished = True
+                else:
+                    self.available.append(result)
+        self.waited_for_reading = False
+
+    def is_busy(self) -> int:
+        return int(not self.available and not self.finished)
+
+    def get_result(self) -> _Result | None:
+        if self.is_busy():
+            raise AssertionError("get_result while busy: libpq would block the event loop")
+        return self.available.pop(0) if self.available else None
+
+
+class _Info:
+    encoding = "utf-8"
+
+
+class _Conn:
+    def __init__(self, pgconn: _ScriptedLibpq) -> None:
+        self.pgconn = pgconn
+        self.info = _Info()
+
+
+def _script(
+    monkeypatch: pytest.MonkeyPatch, pgconn: _ScriptedLibpq, answers: Sequence[Ready] = ()
+) -> list[Wait]:
+    """`_ready` answered at once (by `answers` in turn, then "readable"); the waits asked."""
+    waits: list[Wait] = []
+    queued = list(answers)
+
+    async def ready(loop: asyncio.AbstractEventLoop, socket: int, wait: Wait) -> Ready:
+        waits.append(wait)
+        answer = queued.pop(0) if queued else Ready.R
+        if answer & Ready.R:
+            pgconn.waited_for_reading = True
+        return answer
+
+    monkeypatch.setattr(group_statement_module, "_ready", ready)
+    return waits
+
+
+async def test_each_result_is_taken_only_once_libpq_is_not_busy(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows come in one read and the end of the command in the next, as
+    an error and the server's ReadyForQuery do: the second result is taken
+    only after a wait, never with libpq busy."""
+    rows = _Result(ExecStatus.TUPLES_OK, [b"op-1", b"op-2"])
+    pgconn = _ScriptedLibpq([[rows], [_END]])
+    waits = _script(monkeypatch, pgconn)
+    column = await group_statement_module._first_column(_Conn(pgconn))  # type: ignore[arg-type]
+    assert column == [b"op-1", b"op-2"]
+    assert waits == [Wait.R, Wait.R]
+
+
+async def test_an_error_ahead_of_the_end_is_raised_once_the_command_ends(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failure = _Result(ExecStatus.FATAL_ERROR)
+    pgconn = _ScriptedLibpq([[failure], [_END]])
+    _script(monkeypatch, pgconn)
+    made: list[_Result] = []
+
+    def error_from_result(result: _Result, encoding: str) -> psycopg.Error:
+        made.append(result)
+        return psycopg.errors.SerializationFailure("could not serialize access")
+
+    monkeypatch.setattr(psycopg.errors, "error_from_result", error_from_result)
+    with pytest.raises(psycopg.errors.SerializationFailure):
+        await group_statement_module._first_column(_Conn(pgconn))  # type: ignore[arg-type]
+    assert made == [failure]
+    assert pgconn.finished  # read to its end: nothing left on the connection
+
+
+async def test_what_the_server_sends_while_a_send_waits_is_read(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libpq's rule for a send that must wait: the socket is watched for
+    reading too, and what arrived is read before the send goes on."""
+    pgconn = _ScriptedLibpq([[], [_Result(ExecStatus.TUPLES_OK, [b"op"])], [_END]], [1, 1, 0])
+    waits = _script(monkeypatch, pgconn, [Ready.R, Ready.W])
+    assert await group_statement_module._first_column(_Conn(pgconn)) == [b"op"]  # type: ignore[arg-type]
+    assert waits[:2] == [Wait.RW, Wait.RW]
+    assert pgconn.consumed_while_sending == 1
+
+
+async def test_a_copy_answer_is_refused_not_read_for_ever(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pgconn = _ScriptedLibpq([[_Result(ExecStatus.COPY_OUT)]])
+    _script(monkeypatch, pgconn)
+    with pytest.raises(psycopg.ProgrammingError, match="COPY"):
+        await group_statement_module._first_column(_Conn(pgconn))  # type: ignore[arg-type]

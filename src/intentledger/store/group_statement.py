@@ -29,8 +29,10 @@ sends the statement's text with its values.
 
 There is no pre-ping. A connection that fails its statement (the server
 restarted, a pooler dropped it) or whose statement was cancelled midway (the
-server asked to cancel it too, as psycopg asks) is closed and the error goes
-to the caller, which accepts the group's intents one by one on the ledger
+server asked to cancel it too, as psycopg asks; a statement cancelled while
+it is still being sent may yet run, as under psycopg: closing the connection
+sends the rest, and the server ignores a cancel until a statement runs) is
+closed and the error goes to the caller, which accepts the group's intents one by one on the ledger
 engine, whose pre-ping replaces dead connections; the next group opens a new
 connection. A statement error is psycopg's exception for its SQLSTATE, as a
 cursor would raise it.
@@ -69,17 +71,22 @@ _PREPARED_NAME = b"intentledger_accept_group"
 
 def _text(value: object, encoding: str) -> bytes | None:
     """A parameter in PostgreSQL's text form, as psycopg's text dumpers write
-    it; the server types it from the function's signature and the casts."""
+    it; the server types it from the function's signature and the casts.
+    Text goes in the connection's encoding, UTF-8 where that is SQL_ASCII
+    (psycopg's rule), and never with a NUL, which libpq would take for its
+    end (psycopg refuses it too)."""
     if value is None:
         return None
     if isinstance(value, str):
-        return value.encode(encoding)
+        if "\x00" in value:
+            raise psycopg.DataError("PostgreSQL text cannot contain NUL (0x00) bytes")
+        return value.encode("utf-8" if encoding == "ascii" else encoding)
     if isinstance(value, bool):  # before int: True is an int
         return b"t" if value else b"f"
     if isinstance(value, int):
         return str(value).encode("ascii")
     if isinstance(value, datetime):
-        if value.tzinfo is None:
+        if value.utcoffset() is None:
             # Read in the session's time zone it would be another instant.
             raise TypeError("the group statement takes aware instants, not naive ones")
         return value.isoformat().encode("ascii")
@@ -144,10 +151,16 @@ class GroupStatement:
             await conn.close()
 
 
+# What a COPY would answer: libpq hands it back on every call, never ending.
+_COPY = frozenset({ExecStatus.COPY_IN, ExecStatus.COPY_OUT, ExecStatus.COPY_BOTH})
+
+
 async def _first_column(conn: psycopg.AsyncConnection[Any]) -> list[bytes]:
     """What the command just sent returns, once libpq has sent it all and read
     its every result: the first column of its rows, or psycopg's error for
-    the first result that failed."""
+    the first result that failed. libpq's own reads block the thread while
+    the connection is busy, so each result is taken only once it is not, as
+    psycopg's generators take them."""
     pgconn = conn.pgconn
     loop = asyncio.get_running_loop()
     while pgconn.flush():
@@ -155,14 +168,15 @@ async def _first_column(conn: psycopg.AsyncConnection[Any]) -> list[bytes]:
         # meanwhile, or each side may wait for the other.
         if await _ready(loop, pgconn.socket, Wait.RW) & Ready.R:
             pgconn.consume_input()
-    while True:
-        pgconn.consume_input()
-        if not pgconn.is_busy():
-            break
-        await _ready(loop, pgconn.socket, Wait.R)
     column: list[bytes] = []
     failed: psycopg.Error | None = None
-    while (result := pgconn.get_result()) is not None:
+    while True:
+        while pgconn.is_busy():
+            await _ready(loop, pgconn.socket, Wait.R)
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            break
         status = result.status
         if status == ExecStatus.TUPLES_OK:
             column.extend(
@@ -170,6 +184,8 @@ async def _first_column(conn: psycopg.AsyncConnection[Any]) -> list[bytes]:
                 for row in range(result.ntuples)
                 if (value := result.get_value(row, 0)) is not None
             )
+        elif status in _COPY:
+            raise psycopg.ProgrammingError("the group statement cannot be answered by a COPY")
         elif status != ExecStatus.COMMAND_OK and failed is None:
             failed = psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
     if failed is not None:

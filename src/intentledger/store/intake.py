@@ -78,10 +78,11 @@ ACCEPT_GROUP_COLUMNS = (
     "updated_at",
 )
 # The function's call, as SQLAlchemy sends it; store/group_statement.py sends
-# the same in psycopg's placeholders.
+# the same with libpq's placeholders, its values as text: each argument is
+# typed by a cast here or by the function's one signature.
 ACCEPT_GROUP_ARGUMENTS = (
-    "CAST({rows} AS jsonb), {now}, {from_state}, {to_state}, {next_action}, {reason}, "
-    "CAST({keys_claimed} AS boolean), CAST({due_at} AS timestamptz), "
+    "CAST({rows} AS jsonb), CAST({now} AS timestamptz), {from_state}, {to_state}, "
+    "{next_action}, {reason}, CAST({keys_claimed} AS boolean), CAST({due_at} AS timestamptz), "
     "CAST({lease_owner} AS text), CAST({deliveries} AS integer)"
 )
 ACCEPT_GROUP_PARAMETERS = (
