@@ -28,14 +28,15 @@ every other connection (store/database.py: `connect_args`): each group then
 sends the statement's text with its values.
 
 There is no pre-ping. A connection that fails its statement (the server
-restarted, a pooler dropped it) or whose statement was cancelled midway (the
-server asked to cancel it too, as psycopg asks; a statement cancelled while
-it is still being sent may yet run, as under psycopg: closing the connection
-sends the rest, and the server ignores a cancel until a statement runs) is
-closed and the error goes to the caller, which accepts the group's intents one by one on the ledger
-engine, whose pre-ping replaces dead connections; the next group opens a new
-connection. A statement error is psycopg's exception for its SQLSTATE, as a
-cursor would raise it.
+restarted, a pooler dropped it) or whose statement was cancelled midway is
+closed and the error goes to the caller, which accepts the group's intents
+one by one on the ledger engine, whose pre-ping replaces dead connections;
+the next group opens a new connection. A statement error is psycopg's
+exception for its SQLSTATE, as a cursor would raise it. A cancelled
+statement is cancelled on the server too, as psycopg cancels one; one
+cancelled while still being sent may yet run, as under psycopg: closing
+the connection sends the rest, and the server ignores a cancel until a
+statement runs.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ log = logging.getLogger(__name__)
 # How long a cancelled statement's cancel request may take (psycopg's own bound).
 CANCEL_TIMEOUT_SECONDS = 5.0
 
-# libpq's placeholders, by position; the name is psycopg's kind of name for
-# a statement of its own ("_pg3_N") turned ours, so the two never meet.
+# libpq's placeholders, by position. psycopg names the statements it
+# prepares "_pg3_N": this name never meets one of those.
 _ACCEPT_GROUP_SQL = accept_group_call("${1}").encode("ascii")
 _PREPARED_NAME = b"intentledger_accept_group"
 
