@@ -55,14 +55,32 @@ class Goal:
     bound: float
     # How the bound reads when `:g` would not say it well (1/1.3).
     label: str | None = None
+    # This machine's limit, where the goal proved beyond it: the bound this
+    # machine can judge, argued from a baseline measured in the same run
+    # (docs/benchmarks.md, "What would close issue 39"). The goal stays
+    # beside it, judged as before.
+    limit: float | None = None
 
     def met(self, value: float | None) -> bool | None:
+        return self._reaches(value, self.bound)
+
+    def met_at_limit(self, value: float | None) -> bool | None:
+        """Met, or met at this machine's limit where the goal has one."""
+        return self._reaches(value, self.bound if self.limit is None else self.limit)
+
+    def _reaches(self, value: float | None, bound: float) -> bool | None:
         if value is None:
             return None
-        return value >= self.bound if self.at_least else value <= self.bound
+        return value >= bound if self.at_least else value <= bound
 
     def text(self) -> str:
-        return f"{'≥' if self.at_least else '≤'} {self.label or format(self.bound, 'g')}"
+        return f"{self._sign()} {self.label or format(self.bound, 'g')}"
+
+    def limit_text(self) -> str | None:
+        return None if self.limit is None else f"{self._sign()} {self.limit:g}"
+
+    def _sign(self) -> str:
+        return "≥" if self.at_least else "≤"
 
 
 # Issue 18's goals, for a durable server, with issue 6's two that issue 18 left as
@@ -75,7 +93,9 @@ GOALS = (
     Goal("dispatch_ratio", True, 1.0),
     # Dispatch over pgbench running our own batch statements, 32 payments a
     # transaction (issue 39): how much of what the database can settle we do.
-    Goal("dispatch_batch_ratio", True, 0.5),
+    # pgbench's side has no provider call, no JSON and no Python, and on two
+    # shared cores half its rate is more than this machine leaves a worker.
+    Goal("dispatch_batch_ratio", True, 0.5, limit=0.25),
     # One worker process, the provider answering after 200 ms (1,000 until issue 39).
     Goal("latency_bound_per_s", True, 1500, "1,500"),
     Goal("scan_ratio", False, 1.5),
@@ -103,9 +123,11 @@ GOALS = (
     # beside it until the submit timeout.
     Goal("record_delay_p99_ms", False, 50, "50 ms"),
     # CPU per payment (issue 39 item 3): a worker's over the database server's in the
-    # dispatch phase, an API process's over the server's in the intake phase.
-    Goal("dispatch_worker_to_postgres_cpu", False, 1.0),
-    Goal("intake_api_to_postgres_cpu", False, 1.5),
+    # dispatch phase, an API process's over the server's in the intake phase. The
+    # limits are the top of what unchanged code reads from run to run here, with
+    # no piece of our own left that measures above half a per cent.
+    Goal("dispatch_worker_to_postgres_cpu", False, 1.0, limit=1.15),
+    Goal("intake_api_to_postgres_cpu", False, 1.5, limit=1.55),
 )
 
 
@@ -141,6 +163,9 @@ def with_goals(figures: dict[str, Any], *, allow_fast_server: bool = False) -> d
         verdict: dict[str, Any] = {"goal": g.text(), "met": None}
         if judged:
             verdict["met"] = g.met(figures.get(g.key))
+        if g.limit is not None:
+            verdict["limit"] = g.limit_text()
+            verdict["met_at_limit"] = g.met_at_limit(figures.get(g.key)) if judged else None
         if fast:
             verdict["durable_server"] = False
         goals[g.key] = verdict
@@ -163,7 +188,17 @@ def with_goals(figures: dict[str, Any], *, allow_fast_server: bool = False) -> d
         "goals_judged": judged,
         "goals_note": note,
         "goals": goals,
+        "goals_met": _every([v["met"] for v in goals.values()]),
+        "goals_met_at_limits": _every([v.get("met_at_limit", v["met"]) for v in goals.values()]),
     }
+
+
+def _every(verdicts: list[bool | None]) -> bool | None:
+    """Whether every goal was met: None when one was not judged (a phase not
+    run, a server not durable), so a partial run never reads as a whole one."""
+    if any(v is None for v in verdicts):
+        return None
+    return all(verdicts)
 
 
 def _num(value: Any, unit: str = "") -> str:
@@ -190,11 +225,17 @@ def _met(figures: dict[str, Any], key: str) -> str:
     goal = next(g for g in GOALS if g.key == key)
     if not figures.get("goals_judged", True):
         return f"{goal.text()} [yellow]not judged[/yellow]"
-    met = goal.met(figures.get(key))
-    mark = "—" if met is None else ("[green]met[/green]" if met else "[red]not met[/red]")
+    mark = _mark(goal.met(figures.get(key)))
+    if goal.limit is not None:
+        mark += f"; this machine's limit {goal.limit_text()} "
+        mark += _mark(goal.met_at_limit(figures.get(key)))
     if figures.get("server_durable") is False:
         mark += " [yellow](non-durable server)[/yellow]"
     return f"{goal.text()} {mark}"
+
+
+def _mark(met: bool | None) -> str:
+    return "—" if met is None else ("[green]met[/green]" if met else "[red]not met[/red]")
 
 
 def table(figures: dict[str, Any]) -> Table:
@@ -235,6 +276,14 @@ def table(figures: dict[str, Any]) -> Table:
         f"pgbench {_num(f.get('dispatch_pgbench_per_s'), '/s')}",
         _num(f.get("dispatch_ratio")),
         _met(f, "dispatch_ratio"),
+    )
+    out.add_row(
+        f"dispatch against pgbench running our batch statements, "
+        f"{f.get('dispatch_batch')} payments a transaction",
+        _num(f.get("dispatch_per_s"), "/s"),
+        f"pgbench {_num(f.get('dispatch_batch_pgbench_per_s'), '/s')}",
+        _num(f.get("dispatch_batch_ratio")),
+        _met(f, "dispatch_batch_ratio"),
     )
     if f.get("dispatch_sandbox_per_s") is not None:
         out.add_row(
@@ -477,6 +526,14 @@ def table(figures: dict[str, Any]) -> Table:
         "",
         "",
         _met(f, "api_rss_mb"),
+    )
+    out.add_row(
+        "every goal",
+        "",
+        "",
+        "",
+        f"{_mark(f.get('goals_met'))}; at this machine's limits "
+        f"{_mark(f.get('goals_met_at_limits'))}",
     )
     return out
 
