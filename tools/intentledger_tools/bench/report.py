@@ -55,11 +55,17 @@ class Goal:
     bound: float
     # How the bound reads when `:g` would not say it well (1/1.3).
     label: str | None = None
-    # This machine's limit, where the goal proved beyond it: the bound this
-    # machine can judge, argued from a baseline measured in the same run
-    # (docs/benchmarks.md, "What would close issue 39"). The goal stays
-    # beside it, judged as before.
+    # This machine's limit, where the goal proved beyond it: a bound argued
+    # from the baselines the bench measures (docs/benchmarks.md, "What would
+    # close issue 39"). The goal stays beside it, judged as before.
     limit: float | None = None
+
+    def __post_init__(self) -> None:
+        # A limit only ever loosens its goal: one that asked more would be a goal.
+        if self.limit is not None and (
+            self.limit >= self.bound if self.at_least else self.limit <= self.bound
+        ):
+            raise ValueError(f"{self.key}: a limit must be looser than its goal")
 
     def met(self, value: float | None) -> bool | None:
         return self._reaches(value, self.bound)
@@ -93,8 +99,8 @@ GOALS = (
     Goal("dispatch_ratio", True, 1.0),
     # Dispatch over pgbench running our own batch statements, 32 payments a
     # transaction (issue 39): how much of what the database can settle we do.
-    # pgbench's side has no provider call, no JSON and no Python, and on two
-    # shared cores half its rate is more than this machine leaves a worker.
+    # Beyond two shared cores: a worker that cost only its libraries, with
+    # transactions that cost the server what pgbench's do, would read 0.40-0.49.
     Goal("dispatch_batch_ratio", True, 0.5, limit=0.25),
     # One worker process, the provider answering after 200 ms (1,000 until issue 39).
     Goal("latency_bound_per_s", True, 1500, "1,500"),
@@ -123,11 +129,10 @@ GOALS = (
     # beside it until the submit timeout.
     Goal("record_delay_p99_ms", False, 50, "50 ms"),
     # CPU per payment (issue 39 item 3): a worker's over the database server's in the
-    # dispatch phase, an API process's over the server's in the intake phase. The
-    # limits are the top of what unchanged code reads from run to run here, with
-    # no piece of our own left that measures above half a per cent.
-    Goal("dispatch_worker_to_postgres_cpu", False, 1.0, limit=1.15),
-    Goal("intake_api_to_postgres_cpu", False, 1.5, limit=1.55),
+    # dispatch phase, an API process's over the server's in the intake phase. Not
+    # beyond this machine (their bounds sit below them), so no limit.
+    Goal("dispatch_worker_to_postgres_cpu", False, 1.0),
+    Goal("intake_api_to_postgres_cpu", False, 1.5),
 )
 
 
@@ -182,23 +187,32 @@ def with_goals(figures: dict[str, Any], *, allow_fast_server: bool = False) -> d
             "and which flatters commits; the goals are for a durable server "
             "(scripts/with-postgres --durable; --allow-fast-server judges them anyway)"
         )
+    # A whole run on a durable server, or nothing: a quick run's toy sizes
+    # (growth at thousands of rows, not 10 M) and a fast server's verdicts,
+    # even judged by --allow-fast-server, never read as the goals met.
+    whole = not fast and not figures.get("quick")
     return {
         **figures,
         "server_durable": not fast,
         "goals_judged": judged,
         "goals_note": note,
         "goals": goals,
-        "goals_met": _every([v["met"] for v in goals.values()]),
-        "goals_met_at_limits": _every([v.get("met_at_limit", v["met"]) for v in goals.values()]),
+        "goals_met": _every([v["met"] for v in goals.values()]) if whole else None,
+        "goals_met_at_limits": (
+            _every([v.get("met_at_limit", v["met"]) for v in goals.values()]) if whole else None
+        ),
     }
 
 
 def _every(verdicts: list[bool | None]) -> bool | None:
-    """Whether every goal was met: None when one was not judged (a phase not
-    run, a server not durable), so a partial run never reads as a whole one."""
-    if any(v is None for v in verdicts):
+    """Whether every goal was met: False once one was missed, else None while
+    one went unjudged (a phase not run), so a partial run never reads as a
+    whole one."""
+    if False in verdicts:
+        return False
+    if None in verdicts:
         return None
-    return all(verdicts)
+    return True
 
 
 def _num(value: Any, unit: str = "") -> str:
@@ -527,15 +541,22 @@ def table(figures: dict[str, Any]) -> Table:
         "",
         _met(f, "api_rss_mb"),
     )
-    out.add_row(
-        "every goal",
-        "",
-        "",
-        "",
-        f"{_mark(f.get('goals_met'))}; at this machine's limits "
-        f"{_mark(f.get('goals_met_at_limits'))}",
-    )
+    out.add_row("every goal", "", "", "", _every_goal(f))
     return out
+
+
+def _every_goal(figures: dict[str, Any]) -> str:
+    """The run's verdict on every goal at once, or why it has none."""
+    if figures.get("goals_met") is None:
+        if figures.get("server_durable") is False:
+            return "[yellow]not judged: the server is not durable[/yellow]"
+        if figures.get("quick"):
+            return "[yellow]not judged: a quick run[/yellow]"
+        return "[yellow]not judged: a goal's figure is missing[/yellow]"
+    return (
+        f"{_mark(figures.get('goals_met'))}; at this machine's limits "
+        f"{_mark(figures.get('goals_met_at_limits'))}"
+    )
 
 
 def json_line(figures: dict[str, Any]) -> str:
