@@ -75,12 +75,16 @@ class EdgeGuard:
         await self.app(scope, receive, send)
 
 
-async def admit(scope: Scope, receive: Receive, body_timeout: float) -> Receive:
+async def admit(
+    scope: Scope, receive: Receive, body_timeout: float, *, path_checked: bool = False
+) -> Receive:
     """Every check above, for one /v1 request: raises the Problem that refuses
     it, or returns the `receive` its route reads the body from. The intake
-    route calls it directly (api/app.py: LedgerApp); the rest through EdgeGuard."""
+    route calls it directly (api/app.py: LedgerApp), with `path_checked` as
+    it matched its one path exactly; the rest through EdgeGuard."""
     headers = _headers(scope)
-    _refuse_unknown_path(scope["path"])
+    if not path_checked:
+        _refuse_unknown_path(scope["path"])
     if not scope["path"].startswith(SIGNED_PREFIX):
         # Stored in the request's state: routes get it from there (auth.py).
         await authenticate_scope(scope)
