@@ -86,6 +86,18 @@ async def test_an_abort_drops_what_waits_and_a_closed_socket_gets_nothing() -> N
     assert other.writes == []
 
 
+async def test_whether_it_is_closing_is_the_real_transports_and_asked_without_a_miss() -> None:
+    real = RecordingTransport()
+    transport = CoalescingTransport(real, asyncio.get_running_loop())
+    assert transport.is_closing() is False
+    transport.write(b"waiting")
+    transport.close()
+    assert transport.is_closing() is True and real.writes == [b"waiting"]
+    # uvicorn asks after every response: a method of its own, not a miss
+    # that `__getattr__` answers.
+    assert "is_closing" in vars(CoalescingTransport)
+
+
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     assert scope["type"] == "http"
     body = b'{"ok": true}'

@@ -118,6 +118,11 @@ class CoalescingTransport:
     def get_write_buffer_size(self) -> int:
         return self._transport.get_write_buffer_size() + sum(map(len, self._waiting))
 
+    def is_closing(self) -> bool:
+        # uvicorn asks after every response. Found through `__getattr__`, the
+        # lookup would first fail and make an AttributeError each time.
+        return self._transport.is_closing()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
