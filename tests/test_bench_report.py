@@ -394,6 +394,8 @@ def test_a_missed_goal_is_missed_whatever_went_unjudged() -> None:
         ({"postgresql_fsync": "off"}, True, "the server is not durable"),
         ({"postgresql_synchronous_commit": "off"}, True, "the server is not durable"),
         ({"quick": True}, False, "a quick run"),
+        # Every goal's figure can be there: the peer ratio is then Procrastinate's alone.
+        ({"only_phases": ["dispatch", "intake", "peer"]}, False, "some phases only"),
     ],
 )
 def test_a_run_that_cannot_say_is_never_read_as_every_goal_met(
@@ -406,6 +408,17 @@ def test_a_run_that_cannot_say_is_never_read_as_every_goal_met(
     console.print(table(judged))
     every = next(line for line in console.file.getvalue().splitlines() if "every goal" in line)  # type: ignore[attr-defined]
     assert f"not judged: {why}" in every
+
+
+def test_a_fast_servers_limit_is_not_judged_either() -> None:
+    judged = with_goals(figures("off"))
+    assert judged["goals"]["dispatch_batch_ratio"]["met_at_limit"] is None
+    assert (
+        with_goals(figures("off"), allow_fast_server=True)["goals"]["dispatch_batch_ratio"][
+            "met_at_limit"
+        ]
+        is True
+    )
 
 
 def test_the_table_shows_the_batch_ratio_its_limit_and_every_goal() -> None:

@@ -244,6 +244,7 @@ class LedgerApp(FastAPI):
     body_timeout: float = DEFAULT_BODY_TIMEOUT
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Matched exactly, never by prefix: `_take_intent` skips the path's check.
         if scope["type"] == "http" and scope["path"] == PAYMENTS_PATH and scope["method"] == "POST":
             scope["app"] = self
             await self._take_intent(scope, receive, send)

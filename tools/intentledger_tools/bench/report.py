@@ -188,9 +188,10 @@ def with_goals(figures: dict[str, Any], *, allow_fast_server: bool = False) -> d
             "(scripts/with-postgres --durable; --allow-fast-server judges them anyway)"
         )
     # A whole run on a durable server, or nothing: a quick run's toy sizes
-    # (growth at thousands of rows, not 10 M) and a fast server's verdicts,
+    # (growth at thousands of rows, not 10 M), a run of some phases (`--only`:
+    # the peer ratio judged without DBOS, say) and a fast server's verdicts,
     # even judged by --allow-fast-server, never read as the goals met.
-    whole = not fast and not figures.get("quick")
+    whole = not fast and not figures.get("quick") and not figures.get("only_phases")
     return {
         **figures,
         "server_durable": not fast,
@@ -552,6 +553,8 @@ def _every_goal(figures: dict[str, Any]) -> str:
             return "[yellow]not judged: the server is not durable[/yellow]"
         if figures.get("quick"):
             return "[yellow]not judged: a quick run[/yellow]"
+        if figures.get("only_phases"):
+            return "[yellow]not judged: some phases only (--only)[/yellow]"
         return "[yellow]not judged: a goal's figure is missing[/yellow]"
     return (
         f"{_mark(figures.get('goals_met'))}; at this machine's limits "

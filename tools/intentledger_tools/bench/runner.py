@@ -2772,6 +2772,8 @@ def machine_facts(libpq: str, pgbench: str, config: BenchConfig) -> dict[str, An
     )
     return {
         "quick": config.quick,
+        # The phases `--only` named, or null: every phase ran.
+        "only_phases": sorted(config.phases) if config.phases is not None else None,
         "nproc": os.cpu_count(),
         "memory_gb": round(mem_kb / 1024 / 1024, 1),
         "python": platform.python_version(),
