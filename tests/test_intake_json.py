@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
+from enum import Enum
 from zoneinfo import ZoneInfo
 
+import orjson
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from starlette.responses import JSONResponse
 
@@ -17,8 +20,14 @@ from intentledger.api.app import AcceptedIntent
 from intentledger.documents import new_payment_document, operation_document
 from intentledger.domain.canonical import request_hash
 from intentledger.domain.states import NextAction, State
+from intentledger.domain.transport import Transport, Verdict
 from intentledger.engine.intake import IntakeResult, Intent, operation_values
-from intentledger.store.batches import _json_answer_rows, json_rows
+from intentledger.store.batches import (
+    _json_answer_rows,
+    _stdlib_answer_rows,
+    json_instant,
+    json_rows,
+)
 from intentledger.store.intake import json_intake_rows
 from intentledger.store.records import OperationRecord
 
@@ -189,3 +198,122 @@ def test_instants_equal_in_python_but_an_hour_apart_keep_their_own_text() -> Non
         "2026-11-01T06:30:00+00:00",
         "2026-11-01T05:30:00+00:00",
     ]
+
+
+# -- observation rows: a provider's answer, written by orjson where it writes the same JSON --
+
+ANSWER_TEXT = st.lists(
+    st.sampled_from(["a", "é", "😀", "\x00", "\ud800", '"', "\\", "\u2028"]), max_size=4
+).map("".join)
+# Integers past 64 bits and floats of every kind (NaN and the infinities, which
+# orjson would write as null), as a plug-in's answer may hold them.
+ANSWER_NUMBERS = st.integers(-(2**70), 2**70) | st.floats(allow_nan=True, allow_infinity=True)
+
+
+class _Body(dict):  # type: ignore[type-arg]
+    """A plug-in's own mapping: orjson writes a dict's subclass as a dict."""
+
+
+class _Seq(list):  # type: ignore[type-arg]
+    pass
+
+
+class _Float(float):
+    pass
+
+
+class _Amount(Enum):
+    NONE = float("nan")
+    SOME = 1.5
+
+
+ANSWER_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | ANSWER_NUMBERS
+    | ANSWER_TEXT
+    | st.builds(_Float, st.floats(allow_nan=True))
+    | st.sampled_from(_Amount),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.lists(inner, max_size=3).map(_Seq)
+        | st.dictionaries(ANSWER_TEXT, inner, max_size=3)
+        | st.dictionaries(ANSWER_TEXT, inner, max_size=3).map(_Body)
+        | st.dictionaries(st.integers(0, 3), inner, max_size=2)
+    ),
+    max_leaves=20,
+)
+
+
+def _numbers_as_decimals(text: str) -> object:
+    """The JSON's values with every number exact (as jsonb's numeric reads it)."""
+    return json.loads(text, parse_float=Decimal, parse_int=Decimal, parse_constant=str)
+
+
+# Each kind of value orjson would write otherwise than the standard library,
+# or refuse where it writes.
+@example(details=[{"fee": float("nan")}], status=None, micros=0)
+@example(details=[[float("-inf")]], status=200, micros=1)
+@example(details=[(float("inf"),)], status=200, micros=0)
+@example(details=[None], status=float("nan"), micros=0)
+@example(details=[_Body(fee=float("nan"))], status=200, micros=0)
+@example(details=[_Seq([float("nan")])], status=200, micros=0)
+@example(details=[_Float("nan")], status=200, micros=0)
+@example(details=[_Amount.SOME], status=200, micros=0)
+@example(details=[{"n": 2**70}], status=200, micros=0)
+@example(details=[{"\ud800": 1}], status=200, micros=0)
+@example(details=[{1: "a"}], status=200, micros=0)
+@given(
+    details=st.lists(st.none() | ANSWER_VALUES, min_size=1, max_size=3),
+    status=st.none() | st.integers(100, 599) | st.floats(allow_nan=True),
+    micros=st.integers(0, 999_999),
+)
+def test_answer_rows_say_what_the_stdlib_said(
+    details: list[object], status: object, micros: int
+) -> None:
+    """Whatever an answer holds, the group statement's rows are the standard
+    library's JSON: the same text where orjson would write other JSON (NaN,
+    an infinity), the same values everywhere else; and a row the standard
+    library refuses is refused alike."""
+    now = datetime(2026, 12, 7, 18, 0, tzinfo=UTC) + timedelta(microseconds=micros)
+    rows = [
+        {
+            "operation_id": f"op_{n}",
+            "at": now,
+            "transport": Transport.RESPONSE,
+            "verdict": Verdict.SUCCEEDED,
+            "http_status": status,
+            "detail": detail,
+        }
+        for n, detail in enumerate(details)
+    ]
+    try:
+        stdlib = _stdlib_answer_rows(rows)
+    except (TypeError, ValueError) as refused:
+        with pytest.raises(type(refused)):
+            _json_answer_rows(rows)
+        return
+    written = _json_answer_rows(rows)
+    if any(token in stdlib for token in ("NaN", "Infinity")):
+        assert written == stdlib
+    assert _numbers_as_decimals(written) == _numbers_as_decimals(stdlib)
+
+
+def test_a_plain_answer_is_written_by_orjson() -> None:
+    """The guard is not a way round: an answer as the bench's stand-in gives
+    it takes orjson's way (its compact separators), and one with NaN does not."""
+    row = {
+        "operation_id": "op_1",
+        "at": datetime(2026, 12, 7, 18, 0, tzinfo=UTC),
+        "detail": {"body": {"id": "ch_1", "status": "succeeded", "amount": 1.25}},
+    }
+    assert (
+        _json_answer_rows([row])
+        == orjson.dumps(
+            [row], option=orjson.OPT_PASSTHROUGH_DATETIME, default=json_instant
+        ).decode()
+    )
+    nan = {**row, "detail": {"body": [{"fee": float("nan")}]}}
+    assert _json_answer_rows([nan]) == _stdlib_answer_rows([nan])
+    assert '"fee": NaN' in _json_answer_rows([nan])
