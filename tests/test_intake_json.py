@@ -301,8 +301,9 @@ def test_answer_rows_say_what_the_stdlib_said(
 
 
 def test_a_plain_answer_is_written_by_orjson() -> None:
-    """The guard is not a way round: an answer as the bench's stand-in gives
-    it takes orjson's way (its compact separators), and one with NaN does not."""
+    """The walk does not send every row to the standard library: an answer
+    as the bench's stand-in gives it is written by orjson (its compact
+    separators), and one with NaN by the standard library."""
     row = {
         "operation_id": "op_1",
         "at": datetime(2026, 12, 7, 18, 0, tzinfo=UTC),

@@ -493,8 +493,9 @@ def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
 def _json_answer_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     """Observation rows, whose `detail` is a provider's answer as parsed,
     written as the standard library writes them (`_stdlib_answer_rows`),
-    by orjson wherever that writes the same JSON: at about a seventh of the
-    standard library's CPU (docs/benchmarks.md, "Answers written by orjson").
+    by orjson wherever that writes the same JSON: about half the standard
+    library's CPU, the walk below included (docs/benchmarks.md, "Answers
+    written by orjson").
 
     orjson differs from the standard library in two ways that matter here.
     It refuses an integer beyond 64 bits, a lone surrogate, a name that is
