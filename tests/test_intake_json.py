@@ -5,9 +5,10 @@ store/intake.py, api/app.py)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
-from enum import Enum
+from enum import Enum, IntEnum
 from zoneinfo import ZoneInfo
 
 import orjson
@@ -23,6 +24,7 @@ from intentledger.domain.states import NextAction, State
 from intentledger.domain.transport import Transport, Verdict
 from intentledger.engine.intake import IntakeResult, Intent, operation_values
 from intentledger.store.batches import (
+    _CONTAINERS_WALKED_AT_MOST,
     _json_answer_rows,
     _stdlib_answer_rows,
     json_instant,
@@ -227,32 +229,66 @@ class _Amount(Enum):
     SOME = 1.5
 
 
+class _Text(str):
+    pass
+
+
+class _Count(IntEnum):
+    ONE = 1
+
+
+@dataclass
+class _Faked:
+    """Says it is text (`isinstance` believes it): a dataclass, which orjson
+    would write and the standard library refuses."""
+
+    amount: int = 1
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # type: ignore[override]
+        return str
+
+
 ANSWER_VALUES = st.recursive(
     st.none()
     | st.booleans()
     | ANSWER_NUMBERS
     | ANSWER_TEXT
     | st.builds(_Float, st.floats(allow_nan=True))
-    | st.sampled_from(_Amount),
+    | st.sampled_from(_Amount)
+    | st.sampled_from(Transport)
+    | st.sampled_from(_Count)
+    | ANSWER_TEXT.map(_Text)
+    | st.datetimes(timezones=st.sampled_from([UTC, ZoneInfo("Europe/London")])),
     lambda inner: (
         st.lists(inner, max_size=3)
         | st.lists(inner, max_size=3).map(tuple)
         | st.lists(inner, max_size=3).map(_Seq)
         | st.dictionaries(ANSWER_TEXT, inner, max_size=3)
         | st.dictionaries(ANSWER_TEXT, inner, max_size=3).map(_Body)
-        | st.dictionaries(st.integers(0, 3), inner, max_size=2)
+        | st.dictionaries(
+            st.integers(0, 3) | st.booleans() | st.none() | ANSWER_TEXT.map(_Text),
+            inner,
+            max_size=2,
+        )
     ),
     max_leaves=20,
 )
 
 
-def _numbers_as_decimals(text: str) -> object:
-    """The JSON's values with every number exact (as jsonb's numeric reads it)."""
-    return json.loads(text, parse_float=Decimal, parse_int=Decimal, parse_constant=str)
+def _json_values(text: str) -> object:
+    """The JSON's values as jsonb reads them: every number exact, an integer
+    told from a fraction, a boolean from a number and NaN from its text."""
+    return json.loads(
+        text,
+        parse_float=lambda number: ("fraction", Decimal(number)),
+        parse_int=lambda number: ("integer", int(number)),
+        parse_constant=lambda constant: ("constant", constant),
+    )
 
 
-# Each kind of value orjson would write otherwise than the standard library,
-# or refuse where it writes.
+# Each kind of value orjson would write otherwise than the standard library
+# writes it, write where the standard library refuses, or refuse.
 @example(details=[{"fee": float("nan")}], status=None, micros=0)
 @example(details=[[float("-inf")]], status=200, micros=1)
 @example(details=[(float("inf"),)], status=200, micros=0)
@@ -264,6 +300,10 @@ def _numbers_as_decimals(text: str) -> object:
 @example(details=[{"n": 2**70}], status=200, micros=0)
 @example(details=[{"\ud800": 1}], status=200, micros=0)
 @example(details=[{1: "a"}], status=200, micros=0)
+@example(details=[{True: "a", None: "b"}], status=200, micros=0)
+@example(details=[{_Text("k"): "a"}], status=200, micros=0)
+@example(details=[_Faked()], status=200, micros=0)
+@example(details=[[[[1.5]]] * 3, {"at": datetime(2026, 12, 7, tzinfo=UTC)}], status=200, micros=0)
 @given(
     details=st.lists(st.none() | ANSWER_VALUES, min_size=1, max_size=3),
     status=st.none() | st.integers(100, 599) | st.floats(allow_nan=True),
@@ -288,16 +328,47 @@ def test_answer_rows_say_what_the_stdlib_said(
         }
         for n, detail in enumerate(details)
     ]
+    _say_what_the_stdlib_said(rows)
+
+
+def _say_what_the_stdlib_said(rows: list[dict[str, object]]) -> None:
     try:
         stdlib = _stdlib_answer_rows(rows)
-    except (TypeError, ValueError) as refused:
-        with pytest.raises(type(refused)):
+    except Exception as refused:
+        with pytest.raises(Exception) as raised:
             _json_answer_rows(rows)
+        assert raised.type is type(refused)
         return
     written = _json_answer_rows(rows)
     if any(token in stdlib for token in ("NaN", "Infinity")):
         assert written == stdlib
-    assert _numbers_as_decimals(written) == _numbers_as_decimals(stdlib)
+    assert _json_values(written) == _json_values(stdlib)
+
+
+def test_an_answer_that_holds_itself_is_refused_as_the_stdlib_refuses_it() -> None:
+    """A plug-in's answer can hold itself, which no parsed body can: the walk
+    must end (the standard library raises), however many times it does."""
+    looped: list[object] = []
+    looped.append(looped)
+    twice: list[object] = []
+    twice.extend([twice, twice])
+    itself: dict[str, object] = {}
+    itself["again"] = itself
+    for detail in (looped, twice, itself):
+        _say_what_the_stdlib_said([{"operation_id": "op_1", "detail": detail}])
+
+
+def test_a_deep_or_wide_answer_is_written_as_the_stdlib_writes_it() -> None:
+    """Past orjson's depth, and past the walk's count of containers, the
+    standard library writes what it writes."""
+    deep: object = 1
+    for _ in range(300):
+        deep = [deep]
+    wide = [[n] for n in range(_CONTAINERS_WALKED_AT_MOST + 1)]
+    for detail in (deep, wide):
+        rows = [{"operation_id": "op_1", "detail": detail}]
+        _say_what_the_stdlib_said(rows)
+        assert _json_answer_rows(rows) == _stdlib_answer_rows(rows)
 
 
 def test_a_plain_answer_is_written_by_orjson() -> None:

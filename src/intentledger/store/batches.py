@@ -34,6 +34,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
 
 from intentledger.domain.states import NextAction, State
+from intentledger.domain.transport import Transport, Verdict
 from intentledger.store.direct import LedgerConnection
 from intentledger.store.ids import IDS, among_ids, id_reads
 from intentledger.store.ledger import ConcurrentUpdate, Ledger, OperationWrite
@@ -493,9 +494,9 @@ def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
 def _json_answer_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     """Observation rows, whose `detail` is a provider's answer as parsed,
     written as the standard library writes them (`_stdlib_answer_rows`),
-    by orjson wherever that writes the same JSON: about half the standard
-    library's CPU, the walk below included (docs/benchmarks.md, "Answers
-    written by orjson").
+    by orjson wherever that writes the same JSON: about three fifths of the
+    standard library's CPU, the walk below included (docs/benchmarks.md,
+    "Answers written by orjson").
 
     orjson differs from the standard library in two ways that matter here.
     It refuses an integer beyond 64 bits, a lone surrogate, a name that is
@@ -523,21 +524,31 @@ def _stdlib_answer_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     return json.dumps(rows, default=_instants_written_once(), ensure_ascii=False)
 
 
-# The kinds of value both encoders write as themselves (an enum of text or
-# integers as its value), or hand to `default` (an instant): the plain ones,
-# and each subclass met once (a state, a verdict).
-_WRITTEN_AS_THEMSELVES: set[type] = {str, int, bool, type(None), datetime}
+# The types both encoders write as themselves (an enum of text as its
+# value), or hand to `default` (an instant): the plain ones and the rows' own
+# columns, told apart by `type()` at the cost of a set lookup.
+_WRITTEN_AS_THEMSELVES = frozenset(
+    {str, int, bool, type(None), datetime, State, NextAction, Transport, Verdict}
+)
+# The most dicts, lists and tuples one call walks before it leaves the rows
+# to the standard library: a cycle (a plug-in's answer that holds itself)
+# would keep the walk going for ever, where the standard library raises.
+_CONTAINERS_WALKED_AT_MOST = 10_000
 
 
 def _written_alike_by_orjson(value: Any) -> bool:
     """Whether orjson, if it writes `value` at all, writes the JSON the
     standard library writes: its dicts, lists and tuples hold only text,
     integers (an enum of either kind too), booleans, null, finite floats
-    and instants. Anything else (NaN or an infinity, a subclass of a float,
-    dict or list, an enum of other values, a type only orjson knows) is the
-    standard library's to write or refuse. Without recursion: a plug-in's
-    answer may nest deeper than the stack goes."""
+    and instants (both hand those to `default`). Anything else (NaN or an
+    infinity, a subclass of a float, dict or list, an enum of other values,
+    a type only orjson knows, more containers than a cycle-free answer
+    holds) is the standard library's to write or refuse. Without
+    recursion: a plug-in's answer may nest deeper than the stack goes.
+    Types are told by `type()`, which an object cannot fake as it can its
+    `__class__`."""
     pending = [value]
+    containers = _CONTAINERS_WALKED_AT_MOST
     while pending:
         item = pending.pop()
         kind = type(item)
@@ -546,13 +557,12 @@ def _written_alike_by_orjson(value: Any) -> bool:
         if kind is float:
             if not math.isfinite(item):
                 return False
-        elif kind is dict:
-            pending.extend(item.values())
-        elif kind is list or kind is tuple:
-            pending.extend(item)
-        elif isinstance(item, str | int | datetime):
-            _WRITTEN_AS_THEMSELVES.add(kind)
-        else:
+        elif kind is dict or kind is list or kind is tuple:
+            containers -= 1
+            if containers < 0:
+                return False
+            pending.extend(item.values() if kind is dict else item)
+        elif not issubclass(kind, str | int | datetime):
             return False
     return True
 
