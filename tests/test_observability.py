@@ -72,6 +72,20 @@ def test_json_formatter_writes_one_object_per_line_with_the_context() -> None:
     assert "operation_id" not in json.loads(JsonFormatter().format(_record("plain")))
 
 
+def test_a_context_leaves_out_none_and_ends_with_its_block_even_on_an_error() -> None:
+    def fields() -> dict[str, object]:
+        document = json.loads(JsonFormatter().format(_record("x")))
+        return {k: document[k] for k in ("operation_id", "attempt", "worker") if k in document}
+
+    with log_context(operation_id="op_1", attempt=None):
+        assert fields() == {"operation_id": "op_1"}
+        with pytest.raises(ValueError), log_context(attempt=3, operation_id="op_2"):
+            assert fields() == {"operation_id": "op_2", "attempt": 3}
+            raise ValueError("inside")
+        assert fields() == {"operation_id": "op_1"}
+    assert fields() == {}
+
+
 def test_json_formatter_keeps_the_traceback_inside_the_object() -> None:
     try:
         raise ValueError("boom")

@@ -291,3 +291,57 @@ async def test_an_answer_is_not_held_for_a_group_already_committing(
         assert quick_done_while_slow_committed
     else:
         assert not quick_done_while_slow_committed
+
+
+async def test_a_cancelled_caller_leaves_its_answer_to_its_group(
+    engine: AsyncEngine, sandbox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller of `record` cancelled (a stopping worker) cancels only its own
+    wait: an answer already in a committing group is written all the same,
+    and one still waiting beside a second answer for its operation leaves the
+    queue forming and committing groups."""
+    settle = BatchLedger.settle
+    calls: list[float] = []
+
+    async def first_one_slow(self: BatchLedger, *args: Any, **kwargs: Any) -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            await asyncio.sleep(0.5)  # the group is mid-commit when its caller goes
+        await settle(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchLedger, "settle", first_one_slow)
+    clock = MovableClock()
+    committing = await accept(engine, clock, "pm_ok", key="committing")
+    twice = await accept(engine, clock, "pm_ok", key="twice")
+    worker = make_worker(engine, sandbox, clock, record_window=timedelta(milliseconds=300))
+    async with engine.begin() as conn:
+        claimed = await BatchLedger(conn).claim_outbox_rows(
+            clock(), timedelta(minutes=5), worker.worker_id, 10
+        )
+    prepared, _ = await pre_submit(worker.dispatcher, claimed)
+    by_operation = {p.row.operation_id: p for p in prepared}
+    answers = {
+        op: await worker.dispatcher.provider.submit(by_operation[op].submission.request)
+        for op in (committing, twice)
+    }
+    queue = worker.settlements
+
+    def sent(op: str) -> Sent:
+        return Sent(by_operation[op], answers[op], answered_now())
+
+    gone = asyncio.create_task(queue.record(sent(committing)))
+    await asyncio.sleep(0.4)  # past the window: its group is in the slow commit
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    # The same operation's answer twice, the second's caller gone before the
+    # group forms: the queue must still commit the first.
+    first = asyncio.create_task(queue.record(sent(twice)))
+    second = asyncio.create_task(queue.record(sent(twice)))
+    await asyncio.sleep(0.05)
+    second.cancel()
+    await asyncio.wait_for(first, 10)
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    await until_states(engine, [committing, twice], "OUTCOME_KNOWN", within=5.0)
+    assert [len(await rows(engine, observations, op)) for op in (committing, twice)] == [1, 1]

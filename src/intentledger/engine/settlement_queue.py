@@ -150,9 +150,11 @@ class SettlementQueue:
             self._company.set()
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit_while_waiting())
-        # Shielded: a cancelled caller (a stopping worker) must not take the
-        # answer out of a group that is already writing it.
-        if await asyncio.shield(waiting.settled):
+        # A cancelled caller (a stopping worker) cancels only this future: the
+        # answer stays in its group, which writes it all the same, and every
+        # `set_result` below skips a future already done. Not `asyncio.shield`,
+        # whose second future and callback cost every answer 2-3 µs.
+        if await waiting.settled:
             return
         await self.dispatcher.record(sent.row, sent.submission, sent.answer, sent.answered)
 
@@ -209,7 +211,8 @@ class SettlementQueue:
         while self._waiting and len(group) < self.max_group:
             waiting = self._waiting.popleft()
             if waiting.sent.row.operation_id in operations:
-                waiting.settled.set_result(False)
+                if not waiting.settled.done():
+                    waiting.settled.set_result(False)
             else:
                 operations.add(waiting.sent.row.operation_id)
                 group.append(waiting)

@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -38,14 +37,23 @@ _RECORD_ATTRIBUTES = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__d
 }
 
 
-@contextmanager
-def log_context(**fields: Any) -> Iterator[None]:
-    """Fields added to every line logged inside the block (None values are left out)."""
-    token = _CONTEXT.set({**_CONTEXT.get(), **_present(fields)})
-    try:
-        yield
-    finally:
-        _CONTEXT.reset(token)
+class log_context:  # a lower-case name: it reads as the function it replaced
+    """Fields added to every line logged inside the block (None values are left out).
+
+    A class, not `contextlib.contextmanager`: every payment a worker delivers
+    enters one, and a generator's context manager cost 2.5 µs of which this
+    takes about 1 (docs/benchmarks.md, "Smaller pieces of a payment's glue")."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: Any) -> None:
+        self._fields = fields
+
+    def __enter__(self) -> None:
+        self._token = _CONTEXT.set({**_CONTEXT.get(), **_present(self._fields)})
+
+    def __exit__(self, *exc_info: object) -> None:
+        _CONTEXT.reset(self._token)
 
 
 def bind_log_context(**fields: Any) -> None:
@@ -53,8 +61,12 @@ def bind_log_context(**fields: Any) -> None:
     _CONTEXT.set({**_CONTEXT.get(), **_present(fields)})
 
 
-def _present(fields: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: value for name, value in fields.items() if value is not None}
+def _present(fields: Mapping[str, Any]) -> Mapping[str, Any]:
+    # Most contexts name no None: those are merged as they are.
+    for value in fields.values():
+        if value is None:
+            return {name: value for name, value in fields.items() if value is not None}
+    return fields
 
 
 def context_of(record: logging.LogRecord) -> dict[str, Any]:
