@@ -330,7 +330,10 @@ async def test_a_cancelled_caller_leaves_its_answer_to_its_group(
         return Sent(by_operation[op], answers[op], answered_now())
 
     gone = asyncio.create_task(queue.record(sent(committing)))
-    await asyncio.sleep(0.4)  # past the window: its group is in the slow commit
+    deadline = time.monotonic() + 5
+    while not calls:  # until its group is in the slow commit
+        assert time.monotonic() < deadline, "the group never began its commit"
+        await asyncio.sleep(0.01)
     gone.cancel()
     with pytest.raises(asyncio.CancelledError):
         await gone
@@ -345,3 +348,4 @@ async def test_a_cancelled_caller_leaves_its_answer_to_its_group(
         await second
     await until_states(engine, [committing, twice], "OUTCOME_KNOWN", within=5.0)
     assert [len(await rows(engine, observations, op)) for op in (committing, twice)] == [1, 1]
+    assert len(calls) == 2  # the cancelled caller's group, then the twice-sent's

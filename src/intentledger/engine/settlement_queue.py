@@ -150,9 +150,12 @@ class SettlementQueue:
             self._company.set()
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit_while_waiting())
-        # A cancelled caller (a stopping worker) cancels only this future: the
-        # answer stays in its group, which writes it all the same, and every
-        # `set_result` below skips a future already done. Not `asyncio.shield`,
+        # A cancelled caller (a stopping worker) cancels only this future, and
+        # every `set_result` below skips a future already done. Its answer
+        # stays where it was, waiting or in its group, and is written if its
+        # group settles it; one left to its task is then recorded by no one
+        # (the row's lease makes it due again, and the resumed delivery finds
+        # it SUBMITTING), as when the wait was shielded. Not `asyncio.shield`,
         # whose second future and callback cost every answer 2-3 µs.
         if await waiting.settled:
             return
