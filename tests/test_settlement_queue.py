@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -248,6 +249,25 @@ async def test_a_worker_cancelled_while_it_drains_still_records_every_answer(
     assert worker.in_flight == 0
 
 
+async def answered_outside_the_queue(
+    engine: AsyncEngine, clock: MovableClock, worker: Worker, operation_ids: list[str]
+) -> Callable[[str], Sent]:
+    """Claim and pre-submit the due rows, and call the provider for each of
+    `operation_ids`, outside any queue: each answer's `Sent`, made when asked
+    (its arrival instant then), for a test to hand to the queue itself."""
+    async with engine.begin() as conn:
+        claimed = await BatchLedger(conn).claim_outbox_rows(
+            clock(), timedelta(minutes=5), worker.worker_id, 10
+        )
+    prepared, _ = await pre_submit(worker.dispatcher, claimed)
+    by_operation = {p.row.operation_id: p for p in prepared}
+    answers = {
+        op: await worker.dispatcher.provider.submit(by_operation[op].submission.request)
+        for op in operation_ids
+    }
+    return lambda op: Sent(by_operation[op], answers[op], answered_now())
+
+
 async def test_an_answer_is_not_held_for_a_group_already_committing(
     engine: AsyncEngine, sandbox: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -268,22 +288,11 @@ async def test_an_answer_is_not_held_for_a_group_already_committing(
     slow = await accept(engine, clock, "pm_ok", key="slow")
     quick = await accept(engine, clock, "pm_ok", key="quick")
     worker = make_worker(engine, sandbox, clock, record_window=timedelta(0))
-    async with engine.begin() as conn:
-        claimed = await BatchLedger(conn).claim_outbox_rows(
-            clock(), timedelta(minutes=5), worker.worker_id, 10
-        )
-    prepared, _ = await pre_submit(worker.dispatcher, claimed)
-    by_operation = {p.row.operation_id: p for p in prepared}
-    answers = {
-        op: await worker.dispatcher.provider.submit(by_operation[op].submission.request)
-        for op in (slow, quick)
-    }
+    sent = await answered_outside_the_queue(engine, clock, worker, [slow, quick])
     queue = worker.settlements
-    first = asyncio.create_task(
-        queue.record(Sent(by_operation[slow], answers[slow], answered_now()))
-    )
+    first = asyncio.create_task(queue.record(sent(slow)))
     await asyncio.sleep(0.2)  # the first group is in its slow commit
-    await queue.record(Sent(by_operation[quick], answers[quick], answered_now()))
+    await queue.record(sent(quick))
     quick_done_while_slow_committed = not first.done()
     await first
     assert [(await operation(engine, op)).outcome for op in (slow, quick)] == ["succeeded"] * 2
@@ -314,20 +323,8 @@ async def test_a_cancelled_caller_leaves_its_answer_to_its_group(
     committing = await accept(engine, clock, "pm_ok", key="committing")
     twice = await accept(engine, clock, "pm_ok", key="twice")
     worker = make_worker(engine, sandbox, clock, record_window=timedelta(milliseconds=300))
-    async with engine.begin() as conn:
-        claimed = await BatchLedger(conn).claim_outbox_rows(
-            clock(), timedelta(minutes=5), worker.worker_id, 10
-        )
-    prepared, _ = await pre_submit(worker.dispatcher, claimed)
-    by_operation = {p.row.operation_id: p for p in prepared}
-    answers = {
-        op: await worker.dispatcher.provider.submit(by_operation[op].submission.request)
-        for op in (committing, twice)
-    }
+    sent = await answered_outside_the_queue(engine, clock, worker, [committing, twice])
     queue = worker.settlements
-
-    def sent(op: str) -> Sent:
-        return Sent(by_operation[op], answers[op], answered_now())
 
     gone = asyncio.create_task(queue.record(sent(committing)))
     deadline = time.monotonic() + 5
