@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.ports import free_port
@@ -33,6 +34,32 @@ def wait_until(
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def until_backend(
+    engine: AsyncEngine, pid: int, state: Callable[[str | None], bool], seconds: float = 5.0
+) -> str | None:
+    """What PostgreSQL's server process `pid` waits on, once `state` accepts it
+    or `seconds` have passed: None once it is gone, '' while it runs, else its
+    `wait_event_type` ('Lock'). Each look is a transaction of its own: a
+    transaction's `pg_stat_activity` holds still from its first read, so a
+    loop inside one sees the first answer for ever."""
+    deadline = time.monotonic() + seconds
+    while True:
+        async with engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    text(
+                        "SELECT coalesce(wait_event_type, '') FROM pg_stat_activity"
+                        " WHERE pid = :pid"
+                    ),
+                    {"pid": pid},
+                )
+            ).first()
+        seen = None if row is None else str(row[0])
+        if state(seen) or time.monotonic() >= deadline:
+            return seen
+        await asyncio.sleep(0.02)
 
 
 class Process:

@@ -23,6 +23,7 @@ from intentledger.store import group_statement as group_statement_module
 from intentledger.store.group_statement import GroupStatement, group_statement_for
 from intentledger.store.intake import ACCEPT_GROUP_COLUMNS
 from intentledger.store.tables import idempotency_records, operations, outbox, transitions
+from tests.support import until_backend
 
 ROUTE = "POST /v1/payments"
 
@@ -241,13 +242,7 @@ async def test_a_group_on_a_connection_that_died_is_tried_again_and_loses_nothin
     pid = statement._conn.info.backend_pid
     async with engine.connect() as conn:
         assert await conn.scalar(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-        for _ in range(100):
-            gone = not await conn.scalar(
-                text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
-            )
-            if gone:
-                break
-            await asyncio.sleep(0.05)
+    assert await until_backend(engine, pid, lambda seen: seen is None) is None
     on_ledger = record_statements(engine)
     during = await asyncio.gather(*(groups.accept(intent(f"d{n}")) for n in range(5)))
     assert all(isinstance(r, IntakeResult) and not r.replayed for r in during)

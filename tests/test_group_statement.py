@@ -16,7 +16,7 @@ import pytest
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq import ExecStatus
 from psycopg.waiting import Ready, Wait
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.domain.canonical import request_hash
@@ -27,6 +27,7 @@ from intentledger.store.database import Pooler, libpq_url
 from intentledger.store.group_statement import GroupStatement, _text
 from intentledger.store.intake import Accepted, IntakeLedger
 from intentledger.store.tables import idempotency_records, operations, outbox, transitions
+from tests.support import until_backend
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"])
 
@@ -188,19 +189,8 @@ async def test_a_statement_cancelled_midway_leaves_its_connection_and_nothing_wr
         waiting = asyncio.create_task(
             statement.accept_group(group([intent("contended")], now), ACCEPTED_REASON, now)
         )
-        async with engine.connect() as conn:
-            for _ in range(200):
-                lock_waits = await conn.scalar(
-                    text(
-                        "SELECT count(*) FROM pg_stat_activity "
-                        "WHERE pid = :pid AND wait_event_type = 'Lock'"
-                    ),
-                    {"pid": pid},
-                )
-                if lock_waits:
-                    break
-                await asyncio.sleep(0.02)
-        assert lock_waits == 1, "the group never waited on the held key"
+        waits_on = await until_backend(engine, pid, lambda seen: seen == "Lock")
+        assert waits_on == "Lock", "the group never waited on the held key"
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
@@ -208,15 +198,8 @@ async def test_a_statement_cancelled_midway_leaves_its_connection_and_nothing_wr
         # The server stopped the statement: its backend ends while the key is
         # still held. Closing the connection alone would leave it waiting for
         # the key, and then commit the group.
-        async with engine.connect() as conn:
-            for _ in range(250):
-                gone = not await conn.scalar(
-                    text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
-                )
-                if gone:
-                    break
-                await asyncio.sleep(0.02)
-        assert gone, "the cancelled statement's backend still waits for the key"
+        after_cancel = await until_backend(engine, pid, lambda seen: seen is None)
+        assert after_cancel is None, "the cancelled statement's backend still waits for the key"
         await held.rollback()
         await blocker.close()
         claimed = await statement.accept_group(
