@@ -23,7 +23,8 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 from psycopg import sql
-from sqlalchemy import insert, select, text
+from sqlalchemy import BigInteger, DateTime, Text, bindparam, insert, select, text
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import (
     DBAPIError,
     IntegrityError,
@@ -37,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from intentledger.engine.settlement_queue import Sent, answered_now, record_together
 from intentledger.store.batches import BatchLedger
 from intentledger.store.database import create_ledger_engine, libpq_url, lost_connection
-from intentledger.store.direct import DirectConnection, DirectConnections
+from intentledger.store.direct import DirectConnection, DirectConnections, _numbered
 from intentledger.store.ids import among_ids
 from intentledger.store.ledger import Ledger
 from intentledger.store.records import OperationRecord, OutboxRecord
@@ -544,3 +545,100 @@ async def test_a_failing_count_at_commit_does_not_unmake_the_commit(
 
     assert await direct.run(work) == 1
     assert counted == ["next"]
+
+
+def test_a_statements_placeholders_are_numbered_as_psycopg_numbers_them() -> None:
+    """SQLAlchemy writes `%(name)s` and `%%`; libpq takes `$n`. A name used
+    twice is one parameter, a doubled percent sign is one, and a lone one is
+    refused, as psycopg refuses it."""
+    numbered, order = _numbered("SELECT %(a)s, %(b_1)s, %(a)s, 'ten %%' WHERE x = %(c)s")
+    assert numbered == b"SELECT $1, $2, $1, 'ten %' WHERE x = $3"
+    assert order == ("a", "b_1", "c")
+    with pytest.raises(ValueError, match="lone %"):
+        _numbered("SELECT 5 % 3")
+
+
+async def _prepared_here(conn: DirectConnection) -> set[str]:
+    rows = await conn.execute(text("SELECT name FROM pg_prepared_statements"))
+    return {row.name for row in rows}
+
+
+async def test_statements_are_prepared_once_per_connection_and_outlive_a_rollback(
+    pg: tuple[AsyncEngine, str], direct: DirectConnections
+) -> None:
+    """Each statement is prepared on its first use on a connection and run
+    by name after, whatever its transaction's end: psycopg prepares nothing
+    of its own there, so its rollback (which deallocates every statement
+    once it has prepared one) never takes ours. An executemany, sent by
+    psycopg's cursor, runs often enough to be prepared by psycopg's rule."""
+    engine, _ = pg
+    scene = Scene(engine)
+    operation_id = await pay(scene, "bea", "prepared")
+
+    async def failing(conn: DirectConnection) -> None:
+        row = {
+            "operation_id": operation_id,
+            "actor": "bea",
+            "from_state": "ACCEPTED",
+            "to_state": "ACCEPTED",
+            "next_action": "submit",
+            "reason": "taken back",
+            "source": "test",
+            "at": scene.clock(),
+        }
+        for _ in range(6):
+            await conn.execute(insert(transitions), [row, row])
+        await conn.execute(text("SELECT 1 / 0"))
+
+    assert await direct.run(_one) == 1
+    first = await direct.run(_prepared_here)
+    assert len(first) == 2 and all(name.startswith("_intentledger_") for name in first)
+    with pytest.raises(DBAPIError, match="division by zero"):
+        await direct.run(failing)
+    # Still there, run by name (nothing new prepared for the same statements),
+    # and none of psycopg's own.
+    assert await direct.run(_one) == 1
+    after = await direct.run(_prepared_here)
+    assert first < after and not any(name.startswith("_pg3_") for name in after)
+    assert await direct.run(_prepared_here) == after
+
+
+async def test_behind_a_pooler_nothing_is_prepared(pg: tuple[AsyncEngine, str]) -> None:
+    engine, url = pg
+    pooled = DirectConnections(url, engine.dialect, pooler="pgbouncer")
+    try:
+        for _ in range(6):
+            assert await pooled.run(_one) == 1
+        assert await pooled.run(_prepared_here) == set()
+    finally:
+        await pooled.close()
+
+
+async def test_values_of_one_statement_in_every_size_and_kind_come_back_as_sent(
+    direct: DirectConnections,
+) -> None:
+    """One statement, prepared once per kind of its values' types: an integer
+    psycopg sends as int2 or int8 by its size, a null, text that is
+    not ASCII, a list, an instant each come back as sent."""
+    statement = select(
+        bindparam("number", type_=BigInteger()).label("number"),
+        bindparam("word", type_=Text()).label("word"),
+        bindparam("words", type_=postgresql.ARRAY(Text())).label("words"),
+        bindparam("at", type_=DateTime(timezone=True)).label("at"),
+    )
+    at = datetime(2026, 12, 7, 23, 0, tzinfo=UTC)
+    sent = [
+        (1, "zoë", ["a", "ключ"], at),
+        (2**40, None, [], at),
+        (-(2**62), "x", ["'", '"', "%"], at + timedelta(microseconds=1)),
+        (3, "again", ["b"], at),
+    ]
+
+    async def each(conn: DirectConnection) -> list[tuple[Any, ...]]:
+        got = []
+        for number, word, words, instant in sent:
+            parameters = {"number": number, "word": word, "words": words, "at": instant}
+            got.append(tuple((await conn.execute(statement, parameters)).one()))
+        return got
+
+    assert await direct.run(each) == [tuple(row) for row in sent]

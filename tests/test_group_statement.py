@@ -23,6 +23,7 @@ from intentledger.domain.canonical import request_hash
 from intentledger.engine.clock import system_clock
 from intentledger.engine.intake import ACCEPTED_REASON, Intent, accepted_by, operation_values
 from intentledger.store import group_statement as group_statement_module
+from intentledger.store import libpq as libpq_module
 from intentledger.store.database import Pooler, libpq_url
 from intentledger.store.group_statement import GroupStatement, _text
 from intentledger.store.intake import Accepted, IntakeLedger
@@ -303,13 +304,13 @@ async def test_a_statement_larger_than_the_socket_takes_is_sent_in_turns(
     it in turns, the statement waiting for the socket between them (and
     reading what the server sends meanwhile), and every byte arrives."""
     waits: list[Wait] = []
-    original = group_statement_module._ready
+    original = libpq_module.ready
 
     async def counted(loop: asyncio.AbstractEventLoop, fileno: int, wait: Wait) -> Ready:
         waits.append(wait)
         return await original(loop, fileno, wait)
 
-    monkeypatch.setattr(group_statement_module, "_ready", counted)
+    monkeypatch.setattr(libpq_module, "ready", counted)
     description = "ü" * (8 * 1024 * 1024)  # 16 MiB of UTF-8
     statement = GroupStatement(database_url)
     now = system_clock()
@@ -398,7 +399,7 @@ class _Conn:
 def _script(
     monkeypatch: pytest.MonkeyPatch, pgconn: _ScriptedLibpq, answers: Sequence[Ready] = ()
 ) -> list[Wait]:
-    """`_ready` answered at once (by `answers` in turn, then "readable"); the waits asked."""
+    """`libpq.ready` answered at once (by `answers` in turn, then "readable"); the waits asked."""
     waits: list[Wait] = []
     queued = list(answers)
 
@@ -409,7 +410,7 @@ def _script(
             pgconn.waited_for_reading = True
         return answer
 
-    monkeypatch.setattr(group_statement_module, "_ready", ready)
+    monkeypatch.setattr(libpq_module, "ready", ready)
     return waits
 
 

@@ -12,6 +12,18 @@ for a transaction of one trivial statement against 0.21 ms sent straight, and
 past SQLAlchemy's execution"). The server does the same work either way, so
 what goes is the worker's alone.
 
+Nor through psycopg's cursor: a statement goes through psycopg's libpq
+layer (store/libpq.py), as intake's group statement does. Its values are
+dumped and its rows loaded by psycopg's own transformer with the
+connection's adapters, as a cursor's are; its text is SQLAlchemy's with
+libpq's numbered placeholders; the transaction is begun with the BEGIN
+psycopg sends; each statement is prepared on its first use on a
+connection (never behind a pooler), where psycopg prepared it after its
+fifth. The cursor's query object, prepared-statement cache and waiting
+generators cost 17 % of a transaction that locks 25 rows and updates them
+(docs/benchmarks.md, "The hot path's statements through libpq"). An
+executemany, rare here, still goes through a cursor.
+
 What stays as it was:
 
 - **The statements and their values.** Each is SQLAlchemy's own compilation
@@ -43,13 +55,19 @@ arrays), a column default made in Python, and an executemany's RETURNING.
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
+import weakref
+from collections import namedtuple
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import psycopg
-from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.pq import ExecStatus, Format, TransactionStatus
+from psycopg.pq.abc import PGresult
 from psycopg.rows import namedtuple_row
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import (
@@ -64,12 +82,16 @@ from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from intentledger.store import libpq
 from intentledger.store.database import Pooler, _lost_state, connect_args, libpq_url
 
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
 
 _POSTCOMPILE = "__[POSTCOMPILE_"
+# Statements a connection keeps prepared at most (psycopg's `prepared_max`);
+# past it a new one is sent with its text each time. The hot path has a dozen.
+PREPARED_KEPT = 100
 
 
 @dataclass(frozen=True)
@@ -84,6 +106,33 @@ class _Compiled:
     # The columns that have a processor, and it: a row's other values are kept
     # as psycopg made them, with no call (an operation's row has 32).
     processed: tuple[tuple[int, Callable[[Any], Any]], ...] = ()
+    # The text libpq is sent (`$1`... where SQLAlchemy wrote `%(name)s`), in
+    # UTF-8, and the parameters' names in the order of their numbers.
+    numbered: bytes = b""
+    order: tuple[str, ...] = ()
+
+
+# SQLAlchemy's psycopg dialect writes a parameter as `%(name)s` and a percent
+# sign as `%%`; psycopg reads nothing else either.
+_PLACEHOLDER = re.compile(r"%\((?P<name>[^)]*)\)s|%%|%")
+
+
+def _numbered(sql: str) -> tuple[bytes, tuple[str, ...]]:
+    """`sql` with libpq's numbered placeholders, as psycopg converts it: a
+    name used twice is one parameter; the names in the order of their numbers."""
+    numbers: dict[str, int] = {}
+
+    def placeholder(match: re.Match[str]) -> str:
+        name = match.group("name")
+        if name is None:
+            if match.group(0) == "%%":
+                return "%"
+            raise ValueError(f"a lone % in a statement's text: {sql[:200]!r}")
+        number = numbers.setdefault(name, len(numbers) + 1)
+        return f"${number}"
+
+    text = _PLACEHOLDER.sub(placeholder, sql)
+    return text.encode("utf-8"), tuple(numbers)
 
 
 def _compile(
@@ -133,7 +182,17 @@ def _compile(
         for index, processor in enumerate(result_processors or ())
         if processor is not None
     )
-    return _Compiled(compiled, sql, bind_processors, result_processors, returns_rows, processed)
+    numbered, order = _numbered(sql)
+    return _Compiled(
+        compiled,
+        sql,
+        bind_processors,
+        result_processors,
+        returns_rows,
+        processed,
+        numbered,
+        order,
+    )
 
 
 # Compiled statements by their shape (SQLAlchemy's cache key), the dialect and
@@ -234,23 +293,53 @@ def _processed(row: Any, processed: tuple[tuple[int, Callable[[Any], Any]], ...]
     return row._make(values)
 
 
-def _columns(cursor: psycopg.AsyncCursor[Any]) -> int | None:
+def _columns(result: PGresult) -> int | None:
     """How many columns the statement's result has; None if it returned no
     rows. What `cursor.description` tells, without making a `Column` of
     each: an operation's row has 32, and the hot path read them twice a
     statement."""
-    result = cursor.pgresult
-    if result is not None and (result.nfields or result.status in _ROWS):
+    if result.nfields or result.status in _ROWS:
         return result.nfields
     return None
+
+
+@functools.lru_cache(maxsize=512)
+def _row_type(names: tuple[bytes, ...], encoding: str) -> Any:
+    """The named tuple of a result with these columns, as psycopg's
+    `namedtuple_row` makes it (a name that is no identifier is renamed by
+    position here; the store reads no such column by name)."""
+    return namedtuple("Row", [name.decode(encoding) for name in names], rename=True)
+
+
+@dataclass
+class _Session:
+    """What a connection keeps between its transactions: its encoding,
+    whether statements are prepared on it at all (not behind a pooler), and
+    those it has prepared, by their text and their parameters' types, as
+    psycopg keys its own. psycopg prepares nothing of its own on these
+    connections: its rollback would then deallocate every prepared
+    statement, these too."""
+
+    encoding: str
+    prepare: bool
+    prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = field(default_factory=dict)
 
 
 class DirectConnection:
     """One transaction on a psycopg connection, executing SQLAlchemy statements."""
 
-    def __init__(self, raw: psycopg.AsyncConnection[Any], dialect: Dialect) -> None:
+    def __init__(
+        self,
+        raw: psycopg.AsyncConnection[Any],
+        dialect: Dialect,
+        session: _Session | None = None,
+    ) -> None:
         self.raw = raw
         self.dialect = dialect
+        self._session = session or _Session(raw.info.encoding, prepare=False)
+        # Dumps the values and loads the rows with the connection's adapters,
+        # as a cursor's own does.
+        self._transformer = Transformer(raw)
         # Run when the transaction commits (observability/metrics.after_commit).
         self.on_commit: list[Callable[[], Any]] = []
 
@@ -269,8 +358,8 @@ class DirectConnection:
             named = parameters or {}
         clause = cast(ClauseElement, statement)
         compiled, own_values = _compiled(clause, self.dialect, tuple(sorted(named)), many)
-        cursor = self.raw.cursor()
         if isinstance(parameters, Sequence):
+            cursor = self.raw.cursor()
             if compiled.returns_rows:
                 # psycopg's executemany keeps no rows: refused, not emptied.
                 raise ValueError("an executemany's RETURNING is read through the engine")
@@ -282,17 +371,74 @@ class DirectConnection:
             return DirectResult([], cursor.rowcount)
         values = self._bound(compiled, own_values, parameters or {})
         try:
-            await cursor.execute(compiled.sql, values)
-            columns = _columns(cursor)
-            rows = await cursor.fetchall() if columns is not None else []
+            result = await self._sent(compiled, values)
         except psycopg.Error as exc:
             raise self.translated(exc, compiled.sql, values) from exc
+        columns = _columns(result)
+        if columns is None:
+            count = result.command_tuples
+            return DirectResult([], -1 if count is None else count)
+        names = tuple(result.fname(i) or b"" for i in range(columns))
+        transformer = self._transformer
+        transformer.set_pgresult(result)
+        row_type = _row_type(names, self._session.encoding)
+        rows = transformer.load_rows(0, result.ntuples, row_type._make)
         processors = compiled.result_processors
         if processors is not None and rows:
             if columns != len(processors):
                 raise ValueError("a statement's columns are not those it exports")
             rows = [_processed(row, compiled.processed) for row in rows]
-        return DirectResult(rows, cursor.rowcount)
+        return DirectResult(rows, result.ntuples)
+
+    async def _sent(self, compiled: _Compiled, values: Mapping[str, Any]) -> PGresult:
+        """The statement's result, sent through libpq (store/libpq.py) as a
+        cursor sends it: its values dumped by the connection's adapters, in a
+        transaction begun first, and prepared on its first use where
+        statements are prepared at all (not behind a pooler)."""
+        raw, session = self.raw, self._session
+        pgconn = raw.pgconn
+        try:
+            params = [values[name] for name in compiled.order]
+        except KeyError as missing:
+            raise psycopg.ProgrammingError(f"query parameter missing: {missing.args[0]}") from None
+        transformer = self._transformer
+        dumped = transformer.dump_sequence(params, [PyFormat.AUTO] * len(params))
+        types = tuple(transformer.types or ())
+        formats = transformer.formats
+        text = compiled.numbered
+        if session.encoding != "utf-8":
+            text = text.decode("utf-8").encode(session.encoding)
+        if pgconn.transaction_status == TransactionStatus.IDLE and not raw.autocommit:
+            pgconn.send_query(b"BEGIN")
+            await _answered(raw)
+        name = await self._prepared(text, types)
+        if name is None:
+            pgconn.send_query_params(
+                text, dumped, param_types=types, param_formats=formats, result_format=Format.TEXT
+            )
+        else:
+            pgconn.send_query_prepared(
+                name, dumped, param_formats=formats, result_format=Format.TEXT
+            )
+        return await _answered(raw)
+
+    async def _prepared(self, text: bytes, types: tuple[int, ...]) -> bytes | None:
+        """The name the statement is prepared under on this connection, preparing
+        it now if it is new; None where nothing is prepared (behind a pooler,
+        or past psycopg's bound of prepared statements a connection keeps)."""
+        raw, session = self.raw, self._session
+        prepared = session.prepared
+        name = prepared.get((text, types))
+        if name is not None or not session.prepare:
+            return name
+        if len(prepared) >= PREPARED_KEPT:
+            return None
+        # Never one of psycopg's own names (`_pg3_N`).
+        name = b"_intentledger_%d" % len(prepared)
+        raw.pgconn.send_prepare(name, text, param_types=types)
+        await _answered(raw)
+        prepared[(text, types)] = name
+        return name
 
     @staticmethod
     def _bound(
@@ -329,6 +475,17 @@ class DirectConnection:
         )
 
 
+async def _answered(raw: psycopg.AsyncConnection[Any]) -> PGresult:
+    """The one result of the command just sent, or psycopg's error for it."""
+    got = await libpq.results(raw)
+    failed = libpq.first_failure(raw, got)
+    if failed is not None:
+        raise failed
+    if not got:
+        raise psycopg.InterfaceError("the server answered a statement with no result")
+    return got[0]
+
+
 def lost(exc: BaseException, raw: psycopg.AsyncConnection[Any]) -> bool:
     """Was the connection lost (or its node gone or no longer the primary),
     rather than the statement refused? SQLAlchemy's psycopg dialect's test
@@ -354,6 +511,10 @@ class DirectConnections:
         self._connect_args = connect_args(url, pooler)
         self.dialect = dialect
         self._idle: list[psycopg.AsyncConnection[Any]] = []
+        # Each connection's prepared statements, for as long as it lives.
+        self._sessions: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Session] = (
+            weakref.WeakKeyDictionary()
+        )
         # Bumped when a connection is lost: one checked out before it is closed
         # on its return, not kept.
         self._generation = 0
@@ -373,7 +534,7 @@ class DirectConnections:
 
     async def _run_once(self, work: Callable[[DirectConnection], Awaitable[_T]]) -> _T:
         raw, generation = await self._checkout()
-        conn = DirectConnection(raw, self.dialect)
+        conn = DirectConnection(raw, self.dialect, self._sessions[raw])
         # Kept for the next transaction only if this one committed or failed
         # with an error (then rolled back); one cancelled mid-statement may be
         # in any state, and is closed.
@@ -435,6 +596,10 @@ class DirectConnections:
             raise DBAPIError.instance(
                 None, None, exc, psycopg.Error, connection_invalidated=True, dialect=self.dialect
             ) from exc
+        # Statements are prepared here (`DirectConnection._prepared`), never by
+        # psycopg, whose rollback would deallocate them all.
+        self._sessions[raw] = _Session(raw.info.encoding, prepare=raw.prepare_threshold is not None)
+        raw.prepare_threshold = None
         return raw, generation
 
     async def _checkin(

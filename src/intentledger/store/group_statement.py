@@ -13,8 +13,8 @@ all it needs: one round trip per group, nothing else sent.
 
 psycopg makes the connection (the URL, its host list, authentication, TLS)
 and closes it; the statement itself goes through psycopg's libpq layer
-(`psycopg.pq`), the way psycopg's own generators drive libpq, with one
-readiness wait on the event loop. A cursor's execute also made a cursor, its
+(`psycopg.pq`), its results read by store/libpq.py with one readiness wait
+on the event loop at a time. A cursor's execute also made a cursor, its
 adapters and a query object, asked the prepared-statement cache, polled the
 socket for writing and set and cancelled a timer on every wait: measured
 here, 148 µs of CPU a group of eight against 97 for the same statement sent
@@ -41,16 +41,14 @@ statement runs.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg.pq import ExecStatus, TransactionStatus
-from psycopg.waiting import Ready, Wait
+from psycopg.pq import ExecStatus
 
+from intentledger.store import libpq
 from intentledger.store.database import Pooler, connect_args, dialect_of, libpq_url
 from intentledger.store.intake import (
     ACCEPT_GROUP_PARAMETERS,
@@ -58,11 +56,6 @@ from intentledger.store.intake import (
     accept_group_call,
     accept_group_parameters,
 )
-
-log = logging.getLogger(__name__)
-
-# How long a cancelled statement's cancel request may take (psycopg's own bound).
-CANCEL_TIMEOUT_SECONDS = 5.0
 
 # libpq's placeholders, by position. psycopg names the statements it
 # prepares "_pg3_N": this name never meets one of those.
@@ -119,14 +112,11 @@ class GroupStatement:
             encoding = conn.info.encoding
             values = [_text(parameters[name], encoding) for name in ACCEPT_GROUP_PARAMETERS]
             rows = await self._call(conn, values)
-        except BaseException as exc:
-            # Whatever state it is in (dead, or cancelled mid-statement), the
-            # next group starts on a new connection.
-            try:
-                if isinstance(exc, asyncio.CancelledError):
-                    await _cancel_on_the_server(conn)
-            finally:
-                await self.close()
+        except BaseException:
+            # Whatever state it is in (dead, or cancelled mid-statement and
+            # cancelled on the server: store/libpq.py), the next group starts
+            # on a new connection.
+            await self.close()
             raise
         return {row.decode(encoding) for row in rows}
 
@@ -152,86 +142,20 @@ class GroupStatement:
             await conn.close()
 
 
-# What a COPY would answer: libpq hands it back on every call, never ending.
-_COPY = frozenset({ExecStatus.COPY_IN, ExecStatus.COPY_OUT, ExecStatus.COPY_BOTH})
-
-
 async def _first_column(conn: psycopg.AsyncConnection[Any]) -> list[bytes]:
-    """What the command just sent returns, once libpq has sent it all and read
-    its every result: the first column of its rows, or psycopg's error for
-    the first result that failed. libpq's own reads block the thread while
-    the connection is busy, so each result is taken only once it is not, as
-    psycopg's generators take them."""
-    pgconn = conn.pgconn
-    loop = asyncio.get_running_loop()
-    while pgconn.flush():
-        # libpq's rule for a send that must wait: read what the server sends
-        # meanwhile, or each side may wait for the other.
-        if await _ready(loop, pgconn.socket, Wait.RW) & Ready.R:
-            pgconn.consume_input()
-    column: list[bytes] = []
-    failed: psycopg.Error | None = None
-    while True:
-        while pgconn.is_busy():
-            await _ready(loop, pgconn.socket, Wait.R)
-            pgconn.consume_input()
-        result = pgconn.get_result()
-        if result is None:
-            break
-        status = result.status
-        if status == ExecStatus.TUPLES_OK:
-            column.extend(
-                value
-                for row in range(result.ntuples)
-                if (value := result.get_value(row, 0)) is not None
-            )
-        elif status in _COPY:
-            raise psycopg.ProgrammingError("the group statement cannot be answered by a COPY")
-        elif status != ExecStatus.COMMAND_OK and failed is None:
-            failed = psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+    """What the command just sent returns (store/libpq.py reads it): the first
+    column of its rows, or psycopg's error for the first result that failed."""
+    got = await libpq.results(conn)
+    failed = libpq.first_failure(conn, got)
     if failed is not None:
         raise failed
-    return column
-
-
-async def _ready(loop: asyncio.AbstractEventLoop, socket: int, wait: Wait) -> Ready:
-    """Until the connection's socket is ready for what `wait` asks: which it
-    is ready for. A socket the loop cannot watch (closed under it) is
-    psycopg's `OperationalError`, as psycopg's own wait makes it."""
-    ready: asyncio.Future[Ready] = loop.create_future()
-    reading, writing = bool(wait & Wait.R), bool(wait & Wait.W)
-    try:
-        if reading:
-            loop.add_reader(socket, _wake, ready, Ready.R)
-        if writing:
-            loop.add_writer(socket, _wake, ready, Ready.W)
-        return await ready
-    except OSError as exc:
-        raise psycopg.OperationalError("connection socket closed") from exc
-    finally:
-        if reading:
-            loop.remove_reader(socket)
-        if writing:
-            loop.remove_writer(socket)
-
-
-async def _cancel_on_the_server(conn: psycopg.AsyncConnection[Any]) -> None:
-    """psycopg's rule for a query whose task is cancelled: the server is asked
-    to cancel it too. Closing the connection alone would not stop it: a
-    backend waiting on a lock notices its client gone only once it has the
-    lock, and then commits the group (tests/test_group_statement.py)."""
-    if conn.pgconn.transaction_status != TransactionStatus.ACTIVE:
-        return
-    try:
-        await conn.cancel_safe(timeout=CANCEL_TIMEOUT_SECONDS)
-    except Exception as exc:
-        log.warning("the group statement's cancellation failed: %s", exc)
-
-
-def _wake(ready: asyncio.Future[Ready], state: Ready) -> None:
-    # The socket stays ready until the waiting task runs and stops watching it.
-    if not ready.done():
-        ready.set_result(state)
+    return [
+        value
+        for result in got
+        if result.status == ExecStatus.TUPLES_OK
+        for row in range(result.ntuples)
+        if (value := result.get_value(row, 0)) is not None
+    ]
 
 
 def group_statement_for(url: str, pooler: Pooler = "none") -> GroupStatement | None:
