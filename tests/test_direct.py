@@ -23,7 +23,19 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 from psycopg import sql
-from sqlalchemy import BigInteger, DateTime, Text, bindparam, insert, select, text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    MetaData,
+    String,
+    Table,
+    Text,
+    bindparam,
+    insert,
+    select,
+    text,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import (
     DBAPIError,
@@ -549,13 +561,14 @@ async def test_a_failing_count_at_commit_does_not_unmake_the_commit(
 
 def test_a_statements_placeholders_are_numbered_as_psycopg_numbers_them() -> None:
     """SQLAlchemy writes `%(name)s` and `%%`; libpq takes `$n`. A name used
-    twice is one parameter, a doubled percent sign is one, and a lone one is
-    refused, as psycopg refuses it."""
+    twice is one parameter, a doubled percent sign is one, and anything else
+    after a percent sign is refused (SQLAlchemy writes nothing else)."""
     numbered, order = _numbered("SELECT %(a)s, %(b_1)s, %(a)s, 'ten %%' WHERE x = %(c)s")
     assert numbered == b"SELECT $1, $2, $1, 'ten %' WHERE x = $3"
     assert order == ("a", "b_1", "c")
-    with pytest.raises(ValueError, match="lone %"):
-        _numbered("SELECT 5 % 3")
+    for refused in ("SELECT 5 % 3", "SELECT %()s", "SELECT %(a)b"):
+        with pytest.raises(ValueError, match="lone %"):
+            _numbered(refused)
 
 
 async def _prepared_here(conn: DirectConnection) -> set[str]:
@@ -563,14 +576,15 @@ async def _prepared_here(conn: DirectConnection) -> set[str]:
     return {row.name for row in rows}
 
 
-async def test_statements_are_prepared_once_per_connection_and_outlive_a_rollback(
+async def test_statements_are_prepared_as_psycopg_prepares_them_and_outlive_a_rollback(
     pg: tuple[AsyncEngine, str], direct: DirectConnections
 ) -> None:
-    """Each statement is prepared on its first use on a connection and run
-    by name after, whatever its transaction's end: psycopg prepares nothing
-    of its own there, so its rollback (which deallocates every statement
-    once it has prepared one) never takes ours. An executemany, sent by
-    psycopg's cursor, runs often enough to be prepared by psycopg's rule."""
+    """A statement is prepared on a connection at its fifth use there, as
+    psycopg prepares one, and run by name after, whatever its transaction's
+    end: psycopg prepares nothing of its own on these connections, so its
+    rollback (which deallocates every statement once it has prepared one)
+    never takes ours. An executemany, sent by psycopg's cursor, runs often
+    enough for psycopg to have prepared it, had it been left to."""
     engine, _ = pg
     scene = Scene(engine)
     operation_id = await pay(scene, "bea", "prepared")
@@ -590,17 +604,62 @@ async def test_statements_are_prepared_once_per_connection_and_outlive_a_rollbac
             await conn.execute(insert(transitions), [row, row])
         await conn.execute(text("SELECT 1 / 0"))
 
+    for _ in range(4):
+        assert await direct.run(_one) == 1
+    assert await direct.run(_prepared_here) == set()
     assert await direct.run(_one) == 1
     first = await direct.run(_prepared_here)
-    assert len(first) == 2 and all(name.startswith("_intentledger_") for name in first)
+    assert len(first) == 1 and all(name.startswith("_intentledger_") for name in first)
     with pytest.raises(DBAPIError, match="division by zero"):
         await direct.run(failing)
-    # Still there, run by name (nothing new prepared for the same statements),
-    # and none of psycopg's own.
     assert await direct.run(_one) == 1
     after = await direct.run(_prepared_here)
-    assert first < after and not any(name.startswith("_pg3_") for name in after)
-    assert await direct.run(_prepared_here) == after
+    assert first <= after and not any(name.startswith("_pg3_") for name in after)
+
+
+async def test_a_prepared_statement_found_stale_runs_again_on_a_new_connection(
+    pg: tuple[AsyncEngine, str], direct: DirectConnections
+) -> None:
+    """A migration that changes what a prepared statement returns (a column
+    widened) makes the server refuse to run it (0A000), and one deallocated
+    behind our back is gone (26000). Either way the transaction wrote
+    nothing: it runs again on a new connection, and no connection that
+    prepared statements before it is kept."""
+    engine, _ = pg
+    widened = Table(
+        "widened_under_prepared",
+        MetaData(),
+        Column("id", BigInteger, primary_key=True),
+        Column("name", String(10)),
+    )
+    async with engine.begin() as conn:
+        await conn.run_sync(widened.metadata.create_all)
+        await conn.execute(insert(widened), [{"id": 1, "name": "short"}])
+    backends: list[int] = []
+
+    async def read(conn: DirectConnection) -> list[tuple[Any, ...]]:
+        backends.append(conn.raw.info.backend_pid)
+        return [tuple(row) for row in await conn.execute(select(widened))]
+
+    for _ in range(5):
+        assert await direct.run(read) == [(1, "short")]
+    async with engine.begin() as conn:
+        await conn.execute(text("ALTER TABLE widened_under_prepared ALTER name TYPE varchar(20)"))
+    backends.clear()
+    assert await direct.run(read) == [(1, "short")]
+    assert len(backends) == 2 and backends[0] != backends[1]
+
+    for _ in range(5):
+        assert await direct.run(_one) == 1
+
+    async def deallocating(conn: DirectConnection) -> int:
+        backends.append(conn.raw.info.backend_pid)
+        await conn.execute(text("DEALLOCATE ALL"))
+        return await _one(conn)
+
+    backends.clear()
+    assert await direct.run(deallocating) == 1
+    assert len(backends) == 2 and backends[0] != backends[1]
 
 
 async def test_behind_a_pooler_nothing_is_prepared(pg: tuple[AsyncEngine, str]) -> None:
@@ -641,4 +700,6 @@ async def test_values_of_one_statement_in_every_size_and_kind_come_back_as_sent(
             got.append(tuple((await conn.execute(statement, parameters)).one()))
         return got
 
-    assert await direct.run(each) == [tuple(row) for row in sent]
+    # Past psycopg's fifth use: each kind prepared, then run by name.
+    for _ in range(7):
+        assert await direct.run(each) == [tuple(row) for row in sent]

@@ -17,12 +17,17 @@ layer (store/libpq.py), as intake's group statement does. Its values are
 dumped and its rows loaded by psycopg's own transformer with the
 connection's adapters, as a cursor's are; its text is SQLAlchemy's with
 libpq's numbered placeholders; the transaction is begun with the BEGIN
-psycopg sends; each statement is prepared on its first use on a
-connection (never behind a pooler), where psycopg prepared it after its
-fifth. The cursor's query object, prepared-statement cache and waiting
-generators cost 17 % of a transaction that locks 25 rows and updates them
-(docs/benchmarks.md, "The hot path's statements through libpq"). An
-executemany, rare here, still goes through a cursor.
+psycopg sends; a statement is prepared at its fifth use on a connection,
+as psycopg prepares one (never behind a pooler). psycopg itself prepares
+nothing there: its rollback deallocates every prepared statement once it
+has prepared one. A prepared statement the server finds stale (a
+migration changed a column under it, 0A000; or it was deallocated,
+26000) makes its transaction run again on a new connection, as a lost
+connection does: nothing of it was committed. The cursor's query object,
+prepared-statement cache and waiting generators cost 17 % of a
+transaction that locks 25 rows and updates them (docs/benchmarks.md, "The
+hot path's statements through libpq"). An executemany, rare here, still
+goes through a cursor.
 
 What stays as it was:
 
@@ -58,6 +63,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import string
 import weakref
 from collections import namedtuple
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -92,6 +98,12 @@ _POSTCOMPILE = "__[POSTCOMPILE_"
 # Statements a connection keeps prepared at most (psycopg's `prepared_max`);
 # past it a new one is sent with its text each time. The hot path has a dozen.
 PREPARED_KEPT = 100
+# Statements not yet prepared whose uses a connection counts, at most.
+USES_COUNTED = 1000
+# What running a prepared statement answers once it cannot be trusted: 0A000,
+# "cached plan must not change result type" (a column's type changed under
+# it); 26000, no statement of that name (deallocated behind our back).
+_STALE_PREPARED_STATES = frozenset({"0A000", "26000"})
 
 
 @dataclass(frozen=True)
@@ -114,7 +126,7 @@ class _Compiled:
 
 # SQLAlchemy's psycopg dialect writes a parameter as `%(name)s` and a percent
 # sign as `%%`; psycopg reads nothing else either.
-_PLACEHOLDER = re.compile(r"%\((?P<name>[^)]*)\)s|%%|%")
+_PLACEHOLDER = re.compile(r"%\((?P<name>[^)]+)\)s|%%|%")
 
 
 def _numbered(sql: str) -> tuple[bytes, tuple[str, ...]]:
@@ -127,6 +139,7 @@ def _numbered(sql: str) -> tuple[bytes, tuple[str, ...]]:
         if name is None:
             if match.group(0) == "%%":
                 return "%"
+            # Nor `%(name)b` and `%(name)t`, which SQLAlchemy never writes.
             raise ValueError(f"a lone % in a statement's text: {sql[:200]!r}")
         number = numbers.setdefault(name, len(numbers) + 1)
         return f"${number}"
@@ -305,23 +318,45 @@ def _columns(result: PGresult) -> int | None:
 
 @functools.lru_cache(maxsize=512)
 def _row_type(names: tuple[bytes, ...], encoding: str) -> Any:
-    """The named tuple of a result with these columns, as psycopg's
-    `namedtuple_row` makes it (a name that is no identifier is renamed by
-    position here; the store reads no such column by name)."""
-    return namedtuple("Row", [name.decode(encoding) for name in names], rename=True)
+    """The named tuple of a result with these columns, named as psycopg's
+    `namedtuple_row` names them, and refused as it refuses them."""
+    fields = [_field_name(name.decode(encoding)) for name in names]
+    try:
+        return namedtuple("Row", fields)
+    except ValueError as exc:
+        raise psycopg.DataError(f"can't create a namedtuple row: {exc}") from None
+
+
+_NOT_IN_A_NAME = re.compile(f"[^{string.ascii_letters}{string.digits}_]")
+
+
+def _field_name(column: str) -> str:
+    """A column's name made a field's, by psycopg's rule: a leading digit or
+    underscore gets an `f` before it, any other character no identifier
+    takes becomes `_`."""
+    if not column.isidentifier():
+        if column[:1] in tuple("0123456789"):
+            column = "f" + column
+        if not column.isidentifier():
+            column = _NOT_IN_A_NAME.sub("_", column)
+    if column[:1] == "_":
+        column = "f" + column
+    return column
 
 
 @dataclass
 class _Session:
-    """What a connection keeps between its transactions: its encoding,
-    whether statements are prepared on it at all (not behind a pooler), and
-    those it has prepared, by their text and their parameters' types, as
-    psycopg keys its own. psycopg prepares nothing of its own on these
-    connections: its rollback would then deallocate every prepared
-    statement, these too."""
+    """What a connection keeps between its transactions: its encoding, after
+    how many uses a statement is prepared on it (psycopg's
+    `prepare_threshold`; None behind a pooler: never), how often each
+    statement not yet prepared has run, and those prepared, by their text and
+    their parameters' types, as psycopg keys its own. psycopg itself prepares
+    nothing on these connections: its rollback would then deallocate every
+    prepared statement, these too."""
 
     encoding: str
-    prepare: bool
+    threshold: int | None
+    uses: dict[tuple[bytes, tuple[int, ...]], int] = field(default_factory=dict)
     prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = field(default_factory=dict)
 
 
@@ -336,12 +371,14 @@ class DirectConnection:
     ) -> None:
         self.raw = raw
         self.dialect = dialect
-        self._session = session or _Session(raw.info.encoding, prepare=False)
+        self._session = session or _Session(raw.info.encoding, threshold=None)
         # Dumps the values and loads the rows with the connection's adapters,
         # as a cursor's own does.
         self._transformer = Transformer(raw)
         # Run when the transaction commits (observability/metrics.after_commit).
         self.on_commit: list[Callable[[], Any]] = []
+        # A statement prepared here was found stale: the connection is not kept.
+        self.stale = False
 
     def after_commit(self, action: Callable[[], Any]) -> None:
         self.on_commit.append(action)
@@ -372,17 +409,17 @@ class DirectConnection:
         values = self._bound(compiled, own_values, parameters or {})
         try:
             result = await self._sent(compiled, values)
+            columns = _columns(result)
+            if columns is None:
+                count = result.command_tuples
+                return DirectResult([], -1 if count is None else count)
+            names = tuple(result.fname(i) or b"" for i in range(columns))
+            transformer = self._transformer
+            transformer.set_pgresult(result)
+            row_type = _row_type(names, self._session.encoding)
+            rows = transformer.load_rows(0, result.ntuples, row_type._make)
         except psycopg.Error as exc:
             raise self.translated(exc, compiled.sql, values) from exc
-        columns = _columns(result)
-        if columns is None:
-            count = result.command_tuples
-            return DirectResult([], -1 if count is None else count)
-        names = tuple(result.fname(i) or b"" for i in range(columns))
-        transformer = self._transformer
-        transformer.set_pgresult(result)
-        row_type = _row_type(names, self._session.encoding)
-        rows = transformer.load_rows(0, result.ntuples, row_type._make)
         processors = compiled.result_processors
         if processors is not None and rows:
             if columns != len(processors):
@@ -393,10 +430,14 @@ class DirectConnection:
     async def _sent(self, compiled: _Compiled, values: Mapping[str, Any]) -> PGresult:
         """The statement's result, sent through libpq (store/libpq.py) as a
         cursor sends it: its values dumped by the connection's adapters, in a
-        transaction begun first, and prepared on its first use where
-        statements are prepared at all (not behind a pooler)."""
+        transaction begun first, and run by name once psycopg would have
+        prepared it (not behind a pooler)."""
         raw, session = self.raw, self._session
         pgconn = raw.pgconn
+        if pgconn.transaction_status == TransactionStatus.ACTIVE:
+            # psycopg's lock would queue a second statement behind the first;
+            # a transaction here runs its statements one after another.
+            raise psycopg.InterfaceError("another statement is under way on this connection")
         try:
             params = [values[name] for name in compiled.order]
         except KeyError as missing:
@@ -416,28 +457,42 @@ class DirectConnection:
             pgconn.send_query_params(
                 text, dumped, param_types=types, param_formats=formats, result_format=Format.TEXT
             )
-        else:
-            pgconn.send_query_prepared(
-                name, dumped, param_formats=formats, result_format=Format.TEXT
-            )
-        return await _answered(raw)
+            return await _answered(raw)
+        pgconn.send_query_prepared(name, dumped, param_formats=formats, result_format=Format.TEXT)
+        try:
+            return await _answered(raw)
+        except psycopg.Error as exc:
+            if exc.sqlstate in _STALE_PREPARED_STATES:
+                # A migration changed what the statement returns, or its name
+                # is gone: no statement prepared on this connection is to be
+                # trusted. Its transaction runs again on a new one (nothing of
+                # it was committed), and it is not kept.
+                self.stale = True
+            raise
 
     async def _prepared(self, text: bytes, types: tuple[int, ...]) -> bytes | None:
-        """The name the statement is prepared under on this connection, preparing
-        it now if it is new; None where nothing is prepared (behind a pooler,
-        or past psycopg's bound of prepared statements a connection keeps)."""
+        """The name the statement runs under on this connection: prepared at
+        its `prepare_threshold`-th use, as psycopg prepares one; None before,
+        behind a pooler, or past the bound of statements a connection keeps
+        prepared (psycopg's `prepared_max`, whose oldest it would drop)."""
         raw, session = self.raw, self._session
-        prepared = session.prepared
-        name = prepared.get((text, types))
-        if name is not None or not session.prepare:
+        key = (text, types)
+        name = session.prepared.get(key)
+        threshold = session.threshold
+        if name is not None or threshold is None or len(session.prepared) >= PREPARED_KEPT:
             return name
-        if len(prepared) >= PREPARED_KEPT:
+        uses = session.uses.get(key, 0) + 1
+        if uses < threshold:
+            if len(session.uses) >= USES_COUNTED:
+                session.uses.clear()
+            session.uses[key] = uses
             return None
+        session.uses.pop(key, None)
         # Never one of psycopg's own names (`_pg3_N`).
-        name = b"_intentledger_%d" % len(prepared)
+        name = b"_intentledger_%d" % len(session.prepared)
         raw.pgconn.send_prepare(name, text, param_types=types)
         await _answered(raw)
-        prepared[(text, types)] = name
+        session.prepared[key] = name
         return name
 
     @staticmethod
@@ -522,7 +577,8 @@ class DirectConnections:
 
     async def run(self, work: Callable[[DirectConnection], Awaitable[_T]]) -> _T:
         """`work` in one transaction, committed if it returns; once more on a
-        new connection if the first was lost before its COMMIT was sent."""
+        new connection if the first was lost before its COMMIT was sent, or
+        found a statement prepared on it stale."""
         try:
             return await self._run_once(work)
         except _LostBeforeCommit as lost_first:
@@ -544,14 +600,15 @@ class DirectConnections:
                 result = await work(conn)
             except DBAPIError as exc:
                 state = "failed"
-                if exc.connection_invalidated:
+                if exc.connection_invalidated or conn.stale:
+                    # Its siblings are as lost, or hold the same stale statements.
                     await self._drop_idle()
                     raise _LostBeforeCommit() from exc
                 raise
             except psycopg.Error as exc:
                 state = "failed"
                 translated = conn.translated(exc, None, None)
-                if lost(exc, raw):
+                if lost(exc, raw) or conn.stale:
                     await self._drop_idle()
                     raise _LostBeforeCommit() from translated
                 raise translated from exc
@@ -580,7 +637,7 @@ class DirectConnections:
                     log.exception("an action after a commit failed")
             return result
         finally:
-            await self._checkin(raw, generation, state)
+            await self._checkin(raw, generation, "interrupted" if conn.stale else state)
 
     async def _checkout(self) -> tuple[psycopg.AsyncConnection[Any], int]:
         if self._closed:
@@ -598,7 +655,7 @@ class DirectConnections:
             ) from exc
         # Statements are prepared here (`DirectConnection._prepared`), never by
         # psycopg, whose rollback would deallocate them all.
-        self._sessions[raw] = _Session(raw.info.encoding, prepare=raw.prepare_threshold is not None)
+        self._sessions[raw] = _Session(raw.info.encoding, threshold=raw.prepare_threshold)
         raw.prepare_threshold = None
         return raw, generation
 

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 # How long a cancelled statement's cancel request may take (psycopg's own bound).
 CANCEL_TIMEOUT_SECONDS = 5.0
 
+# A command that ran: rows, none, or an empty text (which psycopg takes too).
+_ANSWERED = frozenset({ExecStatus.COMMAND_OK, ExecStatus.TUPLES_OK, ExecStatus.EMPTY_QUERY})
 # What a COPY would answer: libpq hands it back on every call, never ending.
 _COPY = frozenset({ExecStatus.COPY_IN, ExecStatus.COPY_OUT, ExecStatus.COPY_BOTH})
 
@@ -70,7 +72,7 @@ async def _results(conn: psycopg.AsyncConnection[Any]) -> list[PGresult]:
 def first_failure(conn: psycopg.AsyncConnection[Any], got: list[PGresult]) -> psycopg.Error | None:
     """psycopg's exception for the first result that failed, as a cursor raises it."""
     for result in got:
-        if result.status not in (ExecStatus.COMMAND_OK, ExecStatus.TUPLES_OK):
+        if result.status not in _ANSWERED:
             return psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
     return None
 
