@@ -33,6 +33,7 @@ from sqlalchemy import (
     Text,
     bindparam,
     insert,
+    literal_column,
     select,
     text,
 )
@@ -703,3 +704,29 @@ async def test_values_of_one_statement_in_every_size_and_kind_come_back_as_sent(
     # Past psycopg's fifth use: each kind prepared, then run by name.
     for _ in range(7):
         assert await direct.run(each) == [tuple(row) for row in sent]
+
+
+async def test_a_transactions_first_statement_failing_with_its_begin_leaves_nothing_open(
+    direct: DirectConnections,
+) -> None:
+    """BEGIN, a statement's preparation and the statement go out in one
+    pipeline: a statement that fails there (at its fifth use, the one that
+    prepares it, and at every other) is SQLAlchemy's exception, its
+    transaction is rolled back, its connection serves again, and the
+    statement prepared alongside is run by name after."""
+    divide = select((literal_column("10") / bindparam("by", type_=BigInteger())).label("q"))
+    used: list[int] = []
+
+    async def divided(conn: DirectConnection, by: int) -> int:
+        used.append(conn.raw.info.backend_pid)
+        return int((await conn.execute(divide, {"by": by})).scalar_one())
+
+    for _ in range(6):
+        with pytest.raises(DBAPIError, match="division by zero"):
+            await direct.run(lambda conn: divided(conn, 0))
+    assert await direct.run(lambda conn: divided(conn, 5)) == 2
+    assert len(set(used)) == 1
+    prepared = await direct.run(_prepared_here)
+    assert len(prepared) == 1
+    assert await direct.run(lambda conn: divided(conn, 2)) == 5
+    assert await direct.run(_prepared_here) == prepared

@@ -17,16 +17,18 @@ layer (store/libpq.py), as intake's group statement does. Its values are
 dumped and its rows loaded by psycopg's own transformer with the
 connection's adapters, as a cursor's are; its text is SQLAlchemy's with
 libpq's numbered placeholders; the transaction is begun with the BEGIN
-psycopg sends; a statement is prepared at its fifth use on a connection,
-as psycopg prepares one (never behind a pooler). psycopg itself prepares
+psycopg sends, but in one pipeline with the first statement (libpq's
+pipeline mode: one round trip, where psycopg waited for BEGIN's answer
+first); a statement is prepared at its fifth use on a connection, as
+psycopg prepares one (never behind a pooler), in the same pipeline. psycopg itself prepares
 nothing there: its rollback deallocates every prepared statement once it
 has prepared one. A prepared statement the server finds stale (a
 migration changed a column under it, 0A000; or it was deallocated,
 26000) makes its transaction run again on a new connection, as a lost
 connection does: nothing of it was committed. The cursor's query object,
-prepared-statement cache and waiting generators cost 17 % of a
-transaction that locks 25 rows and updates them (docs/benchmarks.md, "The
-hot path's statements through libpq"). An executemany, rare here, still
+prepared-statement cache and waiting generators, and BEGIN's own round
+trip, cost a fifth of a transaction that locks 25 rows and updates them
+(docs/benchmarks.md, "The hot path's statements through libpq"). An executemany, rare here, still
 goes through a cursor.
 
 What stays as it was:
@@ -449,51 +451,72 @@ class DirectConnection:
         text = compiled.numbered
         if session.encoding != "utf-8":
             text = text.decode("utf-8").encode(session.encoding)
-        if pgconn.transaction_status == TransactionStatus.IDLE and not raw.autocommit:
-            pgconn.send_query(b"BEGIN")
-            await _answered(raw)
-        name = await self._prepared(text, types)
+        key = (text, types)
+        name = session.prepared.get(key)
+        preparing = name is None and self._ready_to_prepare(key)
+        if preparing:
+            # Never one of psycopg's own names (`_pg3_N`), nor one used before.
+            name = b"_intentledger_%d" % len(session.prepared)
+        beginning = pgconn.transaction_status == TransactionStatus.IDLE and not raw.autocommit
+        pipeline = beginning or preparing
+        if pipeline:
+            # BEGIN, the statement's preparation and the statement go out
+            # together, as libpq's pipeline mode sends them, and are answered
+            # in one round trip: the server runs each in turn as if it had
+            # waited for the one before.
+            pgconn.enter_pipeline_mode()
+            if beginning:
+                pgconn.send_query_params(b"BEGIN", None)
+            if preparing:
+                assert name is not None
+                pgconn.send_prepare(name, text, param_types=types)
         if name is None:
             pgconn.send_query_params(
                 text, dumped, param_types=types, param_formats=formats, result_format=Format.TEXT
             )
-            return await _answered(raw)
-        pgconn.send_query_prepared(name, dumped, param_formats=formats, result_format=Format.TEXT)
-        try:
-            return await _answered(raw)
-        except psycopg.Error as exc:
-            if exc.sqlstate in _STALE_PREPARED_STATES:
+        else:
+            pgconn.send_query_prepared(
+                name, dumped, param_formats=formats, result_format=Format.TEXT
+            )
+        if pipeline:
+            pgconn.pipeline_sync()
+            answers = await libpq.pipelined(raw)
+            pgconn.exit_pipeline_mode()
+        else:
+            answers = [await libpq.results(raw)]
+        if preparing and answers[-2] and answers[-2][0].status == ExecStatus.COMMAND_OK:
+            assert name is not None
+            session.prepared[key] = name
+        failed = libpq.first_failure(raw, [result for answer in answers for result in answer])
+        if failed is not None:
+            if not preparing and name is not None and failed.sqlstate in _STALE_PREPARED_STATES:
                 # A migration changed what the statement returns, or its name
                 # is gone: no statement prepared on this connection is to be
                 # trusted. Its transaction runs again on a new one (nothing of
                 # it was committed), and it is not kept.
                 self.stale = True
-            raise
+            raise failed
+        if not answers[-1]:
+            raise psycopg.InterfaceError("the server answered a statement with no result")
+        return answers[-1][0]
 
-    async def _prepared(self, text: bytes, types: tuple[int, ...]) -> bytes | None:
-        """The name the statement runs under on this connection: prepared at
-        its `prepare_threshold`-th use, as psycopg prepares one; None before,
-        behind a pooler, or past the bound of statements a connection keeps
-        prepared (psycopg's `prepared_max`, whose oldest it would drop)."""
-        raw, session = self.raw, self._session
-        key = (text, types)
-        name = session.prepared.get(key)
+    def _ready_to_prepare(self, key: tuple[bytes, tuple[int, ...]]) -> bool:
+        """Whether a statement not prepared on this connection is to be now: at
+        its `prepare_threshold`-th use, as psycopg prepares one; never behind a
+        pooler, nor past the bound of statements a connection keeps prepared
+        (psycopg's `prepared_max`, whose oldest psycopg would drop)."""
+        session = self._session
         threshold = session.threshold
-        if name is not None or threshold is None or len(session.prepared) >= PREPARED_KEPT:
-            return name
+        if threshold is None or len(session.prepared) >= PREPARED_KEPT:
+            return False
         uses = session.uses.get(key, 0) + 1
-        if uses < threshold:
-            if len(session.uses) >= USES_COUNTED:
-                session.uses.clear()
-            session.uses[key] = uses
-            return None
-        session.uses.pop(key, None)
-        # Never one of psycopg's own names (`_pg3_N`).
-        name = b"_intentledger_%d" % len(session.prepared)
-        raw.pgconn.send_prepare(name, text, param_types=types)
-        await _answered(raw)
-        session.prepared[key] = name
-        return name
+        if uses >= threshold:
+            session.uses.pop(key, None)
+            return True
+        if len(session.uses) >= USES_COUNTED:
+            session.uses.clear()
+        session.uses[key] = uses
+        return False
 
     @staticmethod
     def _bound(
@@ -528,17 +551,6 @@ class DirectConnection:
             connection_invalidated=lost(exc, self.raw),
             dialect=self.dialect,
         )
-
-
-async def _answered(raw: psycopg.AsyncConnection[Any]) -> PGresult:
-    """The one result of the command just sent, or psycopg's error for it."""
-    got = await libpq.results(raw)
-    failed = libpq.first_failure(raw, got)
-    if failed is not None:
-        raise failed
-    if not got:
-        raise psycopg.InterfaceError("the server answered a statement with no result")
-    return got[0]
 
 
 def lost(exc: BaseException, raw: psycopg.AsyncConnection[Any]) -> bool:

@@ -69,6 +69,43 @@ async def _results(conn: psycopg.AsyncConnection[Any]) -> list[PGresult]:
         got.append(result)
 
 
+async def pipelined(conn: psycopg.AsyncConnection[Any]) -> list[list[PGresult]]:
+    """The results of each command sent in pipeline mode, up to the
+    synchronisation point sent after them (libpq's `PQpipelineSync`), read as
+    `results` reads one command's: a command the server skipped after an
+    earlier one failed answers PIPELINE_ABORTED."""
+    try:
+        return await _pipelined(conn)
+    except asyncio.CancelledError:
+        await cancel_on_the_server(conn)
+        raise
+
+
+async def _pipelined(conn: psycopg.AsyncConnection[Any]) -> list[list[PGresult]]:
+    pgconn = conn.pgconn
+    loop = asyncio.get_running_loop()
+    while pgconn.flush():
+        if await ready(loop, pgconn.socket, Wait.RW) & Ready.R:
+            pgconn.consume_input()
+    answers: list[list[PGresult]] = []
+    answer: list[PGresult] = []
+    while True:
+        while pgconn.is_busy():
+            await ready(loop, pgconn.socket, Wait.R)
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            # The end of one command's results.
+            answers.append(answer)
+            answer = []
+            continue
+        if result.status == ExecStatus.PIPELINE_SYNC:
+            return answers
+        if result.status in _COPY:
+            raise psycopg.ProgrammingError("a statement sent through libpq cannot be a COPY")
+        answer.append(result)
+
+
 def first_failure(conn: psycopg.AsyncConnection[Any], got: list[PGresult]) -> psycopg.Error | None:
     """psycopg's exception for the first result that failed, as a cursor raises it."""
     for result in got:
