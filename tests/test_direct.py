@@ -49,6 +49,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from intentledger.engine.settlement_queue import Sent, answered_now, record_together
+from intentledger.store import libpq as libpq_module
 from intentledger.store.batches import BatchLedger
 from intentledger.store.database import create_ledger_engine, libpq_url, lost_connection
 from intentledger.store.direct import DirectConnection, DirectConnections, _numbered
@@ -573,16 +574,26 @@ def test_a_statements_placeholders_are_numbered_as_psycopg_numbers_them() -> Non
 
 
 async def _prepared_here(conn: DirectConnection) -> set[str]:
-    rows = await conn.execute(text("SELECT name FROM pg_prepared_statements"))
-    return {row.name for row in rows}
+    return set(await _runs_by_name(conn))
+
+
+async def _runs_by_name(conn: DirectConnection) -> dict[str, int]:
+    """The statements prepared on this connection, and how often each ran (was planned)."""
+    rows = await conn.execute(
+        text(
+            "SELECT name, generic_plans + custom_plans AS runs FROM pg_prepared_statements"
+            " WHERE name LIKE '\\_%'"
+        )
+    )
+    return {row.name: row.runs for row in rows}
 
 
 async def test_statements_are_prepared_as_psycopg_prepares_them_and_outlive_a_rollback(
     pg: tuple[AsyncEngine, str], direct: DirectConnections
 ) -> None:
-    """A statement is prepared on a connection at its fifth use there, as
-    psycopg prepares one, and run by name after, whatever its transaction's
-    end: psycopg prepares nothing of its own on these connections, so its
+    """A statement is prepared on a connection once it has run there five
+    times, as psycopg prepares one, and runs by name after, whatever its
+    transaction's end: psycopg prepares nothing of its own on these connections, so its
     rollback (which deallocates every statement once it has prepared one)
     never takes ours. An executemany, sent by psycopg's cursor, runs often
     enough for psycopg to have prepared it, had it been left to."""
@@ -605,17 +616,19 @@ async def test_statements_are_prepared_as_psycopg_prepares_them_and_outlive_a_ro
             await conn.execute(insert(transitions), [row, row])
         await conn.execute(text("SELECT 1 / 0"))
 
-    for _ in range(4):
+    for _ in range(5):
         assert await direct.run(_one) == 1
-    assert await direct.run(_prepared_here) == set()
+    assert await direct.run(_runs_by_name) == {}
     assert await direct.run(_one) == 1
-    first = await direct.run(_prepared_here)
+    first = await direct.run(_runs_by_name)
     assert len(first) == 1 and all(name.startswith("_intentledger_") for name in first)
     with pytest.raises(DBAPIError, match="division by zero"):
         await direct.run(failing)
     assert await direct.run(_one) == 1
-    after = await direct.run(_prepared_here)
-    assert first <= after and not any(name.startswith("_pg3_") for name in after)
+    after = await direct.run(_runs_by_name)
+    assert not any(name.startswith("_pg3_") for name in after)
+    # `_one` ran by name once more; nothing else of it was prepared.
+    assert {name: after[name] - runs for name, runs in first.items()} == dict.fromkeys(first, 1)
 
 
 async def test_a_prepared_statement_found_stale_runs_again_on_a_new_connection(
@@ -642,7 +655,7 @@ async def test_a_prepared_statement_found_stale_runs_again_on_a_new_connection(
         backends.append(conn.raw.info.backend_pid)
         return [tuple(row) for row in await conn.execute(select(widened))]
 
-    for _ in range(5):
+    for _ in range(6):
         assert await direct.run(read) == [(1, "short")]
     async with engine.begin() as conn:
         await conn.execute(text("ALTER TABLE widened_under_prepared ALTER name TYPE varchar(20)"))
@@ -650,7 +663,7 @@ async def test_a_prepared_statement_found_stale_runs_again_on_a_new_connection(
     assert await direct.run(read) == [(1, "short")]
     assert len(backends) == 2 and backends[0] != backends[1]
 
-    for _ in range(5):
+    for _ in range(6):
         assert await direct.run(_one) == 1
 
     async def deallocating(conn: DirectConnection) -> int:
@@ -710,10 +723,11 @@ async def test_a_transactions_first_statement_failing_with_its_begin_leaves_noth
     direct: DirectConnections,
 ) -> None:
     """BEGIN, a statement's preparation and the statement go out in one
-    pipeline: a statement that fails there (at its fifth use, the one that
-    prepares it, and at every other) is SQLAlchemy's exception, its
-    transaction is rolled back, its connection serves again, and the
-    statement prepared alongside is run by name after."""
+    pipeline: a statement that fails there is SQLAlchemy's exception, its
+    transaction is rolled back and its connection serves again. A failed run
+    does not count towards preparing it (psycopg counts only those that
+    succeed); one that fails in the pipeline that prepares it leaves it
+    prepared, and it runs by name after."""
     divide = select((literal_column("10") / bindparam("by", type_=BigInteger())).label("q"))
     used: list[int] = []
 
@@ -724,9 +738,35 @@ async def test_a_transactions_first_statement_failing_with_its_begin_leaves_noth
     for _ in range(6):
         with pytest.raises(DBAPIError, match="division by zero"):
             await direct.run(lambda conn: divided(conn, 0))
-    assert await direct.run(lambda conn: divided(conn, 5)) == 2
+    for _ in range(5):
+        assert await direct.run(lambda conn: divided(conn, 5)) == 2
+    assert await direct.run(_runs_by_name) == {}
+    with pytest.raises(DBAPIError, match="division by zero"):
+        await direct.run(lambda conn: divided(conn, 0))
     assert len(set(used)) == 1
-    prepared = await direct.run(_prepared_here)
-    assert len(prepared) == 1
+    (name,) = await direct.run(_runs_by_name)
+    before = (await direct.run(_runs_by_name))[name]
     assert await direct.run(lambda conn: divided(conn, 2)) == 5
-    assert await direct.run(_prepared_here) == prepared
+    assert (await direct.run(_runs_by_name))[name] == before + 1
+
+
+async def test_an_error_inside_a_pipeline_closes_its_connection_rather_than_wait(
+    direct: DirectConnections, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error raised while a transaction's BEGIN and first statement are in
+    libpq's pipeline leaves the connection in pipeline mode, which psycopg
+    knows nothing of. The connection is closed, not rolled back (psycopg's
+    ROLLBACK, a simple query, is refused there by this libpq; one that took
+    it would wait for a synchronisation point), and the next transaction
+    runs on a new one, in time."""
+    first = await direct.run(_backend)
+
+    async def broken(conn: psycopg.AsyncConnection[Any]) -> list[Any]:
+        raise RuntimeError("the pipeline's reading failed")
+
+    monkeypatch.setattr(libpq_module, "pipelined", broken)
+    with pytest.raises(RuntimeError, match="reading failed"):
+        await asyncio.wait_for(direct.run(_one), timeout=10)
+    monkeypatch.undo()
+    assert await asyncio.wait_for(direct.run(_backend), timeout=10) != first
+    assert await direct.run(_one) == 1

@@ -19,8 +19,9 @@ connection's adapters, as a cursor's are; its text is SQLAlchemy's with
 libpq's numbered placeholders; the transaction is begun with the BEGIN
 psycopg sends, but in one pipeline with the first statement (libpq's
 pipeline mode: one round trip, where psycopg waited for BEGIN's answer
-first); a statement is prepared at its fifth use on a connection, as
-psycopg prepares one (never behind a pooler), in the same pipeline. psycopg itself prepares
+first); a statement is prepared once it has run five times on a
+connection, as psycopg prepares one (never behind a pooler), in the
+pipeline of its sixth run. psycopg itself prepares
 nothing there: its rollback deallocates every prepared statement once it
 has prepared one. A prepared statement the server finds stale (a
 migration changed a column under it, 0A000; or it was deallocated,
@@ -74,7 +75,7 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.adapt import PyFormat, Transformer
-from psycopg.pq import ExecStatus, Format, TransactionStatus
+from psycopg.pq import ExecStatus, Format, PipelineStatus, TransactionStatus
 from psycopg.pq.abc import PGresult
 from psycopg.rows import namedtuple_row
 from sqlalchemy.engine import Dialect
@@ -379,8 +380,11 @@ class DirectConnection:
         self._transformer = Transformer(raw)
         # Run when the transaction commits (observability/metrics.after_commit).
         self.on_commit: list[Callable[[], Any]] = []
-        # A statement prepared here was found stale: the connection is not kept.
+        # A statement prepared here was found stale: the connection is rolled
+        # back and closed, and the transaction runs again on another.
         self.stale = False
+        # An error left the connection in libpq's pipeline mode: it is closed.
+        self.in_pipeline = False
 
     def after_commit(self, action: Callable[[], Any]) -> None:
         self.on_commit.append(action)
@@ -459,34 +463,48 @@ class DirectConnection:
             name = b"_intentledger_%d" % len(session.prepared)
         beginning = pgconn.transaction_status == TransactionStatus.IDLE and not raw.autocommit
         pipeline = beginning or preparing
-        if pipeline:
-            # BEGIN, the statement's preparation and the statement go out
-            # together, as libpq's pipeline mode sends them, and are answered
-            # in one round trip: the server runs each in turn as if it had
-            # waited for the one before.
-            pgconn.enter_pipeline_mode()
-            if beginning:
-                pgconn.send_query_params(b"BEGIN", None)
-            if preparing:
-                assert name is not None
-                pgconn.send_prepare(name, text, param_types=types)
-        if name is None:
-            pgconn.send_query_params(
-                text, dumped, param_types=types, param_formats=formats, result_format=Format.TEXT
-            )
-        else:
-            pgconn.send_query_prepared(
-                name, dumped, param_formats=formats, result_format=Format.TEXT
-            )
-        if pipeline:
-            pgconn.pipeline_sync()
-            answers = await libpq.pipelined(raw)
-            pgconn.exit_pipeline_mode()
-        else:
-            answers = [await libpq.results(raw)]
+        try:
+            if pipeline:
+                # BEGIN, the statement's preparation and the statement go out
+                # together, as libpq's pipeline mode sends them, and are
+                # answered in one round trip: the server runs each in turn as
+                # if it had waited for the one before.
+                pgconn.enter_pipeline_mode()
+                if beginning:
+                    pgconn.send_query_params(b"BEGIN", None)
+                if preparing:
+                    assert name is not None
+                    pgconn.send_prepare(name, text, param_types=types)
+            if name is None:
+                pgconn.send_query_params(
+                    text,
+                    dumped,
+                    param_types=types,
+                    param_formats=formats,
+                    result_format=Format.TEXT,
+                )
+            else:
+                pgconn.send_query_prepared(
+                    name, dumped, param_formats=formats, result_format=Format.TEXT
+                )
+            if pipeline:
+                pgconn.pipeline_sync()
+                answers = await libpq.pipelined(raw)
+                pgconn.exit_pipeline_mode()
+            else:
+                answers = [await libpq.results(raw)]
+        except BaseException:
+            if pgconn.pipeline_status != PipelineStatus.OFF:
+                # Left in libpq's pipeline mode, which psycopg knows nothing
+                # of: its ROLLBACK (a simple query, which libpq refuses there,
+                # or would hold until a synchronisation point) is not tried.
+                # The connection is closed.
+                self.in_pipeline = True
+            raise
         if preparing and answers[-2] and answers[-2][0].status == ExecStatus.COMMAND_OK:
             assert name is not None
             session.prepared[key] = name
+            session.uses.pop(key, None)
         failed = libpq.first_failure(raw, [result for answer in answers for result in answer])
         if failed is not None:
             if not preparing and name is not None and failed.sqlstate in _STALE_PREPARED_STATES:
@@ -496,27 +514,33 @@ class DirectConnection:
                 # it was committed), and it is not kept.
                 self.stale = True
             raise failed
+        if name is None:
+            self._ran_unprepared(key)
         if not answers[-1]:
             raise psycopg.InterfaceError("the server answered a statement with no result")
         return answers[-1][0]
 
     def _ready_to_prepare(self, key: tuple[bytes, tuple[int, ...]]) -> bool:
-        """Whether a statement not prepared on this connection is to be now: at
-        its `prepare_threshold`-th use, as psycopg prepares one; never behind a
-        pooler, nor past the bound of statements a connection keeps prepared
+        """Whether a statement not prepared on this connection is to be now:
+        once it has run `prepare_threshold` times without, as psycopg prepares
+        one (its sixth use, psycopg's default being 5); never behind a pooler,
+        nor past the bound of statements a connection keeps prepared
         (psycopg's `prepared_max`, whose oldest psycopg would drop)."""
         session = self._session
         threshold = session.threshold
-        if threshold is None or len(session.prepared) >= PREPARED_KEPT:
-            return False
-        uses = session.uses.get(key, 0) + 1
-        if uses >= threshold:
-            session.uses.pop(key, None)
-            return True
-        if len(session.uses) >= USES_COUNTED:
-            session.uses.clear()
-        session.uses[key] = uses
-        return False
+        return (
+            threshold is not None
+            and len(session.prepared) < PREPARED_KEPT
+            and session.uses.get(key, 0) >= threshold
+        )
+
+    def _ran_unprepared(self, key: tuple[bytes, tuple[int, ...]]) -> None:
+        """Count a run of a statement not prepared here that succeeded (psycopg
+        counts only those)."""
+        uses = self._session.uses
+        if key not in uses and len(uses) >= USES_COUNTED:
+            uses.clear()
+        uses[key] = uses.get(key, 0) + 1
 
     @staticmethod
     def _bound(
@@ -649,7 +673,11 @@ class DirectConnections:
                     log.exception("an action after a commit failed")
             return result
         finally:
-            await self._checkin(raw, generation, "interrupted" if conn.stale else state)
+            if conn.in_pipeline:
+                state = "interrupted"
+            elif conn.stale:
+                state = "stale"
+            await self._checkin(raw, generation, state)
 
     async def _checkout(self) -> tuple[psycopg.AsyncConnection[Any], int]:
         if self._closed:
@@ -665,7 +693,7 @@ class DirectConnections:
             raise DBAPIError.instance(
                 None, None, exc, psycopg.Error, connection_invalidated=True, dialect=self.dialect
             ) from exc
-        # Statements are prepared here (`DirectConnection._prepared`), never by
+        # Statements are prepared here (`DirectConnection._sent`), never by
         # psycopg, whose rollback would deallocate them all.
         self._sessions[raw] = _Session(raw.info.encoding, threshold=raw.prepare_threshold)
         raw.prepare_threshold = None
@@ -677,9 +705,11 @@ class DirectConnections:
         reusable = False
         try:
             if state != "interrupted" and not (raw.closed or raw.broken):
-                if state == "failed":
+                if state in ("failed", "stale"):
+                    # Rolled back even when it is to be closed: its backend's
+                    # locks go now, not once it notices the connection gone.
                     await raw.rollback()
-                reusable = True
+                reusable = state != "stale"
         except psycopg.Error:
             pass
         finally:

@@ -95,7 +95,11 @@ async def _pipelined(conn: psycopg.AsyncConnection[Any]) -> list[list[PGresult]]
             pgconn.consume_input()
         result = pgconn.get_result()
         if result is None:
-            # The end of one command's results.
+            # The end of one command's results. Every command has one at
+            # least, so two ends in a row is a connection libpq gave up on
+            # without a word: reading on would spin.
+            if not answer:
+                raise psycopg.OperationalError("a pipeline's answers ended before its end")
             answers.append(answer)
             answer = []
             continue
